@@ -1,0 +1,1 @@
+"""kvtier's benchmarks: each reports ratios against a bound measured in the same run."""

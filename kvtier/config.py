@@ -1,0 +1,269 @@
+"""kvtier's configuration: vLLM's ``kv_connector_extra_config`` parsed once into frozen dataclasses.
+
+Extra-config keys (names follow vLLM's native offloading where it has them)::
+
+    key                default     meaning
+    cpu_bytes_to_use   (required)  host budget of the whole engine (all ranks): int bytes or "4GiB"
+    block_size         None        tokens per chunk, a multiple of the engine block size
+    eviction_policy    "lru"       lru | arc
+    store_threshold    1           store a chunk once it was looked up this many times
+    hash_algo          "xxh3_128"  sha256 | xxh3_128
+    num_copy_threads   2           worker threads copying chunks
+    disk               None        {"path": str, "bytes": size, "write_through": bool = False}
+    redis              None        {"url": "redis://..." (or rediss://, unix://), "timeout_s": 1.0}
+
+An optional key set to ``None`` counts as absent. Every error is a ``ValueError`` starting with
+``kvtier: `` that names the key (dotted for nested keys: ``disk.bytes``) and what is accepted.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, TypeVar
+
+from kvtier.sizes import ACCEPTED_SIZE_FORMS, parse_size
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+__all__ = ["DiskConfig", "KVTierConfig", "RedisConfig", "parse_size"]
+
+T = TypeVar("T")
+Parser = Callable[[object, str], T]
+
+EVICTION_POLICIES = ("lru", "arc")
+HASH_ALGOS = ("sha256", "xxh3_128")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+@dataclass(frozen=True)
+class DiskConfig:
+    """The local-disk tier (extra-config key ``disk``).
+
+    ``bytes`` is the disk budget. ``write_through`` stores every chunk on disk when it is stored
+    in CPU memory; otherwise (write-back) a chunk reaches disk when evicted from CPU memory.
+    """
+
+    path: str
+    bytes: int
+    write_through: bool = False
+
+    def __post_init__(self) -> None:
+        _non_empty_str(self.path, "disk.path")
+        _positive_int(self.bytes, "disk.bytes")
+        _bool(self.write_through, "disk.write_through")
+
+    @classmethod
+    def from_mapping(cls, raw: object, key: str = "disk") -> DiskConfig:
+        """Parse the ``disk`` mapping; ``path`` and ``bytes`` are required."""
+        raw = _mapping(raw, key, _keys(cls))
+        return cls(
+            path=_required(raw, key, "path", _non_empty_str),
+            bytes=_required(raw, key, "bytes", _positive_size),
+            write_through=_optional(raw, key, "write_through", _bool, False),
+        )
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    """The Redis/Valkey tier (extra-config key ``redis``), shared by many engines.
+
+    ``timeout_s`` bounds every request; a request that times out is a miss, never an error.
+    """
+
+    url: str
+    timeout_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        _redis_url(self.url, "redis.url")
+        _positive_float(self.timeout_s, "redis.timeout_s")
+
+    @classmethod
+    def from_mapping(cls, raw: object, key: str = "redis") -> RedisConfig:
+        """Parse the ``redis`` mapping; ``url`` is required."""
+        raw = _mapping(raw, key, _keys(cls))
+        return cls(
+            url=_required(raw, key, "url", _redis_url),
+            timeout_s=_optional(raw, key, "timeout_s", _positive_float, 1.0),
+        )
+
+
+@dataclass(frozen=True)
+class KVTierConfig:
+    """Everything kvtier reads from ``kv_connector_extra_config``, validated at construction.
+
+    ``block_size`` is tokens per chunk; ``None`` means one engine block per chunk. The engine
+    block size is not part of the config: ``block_size_factor(engine_block_size)`` checks the
+    multiple and gives the number of engine blocks per chunk (``from_extra_config`` checks it
+    once up front, so a parsed config never fails there for the same engine block size).
+    """
+
+    cpu_bytes_to_use: int
+    block_size: int | None = None
+    eviction_policy: str = "lru"
+    store_threshold: int = 1
+    hash_algo: str = "xxh3_128"
+    disk: DiskConfig | None = None
+    redis: RedisConfig | None = None
+    num_copy_threads: int = 2
+
+    def __post_init__(self) -> None:
+        _positive_int(self.cpu_bytes_to_use, "cpu_bytes_to_use")
+        if self.block_size is not None:
+            _positive_int(self.block_size, "block_size")
+        _choice(EVICTION_POLICIES)(self.eviction_policy, "eviction_policy")
+        _positive_int(self.store_threshold, "store_threshold")
+        _choice(HASH_ALGOS)(self.hash_algo, "hash_algo")
+        _positive_int(self.num_copy_threads, "num_copy_threads")
+
+    @classmethod
+    def from_extra_config(
+        cls, extra: Mapping[str, object] | None, engine_block_size: int
+    ) -> KVTierConfig:
+        """Parse vLLM's ``kv_connector_extra_config`` (``None`` counts as ``{}``).
+
+        Raises ``ValueError`` naming the key on an unknown key, a missing ``cpu_bytes_to_use``,
+        a wrong type, a value out of range, or a ``block_size`` that is not a multiple of
+        ``engine_block_size``.
+        """
+        raw = _mapping({} if extra is None else extra, "", _keys(cls))
+        if raw.get("cpu_bytes_to_use") is None:
+            raise ValueError(
+                "kvtier: 'cpu_bytes_to_use' is required: the host-memory budget of the whole "
+                f"engine (all ranks), {ACCEPTED_SIZE_FORMS}"
+            )
+        config = cls(
+            cpu_bytes_to_use=_required(raw, "", "cpu_bytes_to_use", _positive_size),
+            block_size=_optional(raw, "", "block_size", _positive_int, None),
+            eviction_policy=_optional(
+                raw, "", "eviction_policy", _choice(EVICTION_POLICIES), "lru"
+            ),
+            store_threshold=_optional(raw, "", "store_threshold", _positive_int, 1),
+            hash_algo=_optional(raw, "", "hash_algo", _choice(HASH_ALGOS), "xxh3_128"),
+            disk=_optional(raw, "", "disk", DiskConfig.from_mapping, None),
+            redis=_optional(raw, "", "redis", RedisConfig.from_mapping, None),
+            num_copy_threads=_optional(raw, "", "num_copy_threads", _positive_int, 2),
+        )
+        config.block_size_factor(engine_block_size)
+        return config
+
+    def block_size_factor(self, engine_block_size: int) -> int:
+        """Engine blocks per chunk: ``block_size // engine_block_size``, or 1 without a block_size.
+
+        Raises ``ValueError`` when ``block_size`` is not a positive multiple of
+        ``engine_block_size``.
+        """
+        _positive_int(engine_block_size, "engine block size")
+        if self.block_size is None:
+            return 1
+        if self.block_size % engine_block_size != 0:
+            raise ValueError(
+                "kvtier: 'block_size' must be a positive multiple of the engine block size "
+                f"{engine_block_size}, got {self.block_size}"
+            )
+        return self.block_size // engine_block_size
+
+
+# --- one parser per type: (value, dotted key) -> typed value, or ValueError naming the key ---
+
+
+def _positive_int(value: object, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"kvtier: {key!r} must be a positive integer, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"kvtier: {key!r} must be a positive integer, got {value}")
+    return value
+
+
+def _positive_size(value: object, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"kvtier: {key!r} must be {ACCEPTED_SIZE_FORMS}, got {value!r}")
+    size = parse_size(value, key)
+    if size == 0:
+        raise ValueError(f"kvtier: {key!r} must be more than 0 bytes, got {value!r}")
+    return size
+
+
+def _positive_float(value: object, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"kvtier: {key!r} must be a positive number, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"kvtier: {key!r} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _bool(value: object, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"kvtier: {key!r} must be true or false, got {value!r}")
+    return value
+
+
+def _non_empty_str(value: object, key: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"kvtier: {key!r} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _choice(choices: tuple[str, ...]) -> Parser[str]:
+    def parse(value: object, key: str) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise ValueError(f"kvtier: {key!r} must be one of {', '.join(choices)}; got {value!r}")
+        return value
+
+    return parse
+
+
+def _redis_url(value: object, key: str) -> str:
+    url = _non_empty_str(value, key)
+    if not url.startswith(REDIS_SCHEMES):
+        raise ValueError(
+            f"kvtier: {key!r} must start with {', '.join(REDIS_SCHEMES)}; got {value!r}"
+        )
+    return url
+
+
+# --- mappings: accepted keys, required and optional values; key "" is the top level ---
+
+
+def _keys(cls: type[DataclassInstance]) -> tuple[str, ...]:
+    """Accepted keys of a config dataclass: its field names."""
+    return tuple(f.name for f in fields(cls))
+
+
+def _dotted(key: str, name: str) -> str:
+    return f"{key}.{name}" if key else name
+
+
+def _mapping(raw: object, key: str, accepted: tuple[str, ...]) -> Mapping[str, object]:
+    """``raw`` as a mapping whose keys are all in ``accepted``."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(
+            f"kvtier: {key or 'kv_connector_extra_config'!r} must be a mapping with keys "
+            f"{', '.join(accepted)}; got {raw!r}"
+        )
+    for name in raw:
+        if name not in accepted:
+            close = difflib.get_close_matches(str(name), accepted, n=1)
+            hint = f"; did you mean {_dotted(key, close[0])!r}?" if close else ""
+            raise ValueError(
+                f"kvtier: unknown key {_dotted(key, str(name))!r}{hint} "
+                f"(accepted keys: {', '.join(_dotted(key, a) for a in accepted)})"
+            )
+    return raw
+
+
+def _required(raw: Mapping[str, object], key: str, name: str, parse: Parser[T]) -> T:
+    """``parse`` of ``raw[name]``; absent or ``None`` is an error."""
+    value = raw.get(name)
+    if value is None:
+        raise ValueError(f"kvtier: {_dotted(key, name)!r} is required")
+    return parse(value, _dotted(key, name))
+
+
+def _optional(raw: Mapping[str, object], key: str, name: str, parse: Parser[T], default: T) -> T:
+    """``parse`` of ``raw[name]``, or ``default`` when it is absent or ``None``."""
+    value = raw.get(name)
+    return default if value is None else parse(value, _dotted(key, name))

@@ -1,0 +1,117 @@
+"""Copies between the engine's blocks and the host tier, in either direction.
+
+``EngineHostHandler`` validates and plans a job (``plan.py``); subclasses decide where the copies
+run: a thread for CPU engine tensors (``copy_cpu.py``), a CUDA stream for GPU ones
+(``copy_cuda.py``). Use ``engine_host_handlers`` to get the pair for a layout.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import abstractmethod
+
+import numpy as np
+import torch
+
+from kvtier.layout import KVLayout
+from kvtier.tiers.cpu import HostTier
+from kvtier.worker.base import EngineBlocks, HostChunks, TransferHandler, TransferSpec
+from kvtier.worker.plan import GroupCopy, plan_copy
+
+logger = logging.getLogger(__name__)
+
+
+class EngineHostHandler(TransferHandler):
+    """One direction between engine blocks and host slots: ``store`` is engine -> host."""
+
+    def __init__(self, layout: KVLayout, host: HostTier, store: bool) -> None:
+        self.layout = layout
+        self.host = host
+        self.store = store
+        self.device = layout.device  # captured once, before any copy runs
+
+    def transfer_async(self, job_id: int, src: TransferSpec, dst: TransferSpec) -> bool:
+        engine, host = (src, dst) if self.store else (dst, src)
+        if not isinstance(engine, EngineBlocks) or not isinstance(host, HostChunks):
+            raise TypeError(
+                f"kvtier: {type(self).__name__} moves EngineBlocks <-> HostChunks, "
+                f"got {type(src).__name__} -> {type(dst).__name__}"
+            )
+        try:
+            plan = self._plan(engine, host)
+        except ValueError as error:
+            logger.error("kvtier: refused transfer job %d: %s", job_id, error)
+            return False
+        nbytes = sum(
+            len(copy.block_ids) * self.layout.page_bytes[view]
+            for copy in plan
+            for view in self.layout.groups[copy.group]
+        )
+        self._submit(job_id, plan, nbytes)
+        return True
+
+    @abstractmethod
+    def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
+        """Start the copies of ``plan``; report ``job_id`` through ``get_finished`` when done."""
+
+    def _plan(self, engine: EngineBlocks, host: HostChunks) -> list[GroupCopy]:
+        if len(engine.group_sizes) > len(self.layout.groups):
+            raise ValueError(
+                f"{len(engine.group_sizes)} groups in a transfer, "
+                f"the layout has {len(self.layout.groups)}"
+            )
+        _check_range("engine block id", engine.block_ids, self.layout.num_blocks)
+        _check_range("host slot", host.slots, self.host.num_chunks)
+        return plan_copy(engine, host, self.host.block_size_factor)
+
+    def _copy_view(self, copy: GroupCopy, block_ids: torch.Tensor, view: int) -> None:
+        """Copy one group's blocks of one view, run by run (host rows consecutive in a run).
+
+        ``block_ids`` are ``copy.block_ids`` on the engine tensors' device.
+        """
+        engine = self.layout.views[view]  # (num_blocks, page_words)
+        rows = self.host.page_rows(view)  # (num_chunks * factor, page_words)
+        for start, end in copy.runs:
+            first = int(copy.host_rows[start])
+            host_run = rows[first : first + end - start]
+            if self.store:
+                self._engine_to_host(engine, block_ids[start:end], host_run)
+            else:
+                self._host_to_engine(host_run, engine, block_ids[start:end])
+
+    @staticmethod
+    def _engine_to_host(engine: torch.Tensor, ids: torch.Tensor, host_run: torch.Tensor) -> None:
+        torch.index_select(engine, 0, ids, out=host_run)
+
+    @staticmethod
+    def _host_to_engine(host_run: torch.Tensor, engine: torch.Tensor, ids: torch.Tensor) -> None:
+        engine.index_copy_(0, ids, host_run)
+
+
+def _check_range(what: str, ids: np.ndarray, limit: int) -> None:
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= limit):
+        low, high = int(ids.min()), int(ids.max())
+        raise ValueError(f"{what}s must lie in [0, {limit}), got {low}..{high}")
+
+
+def bind_thread(device: torch.device) -> None:
+    """Thread-pool initializer: bind the worker's device once per thread (vLLM PR #39548)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
+def engine_host_handlers(
+    layout: KVLayout, host: HostTier, num_threads: int = 2
+) -> tuple[EngineHostHandler, EngineHostHandler]:
+    """The (store, load) handlers for ``layout``'s device: threads on CPU, streams on CUDA.
+
+    ``num_threads`` copy threads serve both CPU handlers; CUDA copies run on streams instead.
+    """
+    if layout.device.type == "cuda":
+        from kvtier.worker.copy_cuda import CudaCopyHandler
+
+        return CudaCopyHandler(layout, host, store=True), CudaCopyHandler(layout, host, store=False)
+    from kvtier.worker.copy_cpu import CopyLanes, CpuCopyHandler
+
+    lanes = CopyLanes(num_threads, layout.device)
+    return CpuCopyHandler(layout, host, True, lanes), CpuCopyHandler(layout, host, False, lanes)

@@ -1,0 +1,72 @@
+"""Which engine block goes to which host page row: the chunk arithmetic of DESIGN §4.
+
+A chunk is ``factor`` consecutive engine blocks of one group. Group ``g``'s transfer starts at
+logical block ``block_indices[g]``, so its first chunk is entered
+``skip = block_indices[g] % factor`` blocks in; ``n`` blocks then span
+``ceil((n + skip) / factor)`` chunks, and engine block ``k`` lands in sub-block
+``(skip + k) % factor`` of chunk ``(skip + k) // factor``. Every block and every slot is consumed
+exactly, or the plan is refused.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from kvtier.worker.base import EngineBlocks, HostChunks
+
+
+class GroupCopy(NamedTuple):
+    """The blocks of one group in a transfer, as runs of consecutive host page rows."""
+
+    group: int
+    block_ids: np.ndarray  # int64 engine block ids, (n,)
+    host_rows: np.ndarray  # int64 host page rows (slot * factor + sub-block), (n,)
+    runs: list[tuple[int, int]]  # [start, end) into the arrays above; host rows consecutive inside
+
+
+def chunks_spanned(num_blocks: int, block_index: int, factor: int) -> int:
+    """How many chunks ``num_blocks`` blocks starting at logical block ``block_index`` touch."""
+    if num_blocks == 0:
+        return 0
+    return -(-(num_blocks + block_index % factor) // factor)
+
+
+def plan_copy(engine: EngineBlocks, host: HostChunks, factor: int) -> list[GroupCopy]:
+    """Map every engine block of ``engine`` onto a host page row of ``host`` (raises ValueError)."""
+    sizes, starts = engine.group_sizes, engine.block_indices
+    if len(sizes) != len(starts):
+        raise ValueError(
+            f"kvtier: {len(sizes)} group sizes but {len(starts)} block indices in a transfer"
+        )
+    if len(engine.block_ids) != sum(sizes):
+        raise ValueError(
+            f"kvtier: {len(engine.block_ids)} engine blocks but group sizes add up to {sum(sizes)}"
+        )
+    spans = [chunks_spanned(n, start, factor) for n, start in zip(sizes, starts)]
+    if len(host.slots) != sum(spans):
+        raise ValueError(
+            f"kvtier: {len(host.slots)} host slots for a transfer spanning {sum(spans)} chunks"
+        )
+    copies = []
+    block_at = slot_at = 0
+    for group, (n, start, span) in enumerate(zip(sizes, starts, spans)):
+        if n:
+            position = start % factor + np.arange(n, dtype=np.int64)
+            slots = np.asarray(host.slots[slot_at : slot_at + span], dtype=np.int64)
+            rows = slots[position // factor] * factor + position % factor
+            ids = np.asarray(engine.block_ids[block_at : block_at + n], dtype=np.int64)
+            copies.append(GroupCopy(group, ids, rows, consecutive_runs(rows)))
+        block_at += n
+        slot_at += span
+    return copies
+
+
+def consecutive_runs(rows: np.ndarray) -> list[tuple[int, int]]:
+    """Split ``rows`` into maximal ``[start, end)`` runs where each row is the previous plus one."""
+    if len(rows) == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    edges = [0, *breaks.tolist(), len(rows)]
+    return list(zip(edges[:-1], edges[1:]))

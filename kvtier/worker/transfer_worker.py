@@ -1,0 +1,56 @@
+"""The worker half's entry point: routes jobs to the handler of their (src, dst) media."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from kvtier.media import Medium
+from kvtier.worker.base import TransferHandler, TransferResult, TransferSpec
+
+
+class TransferWorker:
+    """Owns the handlers of one worker rank. Job ids are the caller's, unique while in flight."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[tuple[Medium, Medium], TransferHandler] = {}
+        self._job_handler: dict[int, TransferHandler] = {}
+
+    def register_handler(self, src: Medium, dst: Medium, handler: TransferHandler) -> None:
+        if (src, dst) in self._handlers:
+            raise ValueError(f"kvtier: a handler for {src.value} -> {dst.value} is registered")
+        self._handlers[(src, dst)] = handler
+
+    def transfer_async(self, job_id: int, spec: tuple[TransferSpec, TransferSpec]) -> bool:
+        """Submit job ``job_id`` copying ``spec[0]`` to ``spec[1]``; False if it was refused."""
+        src, dst = spec
+        handler = self._handlers.get((src.medium, dst.medium))
+        if handler is None:
+            known = ", ".join(f"{s.value}->{d.value}" for s, d in self._handlers)
+            raise ValueError(
+                f"kvtier: no handler for {src.medium.value} -> {dst.medium.value} (have: {known})"
+            )
+        if job_id in self._job_handler:
+            raise ValueError(f"kvtier: transfer job {job_id} is already in flight")
+        if not handler.transfer_async(job_id, src, dst):
+            return False
+        self._job_handler[job_id] = handler
+        return True
+
+    def get_finished(self) -> list[TransferResult]:
+        """Jobs finished since the last call, each reported once."""
+        finished = [r for h in self._handlers.values() for r in h.get_finished()]
+        for result in finished:
+            self._job_handler.pop(result.job_id, None)
+        return finished
+
+    def wait(self, job_ids: Collection[int]) -> None:
+        for handler in {self._job_handler[j] for j in job_ids if j in self._job_handler}:
+            handler.wait(job_ids)
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._job_handler)
+
+    def shutdown(self) -> None:
+        for handler in self._handlers.values():
+            handler.shutdown()
