@@ -83,7 +83,8 @@ def run(users: int = 6, rounds: int = 5, out_dir: Path = Path("bench/results")) 
             plan = manager.prepare_store(keys[hits:])
             if plan is not None and plan.keys:
                 job += 1
-                index = [keys.index(k) for k in plan.keys]
+                wanted = set(plan.keys)  # plan.keys keeps the order of keys
+                index = [i for i, k in enumerate(keys) if k in wanted]
                 ids = np.concatenate([blocks[i * FACTOR : (i + 1) * FACTOR] for i in index])
                 engine = EngineBlocks(ids, (len(ids),), (index[0] * FACTOR,))
                 ok = _transfer(worker, job, (engine, HostChunks(np.array(plan.slots))))

