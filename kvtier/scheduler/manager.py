@@ -121,7 +121,7 @@ class ChunkManager:
         """Count the leading ``keys`` that are ready; stops at the first absent or in-flight key.
 
         Also counts one lookup of every key in ``keys``, for the store threshold. ``retry_later``
-        is always False: a store in flight here completes without another lookup.
+        is True when the run stops at a key whose store is in flight: it is about to be loadable.
         """
         if self._admission is not None:
             self._admission.record(keys)
@@ -129,7 +129,7 @@ class ChunkManager:
         for key in keys:
             chunk = self._chunks.get(key)
             if chunk is None or not chunk.ready:
-                break
+                return LookupResult(ready, retry_later=chunk is not None)
             ready += 1
         return LookupResult(ready)
 

@@ -1,0 +1,48 @@
+"""Counters of what kvtier did, per tier: read by tests, the demo, logs and vLLM's stats."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class TierStats:
+    hit_chunks: int = 0  # chunks a lookup found ready (and the engine then loaded)
+    miss_chunks: int = 0  # chunks looked up and not found
+    loaded_chunks: int = 0
+    loaded_bytes: int = 0  # summed over ranks
+    load_seconds: float = 0.0  # slowest rank per job, summed over jobs
+    failed_loads: int = 0  # load jobs that failed on a rank: the engine recomputes
+    stored_chunks: int = 0
+    stored_bytes: int = 0
+    store_seconds: float = 0.0
+    failed_stores: int = 0
+    skipped_stores: int = 0  # chunks not stored: no room (everything pinned or in flight)
+    evicted_chunks: int = 0
+
+
+@dataclass
+class KVTierStats:
+    """Totals since the engine started. ``tiers`` maps a tier name ("cpu") to its counters."""
+
+    lookups: int = 0  # requests looked up
+    tiers: dict[str, TierStats] = field(default_factory=lambda: {"cpu": TierStats()})
+
+    @property
+    def cpu(self) -> TierStats:
+        return self.tiers["cpu"]
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def log_line(self) -> str:
+        cpu = self.cpu
+        looked = cpu.hit_chunks + cpu.miss_chunks
+        rate = cpu.hit_chunks / looked if looked else 0.0
+        return (
+            f"kvtier: cpu hit {cpu.hit_chunks}/{looked} chunks ({rate:.0%}), "
+            f"loaded {cpu.loaded_bytes / 2**20:.1f} MiB in {cpu.load_seconds:.3f} s, "
+            f"stored {cpu.stored_chunks} chunks ({cpu.stored_bytes / 2**20:.1f} MiB), "
+            f"evicted {cpu.evicted_chunks}, failed loads {cpu.failed_loads}, "
+            f"skipped stores {cpu.skipped_stores}"
+        )

@@ -1,0 +1,63 @@
+"""What crosses between the two halves each step: plain, picklable data, never tensors.
+
+Scheduler -> workers: ``StepPlan`` (this step's loads and stores, which earlier stores to finish
+before the forward, which finished requests the scheduler holds for their stores).
+Workers -> scheduler: ``WorkerReport`` (jobs finished on this rank), summed over ranks by
+``merge`` before the scheduler sees it: a job is done when ``world_size`` ranks reported it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvtier.worker.base import EngineBlocks, HostChunks
+
+
+@dataclass(frozen=True)
+class LoadJob:
+    job_id: int
+    req_id: str
+    src: HostChunks
+    dst: EngineBlocks
+
+
+@dataclass(frozen=True)
+class StoreJob:
+    job_id: int
+    req_id: str
+    src: EngineBlocks
+    dst: HostChunks
+
+
+@dataclass
+class StepPlan:
+    loads: list[LoadJob] = field(default_factory=list)
+    stores: list[StoreJob] = field(default_factory=list)
+    flush: list[int] = field(default_factory=list)  # store jobs to finish before the forward
+    held: list[str] = field(default_factory=list)  # finished requests kept for their stores
+    num_chunks: int = 0  # the host tier's size as the scheduler manages it
+
+
+@dataclass
+class JobOutcome:
+    """One job on one or more ranks: how many ranks finished it, and how many of them failed."""
+
+    ranks: int = 0
+    failed: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class WorkerReport:
+    jobs: dict[int, JobOutcome] = field(default_factory=dict)
+
+    def merge(self, other: WorkerReport) -> WorkerReport:
+        jobs = {job_id: JobOutcome(**vars(outcome)) for job_id, outcome in self.jobs.items()}
+        for job_id, outcome in other.jobs.items():
+            mine = jobs.setdefault(job_id, JobOutcome())
+            mine.ranks += outcome.ranks
+            mine.failed += outcome.failed
+            mine.bytes += outcome.bytes
+            mine.seconds = max(mine.seconds, outcome.seconds)
+        return WorkerReport(jobs)

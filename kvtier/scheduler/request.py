@@ -1,0 +1,50 @@
+"""What the scheduler half remembers of one request."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvtier.keys import ChunkKey, ChunkKeyMaker
+
+
+@dataclass
+class RequestState:
+    """One request: its chunk keys, how far it was stored, and its transfers in flight.
+
+    ``block_hashes`` is the engine's own list (one hash per full engine block), which grows as
+    tokens are appended; keys are derived from it lazily. ``stored_upto[g]``: chunks of group ``g``
+    below it are stored, loaded or skipped, never offered again.
+    """
+
+    req_id: str
+    block_hashes: Sequence[bytes]
+    num_groups: int
+    keys: list[list[ChunkKey]] = field(init=False)
+    stored_upto: list[int] = field(init=False)
+    block_ids: list[list[int]] = field(init=False)  # per group, as the engine last allocated
+    lookup_start: int = 0  # chunk index where the last lookup started (the local hit)
+    lookup_end: int = 0  # full prompt chunks at the last lookup; 0 once counted
+    num_computed_tokens: int = 0  # the engine's local hit at the last lookup
+    store_jobs: set[int] = field(default_factory=set)
+    load_job: int | None = None
+    finished: bool = False
+
+    def __post_init__(self) -> None:
+        self.keys = [[] for _ in range(self.num_groups)]
+        self.stored_upto = [0] * self.num_groups
+        self.block_ids = [[] for _ in range(self.num_groups)]
+
+    @property
+    def idle(self) -> bool:
+        return not self.store_jobs and self.load_job is None
+
+    def group_keys(self, maker: ChunkKeyMaker, group: int, num_chunks: int) -> list[ChunkKey]:
+        """Keys of the first ``num_chunks`` chunks of ``group`` (computed once, then cached)."""
+        keys = self.keys[group]
+        have = len(keys)
+        if have < num_chunks:
+            start = have * maker.block_size_factor
+            end = num_chunks * maker.block_size_factor
+            keys += maker.keys(self.block_hashes[start:end], group)
+        return keys[:num_chunks]

@@ -1,0 +1,308 @@
+"""KVTierConnector: kvtier inside vLLM (the only module that imports vLLM).
+
+    kv_transfer_config={"kv_connector": "KVTierConnector",
+                        "kv_connector_module_path": "kvtier.vllm", "kv_role": "kv_both",
+                        "kv_connector_extra_config": {"cpu_bytes_to_use": "4GiB"}}
+
+A thin adapter: in the scheduler process it drives a ``SchedulerConnector``, in each worker a
+``WorkerConnector``; every vLLM call maps onto one of theirs, with plain data.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    KVConnectorWorkerMetadata,
+    SupportsHMA,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+from kvtier.config import KVTierConfig
+from kvtier.counters import KVTierStats
+from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
+from kvtier.layout import Placement, host_num_chunks, placement_bytes_per_block
+from kvtier.scheduler.base import EventKind
+from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
+from kvtier.scheduler.jobs import StepPlan, WorkerReport
+from kvtier.worker.connector import WorkerConnector
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+LOG_INTERVAL_S = 10.0
+
+
+@dataclass
+class KVTierMetadata(KVConnectorMetadata):
+    plan: StepPlan
+
+
+@dataclass
+class KVTierWorkerMetadata(KVConnectorWorkerMetadata):
+    report: WorkerReport
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        assert isinstance(other, KVTierWorkerMetadata)
+        return KVTierWorkerMetadata(self.report.merge(other.report))
+
+
+class KVTierConnectorStats(KVConnectorStats):
+    """kvtier's totals, as vLLM's stats pipeline carries connector stats."""
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        return other if not self.data else self
+
+    def reduce(self) -> dict[str, int | float]:
+        cpu = self.data.get("tiers", {}).get("cpu", {})
+        return {key: value for key, value in cpu.items() if isinstance(value, (int, float))}
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def is_empty(self) -> bool:
+        return not self.data
+
+
+class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        transfer = vllm_config.kv_transfer_config
+        assert transfer is not None
+        engine_block = vllm_config.cache_config.block_size
+        self.config = KVTierConfig.from_extra_config(
+            transfer.kv_connector_extra_config, engine_block
+        )
+        factor = self.config.block_size_factor(engine_block)
+        parallel = vllm_config.parallel_config
+        world_size = parallel.world_size
+        groups = kv_cache_config.kv_cache_groups
+        self._multi_group = len(groups) > 1
+        self._scheduler: SchedulerConnector | None = None
+        self._worker: WorkerConnector | None = None
+        self._last_log = time.monotonic()
+        if role == KVConnectorRole.SCHEDULER:
+            placements = [
+                Placement(t.size, tuple(t.layers)) for t in kv_cache_config.kv_cache_tensors
+            ]
+            per_block = placement_bytes_per_block(placements, kv_cache_config.num_blocks)
+            num_chunks = host_num_chunks(
+                per_block, world_size, factor, self.config.cpu_bytes_to_use
+            )
+            fingerprint = LayoutFingerprint(
+                model=str(vllm_config.model_config.model),
+                dtype=f"{vllm_config.model_config.dtype}/{vllm_config.cache_config.cache_dtype}",
+                layout=";".join(repr(g.kv_cache_spec) for g in groups),
+                tp_rank=0,
+                tp_size=parallel.tensor_parallel_size,
+                pp_rank=0,
+                chunk_tokens=engine_block * factor,
+            )
+            self._scheduler = SchedulerConnector(
+                self.config,
+                [_group_spec(g.kv_cache_spec) for g in groups],
+                num_chunks,
+                world_size,
+                ChunkKeyMaker(fingerprint, factor, self.config.hash_algo),
+            )
+            logger.info(
+                "kvtier: host tier of %d chunks of %d tokens, %d KV cache group(s), %d rank(s)",
+                num_chunks, engine_block * factor, len(groups), world_size,
+            )  # fmt: skip
+        else:
+            self._worker = WorkerConnector(
+                self.config.cpu_bytes_to_use, factor, world_size, self.config.num_copy_threads
+            )
+            self._group_layers = [list(g.layer_names) for g in groups]
+            self._num_blocks = kv_cache_config.num_blocks
+
+    # ---- scheduler side --------------------------------------------------------------------
+
+    @property
+    def scheduler(self) -> SchedulerConnector:
+        assert self._scheduler is not None, "kvtier: scheduler call on a worker connector"
+        return self._scheduler
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        if getattr(request, "skip_reading_prefix_cache", False):
+            return 0, False
+        hit = self.scheduler.lookup(request.request_id, request.block_hashes, num_computed_tokens)
+        return hit, bool(hit)
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        if request.request_id in self.scheduler.requests:
+            self.scheduler.on_alloc(request.request_id, blocks.get_block_ids(), num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        manager = self._kv_cache_manager
+        assert manager is not None, "kvtier: vLLM did not bind its KV cache manager"
+        scheduled = [
+            ScheduledRequest(
+                new.req_id,
+                manager.get_block_ids(new.req_id),
+                new.num_computed_tokens + scheduler_output.num_scheduled_tokens[new.req_id],
+            )
+            for new in scheduler_output.scheduled_new_reqs
+        ]
+        cached = scheduler_output.scheduled_cached_reqs
+        scheduled += [
+            ScheduledRequest(
+                req_id,
+                manager.get_block_ids(req_id),
+                computed + scheduler_output.num_scheduled_tokens[req_id],
+            )
+            for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=True)
+        ]
+        plan = self.scheduler.build_plan(scheduled, scheduler_output.preempted_req_ids or ())
+        self._maybe_log()
+        return KVTierMetadata(plan)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, KVTierWorkerMetadata):
+            self.scheduler.on_report(meta.report)
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self.scheduler.request_finished(request.request_id), None
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self.scheduler.request_finished(request.request_id), None
+
+    def has_pending_push_work(self) -> bool:
+        return self.scheduler.has_jobs_in_flight
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        chunk_tokens = self.scheduler.chunk_tokens
+        for event in self.scheduler.take_events():
+            hashes: list[bytes | int] = [bytes(k) for k in event.keys]  # type: ignore[arg-type]
+            if event.kind is EventKind.STORED:
+                yield BlockStored(
+                    block_hashes=hashes, parent_block_hash=None, token_ids=[],
+                    block_size=chunk_tokens, lora_id=None, medium="CPU", lora_name=None,
+                )  # fmt: skip
+            else:
+                yield BlockRemoved(block_hashes=hashes, medium="CPU")
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        if self._scheduler is None:
+            return None
+        return KVTierConnectorStats(data=self._scheduler.stats.as_dict())
+
+    def _maybe_log(self) -> None:
+        now = time.monotonic()
+        if now - self._last_log >= LOG_INTERVAL_S:
+            self._last_log = now
+            logger.info(self.scheduler.stats.log_line())
+
+    # ---- worker side -----------------------------------------------------------------------
+
+    @property
+    def worker(self) -> WorkerConnector:
+        assert self._worker is not None, "kvtier: worker call on the scheduler connector"
+        return self._worker
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        layers = [[name for name in group if name in kv_caches] for group in self._group_layers]
+        self.worker.register(kv_caches, layers, self._num_blocks)
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        # called before every forward (and on steps without one): take the plan, flush stores
+        assert isinstance(kv_connector_metadata, KVTierMetadata)
+        self.worker.begin_step(kv_connector_metadata.plan)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        self.worker.start_loads()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        **kwargs: Any,
+    ) -> None:
+        return None
+
+    def wait_for_save(self) -> None:
+        self.worker.start_stores()
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        sending, recving, failed = self.worker.finished(finished_req_ids)
+        # several groups: failures per request (block ids repeat across groups); else per block
+        return KVConnectorTransferResults(sending, recving, failed if self._multi_group else set())
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+        results = self.get_transfer_results(finished_req_ids)
+        return results.finished_sending, results.finished_recving
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        blocks = self.worker.take_failed_blocks()
+        return set() if self._multi_group else blocks
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        report = self.worker.report()
+        return KVTierWorkerMetadata(report) if report.jobs else None
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+        if self._scheduler is not None:
+            logger.info(self._scheduler.stats.log_line())
+
+
+def _group_spec(spec: Any) -> GroupSpec:
+    window = getattr(spec, "sliding_window", None)
+    kind = type(spec).__name__
+    if "Mamba" in kind or not hasattr(spec, "block_size"):
+        raise ValueError(f"kvtier: KV cache groups of kind {kind} are not supported")
+    return GroupSpec(block_tokens=spec.block_size, sliding_window=window)
+
+
+def engine_connector(llm: Any) -> KVTierConnector:
+    """The scheduler-side connector of an in-process ``vllm.LLM`` (tests, demo, benchmarks)."""
+    try:
+        connector = llm.llm_engine.engine_core.engine_core.scheduler.connector
+    except AttributeError as error:
+        raise RuntimeError(
+            "kvtier: the engine runs in other processes (VLLM_ENABLE_V1_MULTIPROCESSING=1); "
+            "read the 'kvtier:' log lines or vLLM's connector stats instead"
+        ) from error
+    if not isinstance(connector, KVTierConnector):
+        raise RuntimeError(f"kvtier: the engine's connector is {type(connector).__name__}")
+    return connector
+
+
+def stats(llm: Any) -> KVTierStats:
+    """kvtier's counters for an in-process ``vllm.LLM``."""
+    return engine_connector(llm).scheduler.stats

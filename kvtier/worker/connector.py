@@ -1,0 +1,162 @@
+"""The worker half, one per rank: runs the scheduler's plan and reports what finished.
+
+Each step, in the engine's order:
+    begin_step(plan)     before the forward: wait for the stores the plan flushes
+    start_loads()        submit the plan's loads (the requests wait for them, off this step)
+    start_stores()       after the forward: submit the plan's stores
+    finished(ids)     -> (finished_sending, finished_recving, failed_recving) request ids
+    report()          -> WorkerReport of the jobs this rank finished since the last report
+
+Every rank, pipeline ranks that produce no tokens included, reports every job it ran, also on
+steps without a forward pass, so the scheduler can count a job done on all ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvtier.layout import KVLayout, build_layout, host_num_chunks
+from kvtier.media import Medium
+from kvtier.scheduler.jobs import JobOutcome, StepPlan, WorkerReport
+from kvtier.tiers.cpu import HostTier
+from kvtier.worker.base import EngineBlocks, TransferSpec
+from kvtier.worker.engine_host import engine_host_handlers
+from kvtier.worker.transfer_worker import TransferWorker
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    req_id: str
+    store: bool
+    engine: EngineBlocks  # the engine side of the job (a failed load's blocks are recomputed)
+
+
+class WorkerConnector:
+    def __init__(
+        self,
+        cpu_bytes_to_use: int,
+        block_size_factor: int,
+        world_size: int,
+        num_copy_threads: int = 2,
+    ) -> None:
+        self.cpu_bytes_to_use = cpu_bytes_to_use
+        self.factor = block_size_factor
+        self.world_size = world_size
+        self.num_copy_threads = num_copy_threads
+        self.layout: KVLayout | None = None
+        self.host: HostTier | None = None
+        self.transfers = TransferWorker()
+        self._plan = StepPlan()
+        self._in_flight: dict[int, _InFlight] = {}
+        self._req_stores: dict[str, set[int]] = {}  # request -> its store jobs in flight here
+        self._held: set[str] = set()  # finished requests whose stores the scheduler waits for
+        self._finished_loads: list[tuple[str, bool]] = []  # (request, ok) since last finished()
+        self._failed_blocks: set[int] = set()
+        self._outcomes: dict[int, JobOutcome] = {}
+
+    def register(
+        self,
+        kv_caches: Mapping[str, torch.Tensor],
+        group_layers: Sequence[Sequence[str]],
+        num_blocks: int,
+    ) -> None:
+        """Build the block views and the host tier for this rank's KV tensors."""
+        self.layout = build_layout(kv_caches, group_layers, num_blocks)
+        chunks = host_num_chunks(
+            self.layout.bytes_per_block(), self.world_size, self.factor, self.cpu_bytes_to_use
+        )
+        self.host = HostTier(self.layout, chunks, self.factor)
+        store, load = engine_host_handlers(self.layout, self.host, self.num_copy_threads)
+        self.transfers.register_handler(Medium.ENGINE, Medium.CPU, store)
+        self.transfers.register_handler(Medium.CPU, Medium.ENGINE, load)
+        logger.info(
+            "kvtier: host tier of %d chunks (%.1f MiB on this rank), %d views, %d groups",
+            chunks, self.host.nbytes / 2**20, len(self.layout.views), len(group_layers),
+        )  # fmt: skip
+
+    # ---- each step -------------------------------------------------------------------------
+
+    def begin_step(self, plan: StepPlan) -> None:
+        """Take this step's plan; finish the earlier stores whose blocks are about to be reused."""
+        self._plan = plan
+        self._held.update(plan.held)
+        if self.host is not None and plan.num_chunks > self.host.num_chunks:
+            raise RuntimeError(
+                f"kvtier: the scheduler manages {plan.num_chunks} host chunks but this rank "
+                f"holds {self.host.num_chunks}: ranks with unequal KV memory are not supported"
+            )
+        if plan.flush:
+            self.transfers.wait(plan.flush)
+
+    def start_loads(self) -> None:
+        for load in self._plan.loads:
+            self._submit(load.job_id, _InFlight(load.req_id, False, load.dst), (load.src, load.dst))
+        self._plan.loads = []
+
+    def start_stores(self) -> None:
+        for job in self._plan.stores:
+            self._submit(job.job_id, _InFlight(job.req_id, True, job.src), (job.src, job.dst))
+        self._plan.stores = []
+
+    def _submit(self, job_id: int, job: _InFlight, spec: tuple[TransferSpec, TransferSpec]) -> None:
+        submitted = False
+        try:
+            submitted = self.transfers.transfer_async(job_id, spec)
+        except Exception:
+            logger.exception("kvtier: could not submit transfer job %d", job_id)
+        if not submitted:  # done here, and failed: a load is recomputed, a store is dropped
+            self._record(job_id, job, ok=False, nbytes=0, seconds=0.0)
+            return
+        self._in_flight[job_id] = job
+        if job.store:
+            self._req_stores.setdefault(job.req_id, set()).add(job_id)
+
+    def _poll(self) -> None:
+        for result in self.transfers.get_finished():
+            job = self._in_flight.pop(result.job_id)
+            if job.store:
+                jobs = self._req_stores[job.req_id]
+                jobs.discard(result.job_id)
+                if not jobs:
+                    del self._req_stores[job.req_id]
+            self._record(result.job_id, job, result.success, result.bytes, result.seconds)
+
+    def _record(self, job_id: int, job: _InFlight, ok: bool, nbytes: int, seconds: float) -> None:
+        self._outcomes[job_id] = JobOutcome(1, 0 if ok else 1, nbytes, seconds)
+        if job.store:
+            return
+        self._finished_loads.append((job.req_id, ok))
+        if not ok:
+            self._failed_blocks.update(job.engine.block_ids.tolist())
+
+    def finished(self, finished_req_ids: Iterable[str]) -> tuple[set[str], set[str], set[str]]:
+        """Requests whose transfers finished on this rank: (sending, receiving, failed receiving).
+
+        A held request is reported once its stores here are done; a load is reported when its
+        copy finished, failed or not (a failed one also as failed, so the engine recomputes).
+        """
+        del finished_req_ids  # the plan's ``held`` says which finished requests wait for stores
+        self._poll()
+        sending = {req for req in self._held if req not in self._req_stores}
+        self._held -= sending
+        recving = {req for req, _ in self._finished_loads}
+        failed = {req for req, ok in self._finished_loads if not ok}
+        self._finished_loads = []
+        return sending, recving, failed
+
+    def take_failed_blocks(self) -> set[int]:
+        blocks, self._failed_blocks = self._failed_blocks, set()
+        return blocks
+
+    def report(self) -> WorkerReport:
+        outcomes, self._outcomes = self._outcomes, {}
+        return WorkerReport(outcomes)
+
+    def shutdown(self) -> None:
+        self.transfers.shutdown()
