@@ -8,7 +8,6 @@ Extra-config keys (names follow vLLM's native offloading where it has them)::
     eviction_policy    "lru"       lru | arc
     store_threshold    1           store a chunk once it was looked up this many times
     hash_algo          "xxh3_128"  sha256 | xxh3_128
-    num_copy_threads   2           worker threads copying chunks
     disk               None        {"path": str, "bytes": size, "write_through": bool = False}
     redis              None        {"url": "redis://..." (or rediss://, unix://), "timeout_s": 1.0}
 
@@ -108,7 +107,6 @@ class KVTierConfig:
     hash_algo: str = "xxh3_128"
     disk: DiskConfig | None = None
     redis: RedisConfig | None = None
-    num_copy_threads: int = 2
 
     def __post_init__(self) -> None:
         _positive_int(self.cpu_bytes_to_use, "cpu_bytes_to_use")
@@ -117,7 +115,6 @@ class KVTierConfig:
         _choice(EVICTION_POLICIES)(self.eviction_policy, "eviction_policy")
         _positive_int(self.store_threshold, "store_threshold")
         _choice(HASH_ALGOS)(self.hash_algo, "hash_algo")
-        _positive_int(self.num_copy_threads, "num_copy_threads")
 
     @classmethod
     def from_extra_config(
@@ -145,7 +142,6 @@ class KVTierConfig:
             hash_algo=_optional(raw, "", "hash_algo", _choice(HASH_ALGOS), "xxh3_128"),
             disk=_optional(raw, "", "disk", DiskConfig.from_mapping, None),
             redis=_optional(raw, "", "redis", RedisConfig.from_mapping, None),
-            num_copy_threads=_optional(raw, "", "num_copy_threads", _positive_int, 2),
         )
         config.block_size_factor(engine_block_size)
         return config

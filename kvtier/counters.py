@@ -26,6 +26,7 @@ class KVTierStats:
     """Totals since the engine started. ``tiers`` maps a tier name ("cpu") to its counters."""
 
     lookups: int = 0  # requests looked up
+    preemptions: int = 0  # requests the engine preempted (their pending stores were flushed)
     tiers: dict[str, TierStats] = field(default_factory=lambda: {"cpu": TierStats()})
 
     @property

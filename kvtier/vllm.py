@@ -131,9 +131,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
                 num_chunks, engine_block * factor, len(groups), world_size,
             )  # fmt: skip
         else:
-            self._worker = WorkerConnector(
-                self.config.cpu_bytes_to_use, factor, world_size, self.config.num_copy_threads
-            )
+            self._worker = WorkerConnector(self.config.cpu_bytes_to_use, factor, world_size)
             self._group_layers = [list(g.layer_names) for g in groups]
             self._num_blocks = kv_cache_config.num_blocks
 
@@ -203,7 +201,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     def take_events(self) -> Iterable[KVCacheEvent]:
         chunk_tokens = self.scheduler.chunk_tokens
         for event in self.scheduler.take_events():
-            hashes: list[bytes | int] = [bytes(k) for k in event.keys]  # type: ignore[arg-type]
+            hashes: list[bytes | int] = [k for k in event.keys if isinstance(k, bytes)]
             if event.kind is EventKind.STORED:
                 yield BlockStored(
                     block_hashes=hashes, parent_block_hash=None, token_ids=[],

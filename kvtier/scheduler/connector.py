@@ -24,7 +24,7 @@ import numpy as np
 from kvtier.config import KVTierConfig
 from kvtier.counters import KVTierStats
 from kvtier.keys import ChunkKey, ChunkKeyMaker
-from kvtier.scheduler.base import EventKind, Key, TierEvent
+from kvtier.scheduler.base import EventKind, Key, StorePlan, TierEvent
 from kvtier.scheduler.jobs import LoadJob, StepPlan, StoreJob, WorkerReport
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.request import RequestState
@@ -202,6 +202,7 @@ class SchedulerConnector:
         flush = {job for block in reused for job in self._block_jobs.get(block, ())}
         for req_id in preempted:
             state = self.requests.get(req_id)
+            self.stats.preemptions += 1
             if state is not None:
                 flush.update(state.store_jobs)
                 state.block_ids = [[] for _ in self.groups]
@@ -225,9 +226,8 @@ class SchedulerConnector:
             runs.append([(g, c, c + 1) for c in chunks])
         if not offered:
             return
-        plan = self.manager.prepare_store(offered)
+        plan = self._prepare_store(offered)
         if plan is None:
-            self.stats.cpu.skipped_stores += len(offered)
             return
         self._record_evictions(plan.evicted)
         slot_of = dict(zip(plan.keys, plan.slots, strict=True))
@@ -236,6 +236,20 @@ class SchedulerConnector:
             group_runs[:] = _merge(kept)
         for i in range(max(map(len, runs), default=0)):
             self._add_store_job(state, [r[i] if i < len(r) else None for r in runs], slot_of)
+
+    def _prepare_store(self, offered: list[ChunkKey]) -> StorePlan | None:
+        """Reserve slots for as long a prefix of ``offered`` as there is room for.
+
+        Chunks pinned by loads or still being stored cannot be evicted, so a busy step may not
+        fit all of them; the earliest chunks of a prompt are the most reused, so keep those.
+        """
+        for count in range(min(len(offered), self.manager.room), 0, -1):
+            plan = self.manager.prepare_store(offered[:count])
+            if plan is not None:
+                self.stats.cpu.skipped_stores += len(offered) - count
+                return plan
+        self.stats.cpu.skipped_stores += len(offered)
+        return None
 
     def _computed(self, state: RequestState, group: int, chunk: int) -> bool:
         blocks = state.block_ids[group][chunk * self.factor : (chunk + 1) * self.factor]

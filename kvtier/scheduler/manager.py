@@ -113,6 +113,15 @@ class ChunkManager:
         return self._num_pins
 
     @property
+    def room(self) -> int:
+        """Slots a store could take now: free ones plus ready, unpinned chunks it could evict."""
+        return len(self._free) + self._num_evictable
+
+    def stored(self) -> dict[Key, int]:
+        """The loadable chunks and their slots (a snapshot; for inspection and tests)."""
+        return {key: chunk.slot for key, chunk in self._chunks.items() if chunk.ready}
+
+    @property
     def policy(self) -> EvictionPolicy:
         """The eviction policy, for inspection; callers must not mutate it."""
         return self._policy

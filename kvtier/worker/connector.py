@@ -43,12 +43,10 @@ class WorkerConnector:
         cpu_bytes_to_use: int,
         block_size_factor: int,
         world_size: int,
-        num_copy_threads: int = 2,
     ) -> None:
         self.cpu_bytes_to_use = cpu_bytes_to_use
         self.factor = block_size_factor
         self.world_size = world_size
-        self.num_copy_threads = num_copy_threads
         self.layout: KVLayout | None = None
         self.host: HostTier | None = None
         self.transfers = TransferWorker()
@@ -72,7 +70,7 @@ class WorkerConnector:
             self.layout.bytes_per_block(), self.world_size, self.factor, self.cpu_bytes_to_use
         )
         self.host = HostTier(self.layout, chunks, self.factor)
-        store, load = engine_host_handlers(self.layout, self.host, self.num_copy_threads)
+        store, load = engine_host_handlers(self.layout, self.host)
         self.transfers.register_handler(Medium.ENGINE, Medium.CPU, store)
         self.transfers.register_handler(Medium.CPU, Medium.ENGINE, load)
         logger.info(

@@ -1,9 +1,12 @@
 """Engine <-> host copies for CPU engine tensors, off the engine's step thread.
 
-Each direction has one job thread, which keeps its jobs in submission order. A job's copies are
-split by view across ``num_threads`` copy threads (shared by both directions), so several cores move
-bytes while one thread pays Python's per-call cost. Threads bind the device once, in the pools'
-initializer.
+Each direction has one thread, which runs its jobs in submission order; the thread binds the
+device once, in the pool's initializer. Copies release the GIL, so loads, stores and the engine's
+own step run at once.
+
+The copies are numpy's, which release the GIL and never enter OpenMP: vLLM's CPU worker binds
+OpenMP threads to cores, and a torch copy starting its own OpenMP team on one of our threads was
+seen to hang there once an engine had been re-created in the same process.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import time
 from collections.abc import Collection
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
-import torch
+import numpy as np
 
 from kvtier.layout import KVLayout
 from kvtier.tiers.cpu import HostTier
@@ -25,36 +28,12 @@ from kvtier.worker.plan import GroupCopy
 logger = logging.getLogger(__name__)
 
 
-class CopyLanes:
-    """The copy threads shared by a store and a load handler; shut down when both released it."""
-
-    def __init__(self, num_threads: int, device: torch.device) -> None:
-        if num_threads < 1:
-            raise ValueError(f"kvtier: num_copy_threads must be >= 1, got {num_threads}")
-        self.num_threads = num_threads
-        self.pool = ThreadPoolExecutor(
-            num_threads, "kvtier-copy", initializer=bind_thread, initargs=(device,)
-        )
-        self._users = 0
-        self._lock = threading.Lock()
-
-    def acquire(self) -> CopyLanes:
-        with self._lock:
-            self._users += 1
-        return self
-
-    def release(self) -> None:
-        with self._lock:
-            self._users -= 1
-            last = self._users == 0
-        if last:
-            self.pool.shutdown(wait=True)
-
-
 class CpuCopyHandler(EngineHostHandler):
-    def __init__(self, layout: KVLayout, host: HostTier, store: bool, lanes: CopyLanes) -> None:
+    def __init__(self, layout: KVLayout, host: HostTier, store: bool) -> None:
         super().__init__(layout, host, store)
-        self._lanes = lanes.acquire()
+        # numpy views sharing the tensors' memory
+        self._engine = [view.numpy() for view in layout.views]
+        self._rows = [host.page_rows(i).numpy() for i in range(len(layout.views))]
         self._jobs = ThreadPoolExecutor(
             max_workers=1,
             thread_name_prefix="kvtier-store" if store else "kvtier-load",
@@ -86,22 +65,17 @@ class CpuCopyHandler(EngineHostHandler):
             self._finished.append(result)
 
     def _copy(self, plan: list[GroupCopy]) -> None:
-        tasks = [
-            (copy, torch.from_numpy(copy.block_ids), view)
-            for copy in plan
-            for view in self.layout.groups[copy.group]
-        ]
-        lanes = min(self._lanes.num_threads, len(tasks))
-        futures = [
-            self._lanes.pool.submit(self._copy_lane, tasks[lane::lanes]) for lane in range(lanes)
-        ]
-        wait(futures)
-        for future in futures:
-            future.result()  # re-raises a copy's error, once every lane stopped
-
-    def _copy_lane(self, tasks: list[tuple[GroupCopy, torch.Tensor, int]]) -> None:
-        for copy, block_ids, view in tasks:
-            self._copy_view(copy, block_ids, view)
+        for copy in plan:
+            for view in self.layout.groups[copy.group]:
+                engine = self._engine[view]  # (num_blocks, page_words)
+                rows = self._rows[view]  # (num_chunks * factor, page_words)
+                for first, start, end in self._runs(copy):
+                    host_run = rows[first : first + end - start]
+                    ids = copy.block_ids[start:end]
+                    if self.store:  # indices were range-checked when the job was planned
+                        np.take(engine, ids, axis=0, out=host_run, mode="clip")
+                    else:
+                        engine[ids] = host_run
 
     def get_finished(self) -> list[TransferResult]:
         with self._lock:
@@ -115,4 +89,3 @@ class CpuCopyHandler(EngineHostHandler):
 
     def shutdown(self) -> None:
         self._jobs.shutdown(wait=True)
-        self._lanes.release()

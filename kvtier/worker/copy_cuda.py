@@ -49,13 +49,17 @@ class CudaCopyHandler(EngineHostHandler):
             event.record(self._stream)
         self._in_flight.append(_InFlight(job_id, event, nbytes, started))
 
-    @staticmethod
-    def _engine_to_host(engine: torch.Tensor, ids: torch.Tensor, host_run: torch.Tensor) -> None:
-        host_run.copy_(engine.index_select(0, ids), non_blocking=True)
-
-    @staticmethod
-    def _host_to_engine(host_run: torch.Tensor, engine: torch.Tensor, ids: torch.Tensor) -> None:
-        engine.index_copy_(0, ids, host_run.to(engine.device, non_blocking=True))
+    def _copy_view(self, copy: GroupCopy, ids: torch.Tensor, view: int) -> None:
+        """Enqueue one view's copies: gather/scatter on the device, one host transfer per run."""
+        engine = self.layout.views[view]  # (num_blocks, page_words), on the device
+        rows = self.host.page_rows(view)  # (num_chunks * factor, page_words), pinned
+        for first, start, end in self._runs(copy):
+            host_run = rows[first : first + end - start]
+            if self.store:
+                host_run.copy_(engine.index_select(0, ids[start:end]), non_blocking=True)
+            else:
+                staged = host_run.to(engine.device, non_blocking=True)
+                engine.index_copy_(0, ids[start:end], staged)
 
     def get_finished(self) -> list[TransferResult]:
         finished = []

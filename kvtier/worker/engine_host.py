@@ -64,28 +64,9 @@ class EngineHostHandler(TransferHandler):
         _check_range("host slot", host.slots, self.host.num_chunks)
         return plan_copy(engine, host, self.host.block_size_factor)
 
-    def _copy_view(self, copy: GroupCopy, block_ids: torch.Tensor, view: int) -> None:
-        """Copy one group's blocks of one view, run by run (host rows consecutive in a run).
-
-        ``block_ids`` are ``copy.block_ids`` on the engine tensors' device.
-        """
-        engine = self.layout.views[view]  # (num_blocks, page_words)
-        rows = self.host.page_rows(view)  # (num_chunks * factor, page_words)
-        for start, end in copy.runs:
-            first = int(copy.host_rows[start])
-            host_run = rows[first : first + end - start]
-            if self.store:
-                self._engine_to_host(engine, block_ids[start:end], host_run)
-            else:
-                self._host_to_engine(host_run, engine, block_ids[start:end])
-
-    @staticmethod
-    def _engine_to_host(engine: torch.Tensor, ids: torch.Tensor, host_run: torch.Tensor) -> None:
-        torch.index_select(engine, 0, ids, out=host_run)
-
-    @staticmethod
-    def _host_to_engine(host_run: torch.Tensor, engine: torch.Tensor, ids: torch.Tensor) -> None:
-        engine.index_copy_(0, ids, host_run)
+    def _runs(self, copy: GroupCopy) -> list[tuple[int, int, int]]:
+        """``(first host row, start, end)`` per run: blocks ``start:end`` go to consecutive rows."""
+        return [(int(copy.host_rows[start]), start, end) for start, end in copy.runs]
 
 
 def _check_range(what: str, ids: np.ndarray, limit: int) -> None:
@@ -101,17 +82,13 @@ def bind_thread(device: torch.device) -> None:
 
 
 def engine_host_handlers(
-    layout: KVLayout, host: HostTier, num_threads: int = 2
+    layout: KVLayout, host: HostTier
 ) -> tuple[EngineHostHandler, EngineHostHandler]:
-    """The (store, load) handlers for ``layout``'s device: threads on CPU, streams on CUDA.
-
-    ``num_threads`` copy threads serve both CPU handlers; CUDA copies run on streams instead.
-    """
+    """The (store, load) handlers for ``layout``'s device: a thread each on CPU, streams on CUDA."""
     if layout.device.type == "cuda":
         from kvtier.worker.copy_cuda import CudaCopyHandler
 
         return CudaCopyHandler(layout, host, store=True), CudaCopyHandler(layout, host, store=False)
-    from kvtier.worker.copy_cpu import CopyLanes, CpuCopyHandler
+    from kvtier.worker.copy_cpu import CpuCopyHandler
 
-    lanes = CopyLanes(num_threads, layout.device)
-    return CpuCopyHandler(layout, host, True, lanes), CpuCopyHandler(layout, host, False, lanes)
+    return CpuCopyHandler(layout, host, store=True), CpuCopyHandler(layout, host, store=False)

@@ -67,3 +67,23 @@ def llm_kwargs(tiny_model: Path) -> dict[str, Any]:
         "gpu_memory_utilization": 0.3,  # a fraction of CPU memory here
         "distributed_executor_backend": "uni",
     }
+
+
+_REFERENCES: dict[tuple[object, ...], list[list[int]]] = {}
+
+
+@pytest.fixture(scope="session")
+def reference() -> Any:
+    """Greedy outputs without any connector, computed once per (model, prompts, engine args)."""
+    from harness import engine, generate, greedy
+
+    def outputs(
+        model: Path, prompts: list[list[int]], max_tokens: int = 8, **overrides: Any
+    ) -> list[list[int]]:
+        key = (str(model), tuple(map(tuple, prompts)), max_tokens, repr(sorted(overrides.items())))
+        if key not in _REFERENCES:
+            with engine(model, **overrides) as llm:
+                _REFERENCES[key] = generate(llm, prompts, greedy(max_tokens))
+        return _REFERENCES[key]
+
+    return outputs

@@ -100,7 +100,6 @@ def test_defaults_when_only_cpu_bytes_given() -> None:
     assert config.hash_algo == "xxh3_128"
     assert config.disk is None
     assert config.redis is None
-    assert config.num_copy_threads == 2
 
 
 def test_full_config() -> None:
@@ -112,7 +111,6 @@ def test_full_config() -> None:
         "hash_algo": "sha256",
         "disk": {"path": "/var/cache/kvtier", "bytes": "100GiB", "write_through": True},
         "redis": {"url": "redis://127.0.0.1:6379/0", "timeout_s": 0.25},
-        "num_copy_threads": 4,
     }
     config = KVTierConfig.from_extra_config(extra, ENGINE_BLOCK)
     assert config == KVTierConfig(
@@ -123,7 +121,6 @@ def test_full_config() -> None:
         hash_algo="sha256",
         disk=DiskConfig(path="/var/cache/kvtier", bytes=100 * 2**30, write_through=True),
         redis=RedisConfig(url="redis://127.0.0.1:6379/0", timeout_s=0.25),
-        num_copy_threads=4,
     )
     assert config.block_size_factor(ENGINE_BLOCK) == 4
     assert config.block_size_factor(16) == 8
@@ -184,7 +181,6 @@ BAD_EXTRA: list[tuple[dict[str, object], str]] = [
     ({"hash_algo": "md5"}, r"'hash_algo'.*sha256, xxh3_128"),
     ({"store_threshold": 0}, r"'store_threshold'"),
     ({"store_threshold": "2"}, r"'store_threshold'"),
-    ({"num_copy_threads": 0}, r"'num_copy_threads'"),
     ({"disk": {"bytes": "1GiB"}}, r"'disk\.path' is required"),
     ({"disk": {"path": "", "bytes": 1}}, r"'disk\.path'"),
     ({"disk": {"path": "/d"}}, r"'disk\.bytes' is required"),
@@ -213,7 +209,7 @@ def test_cpu_bytes_to_use_is_required(extra: dict[str, object] | None) -> None:
 
 
 def test_unknown_key_lists_accepted_keys() -> None:
-    with pytest.raises(ValueError, match=r"accepted keys: .*cpu_bytes_to_use.*num_copy_threads"):
+    with pytest.raises(ValueError, match=r"accepted keys: .*cpu_bytes_to_use.*hash_algo"):
         parse(cpu_budget="1GiB")
     with pytest.raises(ValueError, match=r"accepted keys: disk\.path, disk\.bytes"):
         parse(disk={"path": "/d", "bytes": 1, "size": 1})

@@ -1,0 +1,88 @@
+"""Helpers for engine tests: real vLLM on the CPU with or without kvtier, and its references."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import vllm
+from vllm import LLM, SamplingParams
+
+from kvtier.models import make_prompt
+from kvtier.vllm import KVTierConnector, engine_connector
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+def kvtier_transfer(**extra: Any) -> dict[str, Any]:
+    """A ``kv_transfer_config`` loading kvtier, with ``extra`` as its extra config."""
+    return {
+        "kv_connector": "KVTierConnector",
+        "kv_connector_module_path": "kvtier.vllm",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": "64MiB", **extra},
+    }
+
+
+def engine_args(model: Path, **overrides: Any) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "model": str(model),
+        "dtype": "float32",
+        "max_model_len": 2048,
+        "enforce_eager": True,
+        "seed": 0,
+        "block_size": 32,
+        "gpu_memory_utilization": 0.3,
+        "distributed_executor_backend": "uni",
+    }
+    return args | overrides
+
+
+@contextmanager
+def engine(model: Path, **overrides: Any) -> Iterator[LLM]:
+    llm = LLM(**engine_args(model, **overrides))
+    try:
+        yield llm
+    finally:
+        del llm
+        gc.collect()
+        vllm.distributed.cleanup_dist_env_and_memory()
+
+
+def prompts(model: Path, lengths: Sequence[int], seed: int = 0) -> list[list[int]]:
+    """Token-id prompts of exactly these lengths, unrelated to each other."""
+    return [make_prompt(model, n, seed=seed * 1000 + i) for i, n in enumerate(lengths)]
+
+
+def greedy(max_tokens: int = 8) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def generate(
+    llm: LLM, token_prompts: Sequence[list[int]], params: SamplingParams = GREEDY
+) -> list[list[int]]:
+    outputs = llm.generate([{"prompt_token_ids": p} for p in token_prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def connector(llm: LLM) -> KVTierConnector:
+    return engine_connector(llm)
+
+
+def full_chunks(token_prompts: Sequence[list[int]], chunk_tokens: int) -> int:
+    return sum(len(p) // chunk_tokens for p in token_prompts)
+
+
+def settle(llm: LLM) -> None:
+    """Step the engine until kvtier has no transfer in flight and vLLM released every request
+    (finished requests keep their blocks until their stores drained)."""
+    scheduler = connector(llm).scheduler
+    engine_core = llm.llm_engine.engine_core.engine_core
+    for _ in range(1000):
+        if not scheduler.has_jobs_in_flight and not engine_core.scheduler.has_requests():
+            return
+        engine_core.step()
+    raise AssertionError("kvtier: transfers still in flight after 1000 engine steps")
