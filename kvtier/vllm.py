@@ -301,6 +301,17 @@ def engine_connector(llm: Any) -> KVTierConnector:
     return connector
 
 
+def rank_counters(worker: Any) -> dict[str, int]:
+    """This worker rank's kvtier counters; for ``llm.collective_rpc(rank_counters)``."""
+    from dataclasses import asdict
+
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    connector = get_kv_transfer_group()
+    assert isinstance(connector, KVTierConnector)
+    return asdict(connector.worker.counters)
+
+
 def stats(llm: Any) -> KVTierStats:
     """kvtier's counters for an in-process ``vllm.LLM``."""
     return engine_connector(llm).scheduler.stats

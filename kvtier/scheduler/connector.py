@@ -191,21 +191,25 @@ class SchedulerConnector:
     ) -> StepPlan:
         """This step's loads (from ``on_alloc``), stores of the chunks it completes, flushes."""
         scheduled = list(scheduled)
-        reused: set[int] = set()
-        for request in scheduled:
-            state = self.requests.get(request.req_id)
-            if state is None:
-                continue
-            before = {b for ids in state.block_ids for b in ids}
-            state.block_ids = [list(ids) for ids in request.block_ids]
-            reused.update(b for ids in state.block_ids for b in ids if b not in before)
-        flush = {job for block in reused for job in self._block_jobs.get(block, ())}
-        for req_id in preempted:
+        flush: set[int] = set()
+        for req_id in preempted:  # its blocks went back to the pool: finish what reads them
             state = self.requests.get(req_id)
             self.stats.preemptions += 1
             if state is not None:
                 flush.update(state.store_jobs)
                 state.block_ids = [[] for _ in self.groups]
+                state.planned = [0] * len(self.groups)
+        for request in scheduled:
+            state = self.requests.get(request.req_id)
+            if state is None:
+                continue
+            state.block_ids = [list(ids) for ids in request.block_ids]
+            # a block table only grows (a preempted request starts over): the tail is new, and
+            # a store still reading one of those blocks must finish before the engine writes it
+            for g, ids in enumerate(state.block_ids):
+                for block in ids[state.planned[g] :]:
+                    flush.update(self._block_jobs.get(block, ()))
+                state.planned[g] = len(ids)
         for request in scheduled:
             state = self.requests.get(request.req_id)
             if state is not None:

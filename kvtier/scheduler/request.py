@@ -23,6 +23,7 @@ class RequestState:
     keys: list[list[ChunkKey]] = field(init=False)
     stored_upto: list[int] = field(init=False)
     block_ids: list[list[int]] = field(init=False)  # per group, as the engine last allocated
+    planned: list[int] = field(init=False)  # per group: blocks build_plan has already seen
     lookup_start: int = 0  # chunk index where the last lookup started (the local hit)
     lookup_end: int = 0  # full prompt chunks at the last lookup; 0 once counted
     num_computed_tokens: int = 0  # the engine's local hit at the last lookup
@@ -34,6 +35,7 @@ class RequestState:
         self.keys = [[] for _ in range(self.num_groups)]
         self.stored_upto = [0] * self.num_groups
         self.block_ids = [[] for _ in range(self.num_groups)]
+        self.planned = [0] * self.num_groups
 
     @property
     def idle(self) -> bool:

@@ -21,13 +21,25 @@ import torch
 
 from kvtier.layout import KVLayout, build_layout, host_num_chunks
 from kvtier.media import Medium
-from kvtier.scheduler.jobs import JobOutcome, StepPlan, WorkerReport
+from kvtier.scheduler.jobs import JobOutcome, LoadJob, StepPlan, StoreJob, WorkerReport
 from kvtier.tiers.cpu import HostTier
 from kvtier.worker.base import EngineBlocks, TransferSpec
 from kvtier.worker.engine_host import engine_host_handlers
 from kvtier.worker.transfer_worker import TransferWorker
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RankCounters:
+    """What this rank moved: proof that every rank took part, readable from each worker."""
+
+    loads: int = 0
+    failed_loads: int = 0
+    loaded_bytes: int = 0
+    stores: int = 0
+    failed_stores: int = 0
+    stored_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -50,13 +62,15 @@ class WorkerConnector:
         self.layout: KVLayout | None = None
         self.host: HostTier | None = None
         self.transfers = TransferWorker()
-        self._plan = StepPlan()
+        self._loads: list[LoadJob] = []  # this step's, not yet submitted
+        self._stores: list[StoreJob] = []
         self._in_flight: dict[int, _InFlight] = {}
         self._req_stores: dict[str, set[int]] = {}  # request -> its store jobs in flight here
         self._held: set[str] = set()  # finished requests whose stores the scheduler waits for
         self._finished_loads: list[tuple[str, bool]] = []  # (request, ok) since last finished()
         self._failed_blocks: set[int] = set()
         self._outcomes: dict[int, JobOutcome] = {}
+        self.counters = RankCounters()
 
     def register(
         self,
@@ -82,7 +96,7 @@ class WorkerConnector:
 
     def begin_step(self, plan: StepPlan) -> None:
         """Take this step's plan; finish the earlier stores whose blocks are about to be reused."""
-        self._plan = plan
+        self._loads, self._stores = list(plan.loads), list(plan.stores)
         self._held.update(plan.held)
         if self.host is not None and plan.num_chunks > self.host.num_chunks:
             raise RuntimeError(
@@ -93,14 +107,14 @@ class WorkerConnector:
             self.transfers.wait(plan.flush)
 
     def start_loads(self) -> None:
-        for load in self._plan.loads:
+        loads, self._loads = self._loads, []
+        for load in loads:
             self._submit(load.job_id, _InFlight(load.req_id, False, load.dst), (load.src, load.dst))
-        self._plan.loads = []
 
     def start_stores(self) -> None:
-        for job in self._plan.stores:
+        stores, self._stores = self._stores, []
+        for job in stores:
             self._submit(job.job_id, _InFlight(job.req_id, True, job.src), (job.src, job.dst))
-        self._plan.stores = []
 
     def _submit(self, job_id: int, job: _InFlight, spec: tuple[TransferSpec, TransferSpec]) -> None:
         submitted = False
@@ -127,8 +141,15 @@ class WorkerConnector:
 
     def _record(self, job_id: int, job: _InFlight, ok: bool, nbytes: int, seconds: float) -> None:
         self._outcomes[job_id] = JobOutcome(1, 0 if ok else 1, nbytes, seconds)
+        counters = self.counters
         if job.store:
+            counters.stores += ok
+            counters.failed_stores += not ok
+            counters.stored_bytes += nbytes
             return
+        counters.loads += ok
+        counters.failed_loads += not ok
+        counters.loaded_bytes += nbytes
         self._finished_loads.append((job.req_id, ok))
         if not ok:
             self._failed_blocks.update(job.engine.block_ids.tolist())

@@ -47,6 +47,9 @@ def engine(model: Path, **overrides: Any) -> Iterator[LLM]:
     try:
         yield llm
     finally:
+        # shut the engine down now: a caller's `as llm` (or a failed test's traceback) may keep
+        # the object alive, and a late teardown would tear down the next engine's groups
+        llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
         vllm.distributed.cleanup_dist_env_and_memory()

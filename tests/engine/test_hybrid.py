@@ -1,0 +1,64 @@
+"""A hybrid model (sliding-window and full attention layers: two KV cache groups) through kvtier.
+
+Blocks a sliding window dropped are vLLM's null block 0: they are never stored or loaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import connector, engine, full_chunks, generate, kvtier_transfer, prompts, settle
+
+import kvtier
+from kvtier.scheduler.connector import NULL_BLOCK, SchedulerConnector
+from kvtier.scheduler.jobs import StepPlan
+
+LENGTHS = [300, 200, 450, 130]  # all longer than the 64-token sliding window
+
+
+@pytest.fixture
+def plans(monkeypatch: pytest.MonkeyPatch) -> list[StepPlan]:
+    """Every plan the scheduler half hands to the workers (a spy on our own code, not vLLM)."""
+    seen: list[StepPlan] = []
+    build = SchedulerConnector.build_plan
+
+    def spy(self: SchedulerConnector, *args: Any, **kwargs: Any) -> StepPlan:
+        plan = build(self, *args, **kwargs)
+        seen.append(plan)
+        return plan
+
+    monkeypatch.setattr(SchedulerConnector, "build_plan", spy)
+    return seen
+
+
+@pytest.mark.parametrize("chunk", [32, 64])
+def test_hybrid_model_reset_and_regenerate(
+    hybrid_model: Path, reference: Any, plans: list[StepPlan], chunk: int
+) -> None:
+    token_prompts = prompts(hybrid_model, LENGTHS, seed=51)
+    expected = reference(hybrid_model, token_prompts)
+    with engine(hybrid_model, kv_transfer_config=kvtier_transfer(block_size=chunk)) as llm:
+        scheduler = connector(llm).scheduler
+        assert [g.sliding_window for g in scheduler.groups].count(None) == 1  # two groups
+        assert generate(llm, token_prompts) == expected
+        settle(llm)
+        first = kvtier.stats(llm).cpu.hit_chunks
+        llm.reset_prefix_cache()
+        assert generate(llm, token_prompts) == expected
+        settle(llm)
+        assert kvtier.stats(llm).cpu.hit_chunks - first >= 0.9 * full_chunks(token_prompts, chunk)
+        assert scheduler.manager.num_pinned == 0
+        scheduler.check_integrity()
+
+    stores = [job.src for plan in plans for job in plan.stores]
+    loads = [job.dst for plan in plans for job in plan.loads]
+    assert stores and loads
+    for spec in stores + loads:
+        assert NULL_BLOCK not in spec.block_ids.tolist()
+    # both groups moved blocks, and the sliding group moved fewer than the full one
+    sliding = next(g for g, s in enumerate(scheduler.groups) if s.sliding_window is not None)
+    full = 1 - sliding
+    assert sum(s.group_sizes[sliding] for s in loads) > 0
+    assert sum(s.group_sizes[sliding] for s in loads) < sum(s.group_sizes[full] for s in loads)
