@@ -67,10 +67,10 @@ class KVTierWorkerMetadata(KVConnectorWorkerMetadata):
 
 
 class KVTierConnectorStats(KVConnectorStats):
-    """kvtier's totals, as vLLM's stats pipeline carries connector stats."""
+    """kvtier's totals since start, as vLLM's stats pipeline carries connector stats."""
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
-        return other if not self.data else self
+        return other  # snapshots of running totals: the newer one holds everything
 
     def reduce(self) -> dict[str, int | float]:
         cpu = self.data.get("tiers", {}).get("cpu", {})
