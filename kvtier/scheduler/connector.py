@@ -15,24 +15,21 @@ earlier store whose engine blocks are handed to someone else is flushed before t
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from kvtier.config import KVTierConfig
 from kvtier.counters import KVTierStats
 from kvtier.keys import ChunkKey, ChunkKeyMaker
-from kvtier.scheduler.base import EventKind, Key, StorePlan, TierEvent
-from kvtier.scheduler.jobs import LoadJob, StepPlan, StoreJob, WorkerReport
+from kvtier.scheduler.base import TierEvent
+from kvtier.scheduler.job_table import Job, JobTable
+from kvtier.scheduler.jobs import LoadJob, StepPlan, WorkerReport
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.request import RequestState
+from kvtier.scheduler.store_planner import NULL_BLOCK, StorePlanner
 from kvtier.worker.base import EngineBlocks, HostChunks
-
-logger = logging.getLogger(__name__)
-
-NULL_BLOCK = 0  # vLLM's placeholder for blocks a group does not keep (outside a sliding window)
 
 
 @dataclass(frozen=True)
@@ -50,18 +47,6 @@ class ScheduledRequest:
     req_id: str
     block_ids: Sequence[Sequence[int]]
     num_computed_tokens: int
-
-
-@dataclass
-class _Job:
-    req_id: str
-    keys: list[ChunkKey]
-    store: bool
-    blocks: list[int] = field(default_factory=list)  # engine blocks a store reads
-    ranks: int = 0
-    failed: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
 
 
 class SchedulerConnector:
@@ -85,9 +70,10 @@ class SchedulerConnector:
         self.manager = ChunkManager(num_chunks, config.eviction_policy, config.store_threshold)
         self.stats = KVTierStats()
         self.requests: dict[str, RequestState] = {}
-        self._jobs: dict[int, _Job] = {}  # in flight on at least one rank
-        self._block_jobs: dict[int, set[int]] = {}  # engine block -> store jobs reading it
-        self._next_job = 1
+        self._jobs = JobTable(num_workers)
+        self._stores = StorePlanner(
+            self.manager, self._jobs, self.keys, self.block_tokens, self.stats.cpu
+        )
         self._plan = StepPlan(num_chunks=num_chunks)
         self._events: list[TierEvent] = []
 
@@ -172,7 +158,7 @@ class SchedulerConnector:
             sizes.append(last - first)
             starts.append(first)
             state.stored_upto[g] = max(state.stored_upto[g], end // self.chunk_tokens)
-        job_id = self._new_job(_Job(req_id, keys, store=False))
+        job_id = self._jobs.add(Job(req_id, keys, store=False))
         slots = self.manager.prepare_load(keys).slots
         self._plan.loads.append(
             LoadJob(
@@ -207,133 +193,47 @@ class SchedulerConnector:
             # a block table only grows (a preempted request starts over): the tail is new, and
             # a store still reading one of those blocks must finish before the engine writes it
             for g, ids in enumerate(state.block_ids):
-                for block in ids[state.planned[g] :]:
-                    flush.update(self._block_jobs.get(block, ()))
+                flush.update(self._jobs.reading(ids[state.planned[g] :]))
                 state.planned[g] = len(ids)
         for request in scheduled:
             state = self.requests.get(request.req_id)
             if state is not None:
-                self._plan_stores(state, request.num_computed_tokens)
+                self._plan.stores += self._stores.plan(state, request.num_computed_tokens)
         plan, self._plan = self._plan, StepPlan(num_chunks=self.manager.capacity)
         plan.flush = sorted(flush)
         return plan
-
-    def _plan_stores(self, state: RequestState, num_computed_tokens: int) -> None:
-        full = min(num_computed_tokens // self.chunk_tokens, len(state.block_hashes) // self.factor)
-        runs: list[list[tuple[int, int, int]]] = []  # per group: (group, first chunk, end chunk)
-        offered: list[ChunkKey] = []
-        for g in range(len(self.groups)):
-            keys = state.group_keys(self.keys, g, full) if full > state.stored_upto[g] else []
-            chunks = [c for c in range(state.stored_upto[g], full) if self._computed(state, g, c)]
-            state.stored_upto[g] = max(state.stored_upto[g], full)
-            offered += [keys[c] for c in chunks]
-            runs.append([(g, c, c + 1) for c in chunks])
-        if not offered:
-            return
-        plan = self._prepare_store(offered)
-        if plan is None:
-            return
-        self._record_evictions(plan.evicted)
-        slot_of = dict(zip(plan.keys, plan.slots, strict=True))
-        for group_runs in runs:  # keep the chunks prepare_store took, merge neighbours
-            kept = [r for r in group_runs if state.keys[r[0]][r[1]] in slot_of]
-            group_runs[:] = _merge(kept)
-        for i in range(max(map(len, runs), default=0)):
-            self._add_store_job(state, [r[i] if i < len(r) else None for r in runs], slot_of)
-
-    def _prepare_store(self, offered: list[ChunkKey]) -> StorePlan | None:
-        """Reserve slots for as long a prefix of ``offered`` as there is room for.
-
-        Chunks pinned by loads or still being stored cannot be evicted, so a busy step may not
-        fit all of them; the earliest chunks of a prompt are the most reused, so keep those.
-        """
-        for count in range(min(len(offered), self.manager.room), 0, -1):
-            plan = self.manager.prepare_store(offered[:count])
-            if plan is not None:
-                self.stats.cpu.skipped_stores += len(offered) - count
-                return plan
-        self.stats.cpu.skipped_stores += len(offered)
-        return None
-
-    def _computed(self, state: RequestState, group: int, chunk: int) -> bool:
-        blocks = state.block_ids[group][chunk * self.factor : (chunk + 1) * self.factor]
-        return len(blocks) == self.factor and NULL_BLOCK not in blocks
-
-    def _add_store_job(
-        self,
-        state: RequestState,
-        runs: list[tuple[int, int, int] | None],
-        slot_of: Mapping[Key, int],
-    ) -> None:
-        keys: list[ChunkKey] = []
-        ids: list[int] = []
-        sizes, starts = [], []
-        for g, run in enumerate(runs):
-            if run is None:
-                sizes.append(0)
-                starts.append(0)
-                continue
-            _, first, end = run
-            keys += state.keys[g][first:end]
-            ids += state.block_ids[g][first * self.factor : end * self.factor]
-            sizes.append((end - first) * self.factor)
-            starts.append(first * self.factor)
-        job_id = self._new_job(_Job(state.req_id, keys, store=True, blocks=ids))
-        for block in ids:
-            self._block_jobs.setdefault(block, set()).add(job_id)
-        state.store_jobs.add(job_id)
-        self._plan.stores.append(
-            StoreJob(
-                job_id,
-                state.req_id,
-                EngineBlocks(np.array(ids, dtype=np.int64), tuple(sizes), tuple(starts)),
-                HostChunks(np.array([slot_of[k] for k in keys], dtype=np.int64)),
-            )
-        )
 
     # ---- completions -----------------------------------------------------------------------
 
     def on_report(self, report: WorkerReport) -> None:
         """Count the ranks that finished each job; a job every rank finished is completed."""
         for job_id, outcome in report.jobs.items():
-            job = self._jobs.get(job_id)
-            if job is None:
-                logger.warning("kvtier: report for unknown transfer job %d", job_id)
-                continue
-            job.ranks += outcome.ranks
-            job.failed += outcome.failed
-            job.bytes += outcome.bytes
-            job.seconds = max(job.seconds, outcome.seconds)
-            if job.ranks >= self.num_workers:
-                self._complete(job_id, self._jobs.pop(job_id))
+            job = self._jobs.report(job_id, outcome)
+            if job is not None:
+                self._complete(job_id, job)
 
-    def _complete(self, job_id: int, job: _Job) -> None:
-        cpu = self.stats.cpu
+    def _complete(self, job_id: int, job: Job) -> None:
+        cpu, outcome = self.stats.cpu, job.outcome
         state = self.requests[job.req_id]
         if job.store:
-            self.manager.complete_store(job.keys, success=not job.failed)
-            for block in job.blocks:
-                jobs = self._block_jobs[block]
-                jobs.discard(job_id)
-                if not jobs:
-                    del self._block_jobs[block]
+            self.manager.complete_store(job.keys, success=not outcome.failed)
             state.store_jobs.discard(job_id)
-            if job.failed:
+            if outcome.failed:
                 cpu.failed_stores += 1
             else:
                 cpu.stored_chunks += len(job.keys)
-                cpu.stored_bytes += job.bytes
-                cpu.store_seconds += job.seconds
+                cpu.stored_bytes += outcome.bytes
+                cpu.store_seconds += outcome.seconds
         else:
             self.manager.complete_load(job.keys)
             self.manager.touch(job.keys)
             state.load_job = None
-            if job.failed:
+            if outcome.failed:
                 cpu.failed_loads += 1
             else:
                 cpu.loaded_chunks += len(job.keys)
-                cpu.loaded_bytes += job.bytes
-                cpu.load_seconds += job.seconds
+                cpu.loaded_bytes += outcome.bytes
+                cpu.load_seconds += outcome.seconds
         if state.finished and state.idle:
             del self.requests[job.req_id]
 
@@ -355,30 +255,10 @@ class SchedulerConnector:
         return bool(self._jobs)
 
     def take_events(self) -> list[TierEvent]:
-        events = self.manager.take_events()
-        return [e for e in events if e.kind in (EventKind.STORED, EventKind.REMOVED)]
+        """Chunks stored in or removed from the host tier since the last call."""
+        return self.manager.take_events()
 
     def check_integrity(self) -> None:
         self.manager.check_integrity()
-        pinned = sum(len(j.keys) for j in self._jobs.values() if not j.store)
+        pinned = sum(len(job.keys) for job in self._jobs if not job.store)
         assert self.manager.num_pinned == pinned, (self.manager.num_pinned, pinned)
-
-    # ---- helpers ---------------------------------------------------------------------------
-
-    def _new_job(self, job: _Job) -> int:
-        job_id, self._next_job = self._next_job, self._next_job + 1
-        self._jobs[job_id] = job
-        return job_id
-
-    def _record_evictions(self, evicted: Sequence[object]) -> None:
-        self.stats.cpu.evicted_chunks += len(evicted)
-
-
-def _merge(runs: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    merged: list[tuple[int, int, int]] = []
-    for run in runs:
-        if merged and merged[-1][2] == run[1]:
-            merged[-1] = (run[0], merged[-1][1], run[2])
-        else:
-            merged.append(run)
-    return merged

@@ -1,0 +1,71 @@
+"""Transfers in flight, as the scheduler half tracks them until every rank has reported.
+
+add(job)                 -> int         a new job id; a store's engine blocks are indexed
+reading(blocks)          -> set[int]    the stores in flight that read any of these blocks
+report(job_id, outcome)  -> Job | None  counts one report; the job once all ranks finished it
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from kvtier.keys import ChunkKey
+from kvtier.scheduler.jobs import JobOutcome
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    req_id: str
+    keys: list[ChunkKey]
+    store: bool
+    blocks: list[int] = field(default_factory=list)  # engine blocks a store reads
+    outcome: JobOutcome = field(default_factory=JobOutcome)  # summed over the ranks so far
+
+
+class JobTable:
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+        self._jobs: dict[int, Job] = {}
+        self._readers: dict[int, set[int]] = {}  # engine block -> stores in flight reading it
+        self._next_id = 1
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter(self._jobs.values())
+
+    def add(self, job: Job) -> int:
+        job_id, self._next_id = self._next_id, self._next_id + 1
+        self._jobs[job_id] = job
+        for block in job.blocks:
+            self._readers.setdefault(block, set()).add(job_id)
+        return job_id
+
+    def reading(self, blocks: Iterable[int]) -> set[int]:
+        return {job for block in blocks for job in self._readers.get(block, ())}
+
+    def report(self, job_id: int, outcome: JobOutcome) -> Job | None:
+        """Add one report; return the job, now forgotten, once ``num_workers`` ranks finished it."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            logger.warning("kvtier: report for unknown transfer job %d", job_id)
+            return None
+        total = job.outcome
+        total.ranks += outcome.ranks
+        total.failed += outcome.failed
+        total.bytes += outcome.bytes
+        total.seconds = max(total.seconds, outcome.seconds)  # the slowest rank
+        if total.ranks < self.num_workers:
+            return None
+        del self._jobs[job_id]
+        for block in job.blocks:
+            readers = self._readers[block]
+            readers.discard(job_id)
+            if not readers:
+                del self._readers[block]
+        return job

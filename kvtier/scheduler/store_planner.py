@@ -1,0 +1,124 @@
+"""Which chunks a step completed, which of them fit in the host tier, and the jobs storing them.
+
+A chunk is offered once, when the step that computes its last token is planned; chunks whose
+blocks a sliding window already dropped (vLLM's null block) are never offered. When a busy step
+cannot fit all its chunks (the others are pinned by loads or still being stored), the earliest
+chunks of the prompt, the most reused, are kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from kvtier.counters import TierStats
+from kvtier.keys import ChunkKey, ChunkKeyMaker
+from kvtier.scheduler.base import Key, StorePlan
+from kvtier.scheduler.job_table import Job, JobTable
+from kvtier.scheduler.jobs import StoreJob
+from kvtier.scheduler.manager import ChunkManager
+from kvtier.scheduler.request import RequestState
+from kvtier.worker.base import EngineBlocks, HostChunks
+
+NULL_BLOCK = 0  # vLLM's placeholder for blocks a group does not keep (outside a sliding window)
+
+
+class StorePlanner:
+    def __init__(
+        self,
+        manager: ChunkManager,
+        jobs: JobTable,
+        keys: ChunkKeyMaker,
+        block_tokens: int,
+        stats: TierStats,
+    ) -> None:
+        self.manager = manager
+        self.jobs = jobs
+        self.keys = keys
+        self.factor = keys.block_size_factor
+        self.chunk_tokens = block_tokens * self.factor
+        self.stats = stats
+
+    def plan(self, state: RequestState, num_computed_tokens: int) -> list[StoreJob]:
+        """Store jobs for ``state``'s full chunks computed up to ``num_computed_tokens``."""
+        full = min(num_computed_tokens // self.chunk_tokens, len(state.block_hashes) // self.factor)
+        runs: list[list[tuple[int, int, int]]] = []  # per group: (group, first chunk, end chunk)
+        offered: list[ChunkKey] = []
+        for g in range(state.num_groups):
+            keys = state.group_keys(self.keys, g, full) if full > state.stored_upto[g] else []
+            chunks = [c for c in range(state.stored_upto[g], full) if self._computed(state, g, c)]
+            state.stored_upto[g] = max(state.stored_upto[g], full)
+            offered += [keys[c] for c in chunks]
+            runs.append([(g, c, c + 1) for c in chunks])
+        if not offered:
+            return []
+        plan = self._prepare_store(offered)
+        if plan is None:
+            return []
+        self.stats.evicted_chunks += len(plan.evicted)
+        slot_of = dict(zip(plan.keys, plan.slots, strict=True))
+        for group_runs in runs:  # keep the chunks prepare_store took, merge neighbours
+            kept = [r for r in group_runs if state.keys[r[0]][r[1]] in slot_of]
+            group_runs[:] = _merge(kept)
+        return [
+            self._store_job(state, [r[i] if i < len(r) else None for r in runs], slot_of)
+            for i in range(max(map(len, runs), default=0))
+        ]
+
+    def _prepare_store(self, offered: list[ChunkKey]) -> StorePlan | None:
+        """Reserve slots for as long a prefix of ``offered`` as there is room for.
+
+        Chunks pinned by loads or still being stored cannot be evicted, so a busy step may not
+        fit all of them; the earliest chunks of a prompt are the most reused, so keep those.
+        """
+        for count in range(min(len(offered), self.manager.room), 0, -1):
+            plan = self.manager.prepare_store(offered[:count])
+            if plan is not None:
+                self.stats.skipped_stores += len(offered) - count
+                return plan
+        self.stats.skipped_stores += len(offered)
+        return None
+
+    def _computed(self, state: RequestState, group: int, chunk: int) -> bool:
+        blocks = state.block_ids[group][chunk * self.factor : (chunk + 1) * self.factor]
+        return len(blocks) == self.factor and NULL_BLOCK not in blocks
+
+    def _store_job(
+        self,
+        state: RequestState,
+        runs: list[tuple[int, int, int] | None],
+        slot_of: Mapping[Key, int],
+    ) -> StoreJob:
+        """One job storing run ``runs[g]`` (or nothing) of each group ``g``."""
+        keys: list[ChunkKey] = []
+        ids: list[int] = []
+        sizes, starts = [], []
+        for g, run in enumerate(runs):
+            if run is None:
+                sizes.append(0)
+                starts.append(0)
+                continue
+            _, first, end = run
+            keys += state.keys[g][first:end]
+            ids += state.block_ids[g][first * self.factor : end * self.factor]
+            sizes.append((end - first) * self.factor)
+            starts.append(first * self.factor)
+        job_id = self.jobs.add(Job(state.req_id, keys, store=True, blocks=ids))
+        state.store_jobs.add(job_id)
+        return StoreJob(
+            job_id,
+            state.req_id,
+            EngineBlocks(np.array(ids, dtype=np.int64), tuple(sizes), tuple(starts)),
+            HostChunks(np.array([slot_of[k] for k in keys], dtype=np.int64)),
+        )
+
+
+def _merge(runs: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    merged: list[tuple[int, int, int]] = []
+    for run in runs:
+        if merged and merged[-1][2] == run[1]:
+            merged[-1] = (run[0], merged[-1][1], run[2])
+        else:
+            merged.append(run)
+    return merged
