@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,12 +28,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from kvtier.config import KVTierConfig
-from kvtier.counters import KVTierStats
 from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
 from kvtier.layout import Placement, host_num_chunks, placement_bytes_per_block
 from kvtier.scheduler.base import EventKind
 from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
-from kvtier.scheduler.jobs import StepPlan, WorkerReport
+from kvtier.vllm.metadata import KVTierConnectorStats, KVTierMetadata, KVTierWorkerMetadata
 from kvtier.worker.connector import WorkerConnector
 
 if TYPE_CHECKING:
@@ -50,37 +48,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 LOG_INTERVAL_S = 10.0
-
-
-@dataclass
-class KVTierMetadata(KVConnectorMetadata):
-    plan: StepPlan
-
-
-@dataclass
-class KVTierWorkerMetadata(KVConnectorWorkerMetadata):
-    report: WorkerReport
-
-    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
-        assert isinstance(other, KVTierWorkerMetadata)
-        return KVTierWorkerMetadata(self.report.merge(other.report))
-
-
-class KVTierConnectorStats(KVConnectorStats):
-    """kvtier's totals since start, as vLLM's stats pipeline carries connector stats."""
-
-    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
-        return other  # snapshots of running totals: the newer one holds everything
-
-    def reduce(self) -> dict[str, int | float]:
-        cpu = self.data.get("tiers", {}).get("cpu", {})
-        return {key: value for key, value in cpu.items() if isinstance(value, (int, float))}
-
-    def reset(self) -> None:
-        self.data = {}
-
-    def is_empty(self) -> bool:
-        return not self.data
 
 
 class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
@@ -285,33 +252,3 @@ def _group_spec(spec: Any) -> GroupSpec:
     if "Mamba" in kind or not hasattr(spec, "block_size"):
         raise ValueError(f"kvtier: KV cache groups of kind {kind} are not supported")
     return GroupSpec(block_tokens=spec.block_size, sliding_window=window)
-
-
-def engine_connector(llm: Any) -> KVTierConnector:
-    """The scheduler-side connector of an in-process ``vllm.LLM`` (tests, demo, benchmarks)."""
-    try:
-        connector = llm.llm_engine.engine_core.engine_core.scheduler.connector
-    except AttributeError as error:
-        raise RuntimeError(
-            "kvtier: the engine runs in other processes (VLLM_ENABLE_V1_MULTIPROCESSING=1); "
-            "read the 'kvtier:' log lines or vLLM's connector stats instead"
-        ) from error
-    if not isinstance(connector, KVTierConnector):
-        raise RuntimeError(f"kvtier: the engine's connector is {type(connector).__name__}")
-    return connector
-
-
-def rank_counters(worker: Any) -> dict[str, int]:
-    """This worker rank's kvtier counters; for ``llm.collective_rpc(rank_counters)``."""
-    from dataclasses import asdict
-
-    from vllm.distributed.kv_transfer import get_kv_transfer_group
-
-    connector = get_kv_transfer_group()
-    assert isinstance(connector, KVTierConnector)
-    return asdict(connector.worker.counters)
-
-
-def stats(llm: Any) -> KVTierStats:
-    """kvtier's counters for an in-process ``vllm.LLM``."""
-    return engine_connector(llm).scheduler.stats
