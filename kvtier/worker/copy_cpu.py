@@ -1,8 +1,10 @@
-"""Engine <-> host copies for CPU engine tensors, off the engine's step thread.
+"""Engine <-> host copies for CPU engine tensors.
 
-Each direction has one thread, which runs its jobs in submission order; the thread binds the
-device once, in the pool's initializer. Copies release the GIL, so loads, stores and the engine's
-own step run at once.
+Stores run on their own thread, in submission order, so they never delay the engine's step; the
+thread binds the device once, in the pool's initializer. Loads run inline, on the caller's thread:
+vLLM starts async loads after the step's forward, and a request waiting for its load makes the
+engine spin through empty steps that hold the GIL, so a load thread waited up to the GIL switch
+interval (5 ms) before each of its copies while the copy itself took 0.1 ms.
 
 The copies are numpy's, which release the GIL and never enter OpenMP: vLLM's CPU worker binds
 OpenMP threads to cores, and a torch copy starting its own OpenMP team on one of our threads was
@@ -29,22 +31,27 @@ logger = logging.getLogger(__name__)
 
 
 class CpuCopyHandler(EngineHostHandler):
-    def __init__(self, layout: KVLayout, host: HostTier, store: bool) -> None:
+    """``inline``: copy in ``transfer_async`` itself instead of on the handler's thread."""
+
+    def __init__(self, layout: KVLayout, host: HostTier, store: bool, inline: bool) -> None:
         super().__init__(layout, host, store)
         # numpy views sharing the tensors' memory
         self._engine = [view.numpy() for view in layout.views]
         self._rows = [host.page_rows(i).numpy() for i in range(len(layout.views))]
-        self._jobs = ThreadPoolExecutor(
+        self._jobs = None if inline else ThreadPoolExecutor(
             max_workers=1,
             thread_name_prefix="kvtier-store" if store else "kvtier-load",
             initializer=bind_thread,
             initargs=(self.device,),
-        )
+        )  # fmt: skip
         self._lock = threading.Lock()
         self._pending: dict[int, Future[None]] = {}  # guarded by _lock
         self._finished: list[TransferResult] = []  # guarded by _lock
 
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
+        if self._jobs is None:
+            self._run(job_id, plan, nbytes)
+            return
         with self._lock:
             if job_id in self._pending:
                 raise ValueError(f"kvtier: transfer job {job_id} is already in flight")
@@ -61,7 +68,7 @@ class CpuCopyHandler(EngineHostHandler):
         result = TransferResult(job_id, success, nbytes, time.perf_counter() - started)
         # recorded before the future completes, so wait() then get_finished() sees it
         with self._lock:
-            del self._pending[job_id]
+            self._pending.pop(job_id, None)
             self._finished.append(result)
 
     def _copy(self, plan: list[GroupCopy]) -> None:
@@ -88,4 +95,5 @@ class CpuCopyHandler(EngineHostHandler):
         wait(futures)
 
     def shutdown(self) -> None:
-        self._jobs.shutdown(wait=True)
+        if self._jobs is not None:
+            self._jobs.shutdown(wait=True)

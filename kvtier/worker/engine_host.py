@@ -84,11 +84,17 @@ def bind_thread(device: torch.device) -> None:
 def engine_host_handlers(
     layout: KVLayout, host: HostTier
 ) -> tuple[EngineHostHandler, EngineHostHandler]:
-    """The (store, load) handlers for ``layout``'s device: a thread each on CPU, streams on CUDA."""
+    """The (store, load) handlers for ``layout``'s device.
+
+    CUDA: both on streams. CPU: stores on a thread, loads inline (see ``copy_cpu.py``).
+    """
     if layout.device.type == "cuda":
         from kvtier.worker.copy_cuda import CudaCopyHandler
 
         return CudaCopyHandler(layout, host, store=True), CudaCopyHandler(layout, host, store=False)
     from kvtier.worker.copy_cpu import CpuCopyHandler
 
-    return CpuCopyHandler(layout, host, store=True), CpuCopyHandler(layout, host, store=False)
+    return (
+        CpuCopyHandler(layout, host, store=True, inline=False),
+        CpuCopyHandler(layout, host, store=False, inline=True),
+    )
