@@ -1,148 +1,312 @@
-"""``kvtier demo`` (host tier only, until the vLLM connector lands): a multi-round chat workload.
+"""``kvtier demo``: a multi-round chat in real vLLM on the CPU, without kvtier and with it.
 
-Users share a system prompt and grow their own history each round. A stand-in engine "computes"
-every block by writing bytes derived from the block's chained prefix hash, into a block pool that
-is emptied between rounds (as ``reset_prefix_cache()`` would). Before computing, each request looks
-its chunks up in kvtier's host tier and loads the hits; afterwards it stores its new chunks. Every
-loaded byte is checked against what computing it would have written.
+Users share a system prompt; every round each user appends a message to their own history and the
+assistant's reply is appended too. Between rounds the engine's own prefix cache is emptied
+(``reset_prefix_cache()``), so every reused token of a later round must come from kvtier. The same
+workload runs twice, one engine at a time: with no connector, then with ``KVTierConnector``. Greedy
+decoding: both runs must give the same tokens.
+
+    run(users, rounds, out_dir) -> list[RoundResult]   prints a table, writes out_dir/demo.png
 """
 
 from __future__ import annotations
 
+import gc
+import os
+import random
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
-import torch
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
-from tqdm import tqdm
 
-from kvtier.keys import ChunkKeyMaker, LayoutFingerprint, chain_hashes
-from kvtier.layout import build_layout, host_num_chunks
-from kvtier.media import Medium
-from kvtier.scheduler import ChunkManager
-from kvtier.tiers.cpu import HostTier
-from kvtier.worker import EngineBlocks, HostChunks, TransferWorker, engine_host_handlers
+from kvtier.models import make_prompt, model_path
 
-BLOCK, FACTOR, LAYERS, KV_HEADS, HEAD = 32, 2, 2, 2, 32  # the tiny model's KV layout
+if TYPE_CHECKING:
+    from vllm import LLM
+
+ENGINE_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process: kvtier.stats(llm) reads the counters
+    "VLLM_USE_V2_MODEL_RUNNER": "0",  # V2 needs Triton
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of engine KV cache
+    "VLLM_LOGGING_LEVEL": "ERROR",  # the table is the demo's output
+}
+SYSTEM_TOKENS = 256
+MESSAGE_TOKENS = (64, 128)  # each user message: a length drawn in this range
+REPLY_TOKENS = 16
+CHUNK_TOKENS = 64  # kvtier's chunk: two engine blocks of 32 tokens
+KVTIER = {
+    "kv_connector": "KVTierConnector",
+    "kv_connector_module_path": "kvtier.vllm",
+    "kv_role": "kv_both",
+    "kv_connector_extra_config": {"cpu_bytes_to_use": "256MiB", "block_size": CHUNK_TOKENS},
+}
 
 
-@dataclass
-class RoundStats:
+@dataclass(frozen=True)
+class Workload:
+    system: list[int]
+    messages: list[list[list[int]]]  # [round][user]: token ids of that user's new message
+
+
+@dataclass(frozen=True)
+class RoundRun:
+    """One round of one run."""
+
+    prompt_tokens: int
+    ttft_s: float  # mean over the round's requests
+    cached_tokens: int  # prompt tokens the engine did not compute: its own cache + kvtier
+    served_tokens: int  # prompt tokens loaded from kvtier (hit chunks x chunk tokens)
+    outputs: list[list[int]]
+
+
+@dataclass(frozen=True)
+class RoundResult:
     round: int
-    prompt_chunks: int = 0
-    hit_chunks: int = 0
-    bytes_loaded: int = 0
+    prompt_tokens: int
+    ttft_s_without: float
+    ttft_s_with: float
+    served_tokens: int
+    uncached_tokens: int  # prompt tokens beyond the engine's own cache, in the kvtier run
+    identical: bool  # the kvtier run's tokens equal those of the run without a connector
+
+    @property
+    def ttft_ratio(self) -> float:
+        return self.ttft_s_with / self.ttft_s_without
 
     @property
     def hit_rate(self) -> float:
-        return self.hit_chunks / self.prompt_chunks if self.prompt_chunks else 0.0
+        return self.served_tokens / self.uncached_tokens if self.uncached_tokens else 0.0
 
 
-def run(users: int = 6, rounds: int = 5, out_dir: Path = Path("bench/results")) -> list[RoundStats]:
-    num_blocks = 512
-    caches = {
-        f"layer.{i}": torch.zeros(num_blocks, KV_HEADS, BLOCK, 2 * HEAD) for i in range(LAYERS)
-    }
-    layout = build_layout(caches, [list(caches)], num_blocks)
-    capacity = host_num_chunks(layout.bytes_per_block(), 1, FACTOR, 4 << 20)
-    host = HostTier(layout, capacity, FACTOR)
-    manager = ChunkManager(capacity)
-    worker = TransferWorker()
-    store, load = engine_host_handlers(layout, host)
-    worker.register_handler(Medium.ENGINE, Medium.CPU, store)
-    worker.register_handler(Medium.CPU, Medium.ENGINE, load)
-    fingerprint = LayoutFingerprint("demo-tiny", "float32", layout="cpu", tp_rank=0, tp_size=1,
-                                    pp_rank=0, chunk_tokens=BLOCK * FACTOR)  # fmt: skip
-    keys_of = ChunkKeyMaker(fingerprint, FACTOR)
-    rng = np.random.default_rng(0)
-    system = rng.integers(0, 1000, 256).tolist()
-    histories = [list(system) for _ in range(users)]
-    stats, job = [], 0
-    for round_ in tqdm(range(rounds), desc="kvtier demo", unit="round"):
-        round_stats = RoundStats(round_)
-        free = list(rng.permutation(num_blocks))  # the engine's cache is empty every round
-        for history in histories:
-            history += rng.integers(0, 1000, 96).tolist()
-            hashes = chain_hashes(history, BLOCK)
-            keys = keys_of.keys(hashes, group=0)
-            blocks = np.array([free.pop() for _ in range(len(hashes))])
-            hits = manager.lookup(keys).ready
-            if hits:
-                job += 1
-                slots = HostChunks(np.array(manager.prepare_load(keys[:hits]).slots))
-                engine = EngineBlocks(blocks[: hits * FACTOR], (hits * FACTOR,), (0,))
-                _transfer(worker, job, (slots, engine))
-                manager.complete_load(keys[:hits])
-                manager.touch(keys[:hits])
-                _verify(layout.views, blocks[: hits * FACTOR], hashes)
-                round_stats.bytes_loaded += hits * FACTOR * sum(layout.page_bytes)
-            for b in range(hits * FACTOR, len(hashes)):  # compute the rest
-                _compute(layout.views, int(blocks[b]), hashes[b])
-            plan = manager.prepare_store(keys[hits:])
-            if plan is not None and plan.keys:
-                job += 1
-                wanted = set(plan.keys)  # plan.keys keeps the order of keys
-                index = [i for i, k in enumerate(keys) if k in wanted]
-                ids = np.concatenate([blocks[i * FACTOR : (i + 1) * FACTOR] for i in index])
-                engine = EngineBlocks(ids, (len(ids),), (index[0] * FACTOR,))
-                ok = _transfer(worker, job, (engine, HostChunks(np.array(plan.slots))))
-                manager.complete_store(plan.keys, ok)
-            round_stats.prompt_chunks += len(keys)
-            round_stats.hit_chunks += hits
-        manager.check_integrity()
-        stats.append(round_stats)
-    worker.shutdown()
-    _report(stats, out_dir)
-    return stats
+def run(
+    users: int = 6, rounds: int = 5, out_dir: Path = Path("bench/results")
+) -> list[RoundResult]:
+    """Run the chat without and with kvtier; print the table and summary, write the plot.
+
+    Sets the ``ENGINE_ENV`` variables that are not set yet (process-wide, before vLLM is imported).
+    """
+    for name, value in ENGINE_ENV.items():
+        os.environ.setdefault(name, value)
+    if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+        raise ValueError("kvtier demo: needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (reads kvtier.stats)")
+    model = model_path("tiny")
+    workload = _workload(model, users, rounds)
+    console = Console()
+    runs: dict[str, list[RoundRun]] = {}
+    cpu_before = _cpu_times()
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("", total=2 * rounds)
+        for label, transfer in (("without kvtier", None), ("with kvtier", KVTIER)):
+            progress.update(task, description=f"{label}: starting vLLM")
+            runs[label] = []
+            for round_run in _chat(model, workload, transfer):
+                runs[label].append(round_run)
+                done = len(runs[label])
+                progress.update(task, advance=1, description=f"{label}: round {done}/{rounds}")
+    pairs = zip(runs["without kvtier"], runs["with kvtier"], strict=True)
+    results = [_compare(r, without, with_) for r, (without, with_) in enumerate(pairs)]
+    _print_report(console, results)
+    others = _others_cpu_share(cpu_before, _cpu_times())
+    if others > 0.2:
+        console.print(
+            f"[yellow]note: other processes used {others:.0%} of the CPUs during the run: "
+            "the TTFT figures are noisy (token counts and outputs are not)"
+        )
+    _plot(results, out_dir / "demo.png")
+    console.print(f"plot: {out_dir / 'demo.png'}")
+    return results
 
 
-def _page(block_hash: bytes, words: int) -> torch.Tensor:
-    seed = int.from_bytes(block_hash[:8], "little") & ((1 << 63) - 1)
-    return torch.randint(-(2**62), 2**62, (words,), generator=torch.Generator().manual_seed(seed))
+def _workload(model: Path, users: int, rounds: int, seed: int = 0) -> Workload:
+    rng = random.Random(seed)
+    lengths = [[rng.randint(*MESSAGE_TOKENS) for _ in range(users)] for _ in range(rounds)]
+    messages = [
+        [make_prompt(model, n, seed=seed + 1 + r * users + u, bos=False) for u, n in enumerate(row)]
+        for r, row in enumerate(lengths)
+    ]
+    return Workload(make_prompt(model, SYSTEM_TOKENS, seed=seed), messages)
 
 
-def _compute(views: tuple[torch.Tensor, ...], block: int, block_hash: bytes) -> None:
-    for i, view in enumerate(views):
-        view[block] = _page(block_hash + bytes([i]), view.shape[1])
+def _chat(model: Path, workload: Workload, transfer: dict[str, Any] | None) -> Iterator[RoundRun]:
+    """The chat on one engine, a round at a time; the engine's prefix cache emptied in between."""
+    tiered = transfer is not None
+    histories = [list(workload.system) for _ in workload.messages[0]]
+    with _engine(model, workload, transfer) as llm:
+        warm_up = [make_prompt(model, 3 * CHUNK_TOKENS, seed=-1)]  # unrelated to the chat
+        for _ in range(2):  # with kvtier, the second pass loads: one-time costs of both paths
+            _chat_round(llm, warm_up, tiered)
+        for messages in workload.messages:
+            for history, message in zip(histories, messages, strict=True):
+                history += message
+            round_run = _chat_round(llm, histories, tiered)
+            for history, reply in zip(histories, round_run.outputs, strict=True):
+                history += reply
+            yield round_run
 
 
-def _verify(views: tuple[torch.Tensor, ...], blocks: np.ndarray, hashes: list[bytes]) -> None:
-    for b, block in enumerate(blocks.tolist()):
-        for i, view in enumerate(views):
-            if not torch.equal(view[block], _page(hashes[b] + bytes([i]), view.shape[1])):
-                raise AssertionError(f"kvtier demo: block {b} came back wrong from the host tier")
+@contextmanager
+def _engine(model: Path, workload: Workload, transfer: dict[str, Any] | None) -> Iterator[LLM]:
+    import vllm
+
+    rounds = len(workload.messages)
+    longest = SYSTEM_TOKENS + rounds * (MESSAGE_TOKENS[1] + REPLY_TOKENS)
+    llm = vllm.LLM(
+        model=str(model),
+        dtype="float32",
+        max_model_len=-(-longest // 256) * 256,
+        enforce_eager=True,
+        seed=0,
+        block_size=32,  # the CPU attention backend needs a multiple of 32
+        gpu_memory_utilization=0.3,  # a fraction of CPU memory here
+        distributed_executor_backend="uni",
+        disable_log_stats=False,  # fills RequestOutput.metrics (first-token latency)
+        use_tqdm_on_load=False,
+        kv_transfer_config=transfer,
+    )
+    try:
+        yield llm
+    finally:
+        del llm
+        gc.collect()
+        vllm.distributed.cleanup_dist_env_and_memory()
 
 
-def _transfer(
-    worker: TransferWorker, job: int, spec: tuple[HostChunks | EngineBlocks, ...]
-) -> bool:
-    if not worker.transfer_async(job, (spec[0], spec[1])):
-        return False
-    worker.wait([job])
-    return all(result.success for result in worker.get_finished())
+def _chat_round(llm: LLM, prompts: list[list[int]], tiered: bool) -> RoundRun:
+    """Generate every prompt in one batch, let kvtier's stores drain, empty the engine's cache."""
+    from vllm import SamplingParams
+
+    import kvtier
+
+    hits_before = kvtier.stats(llm).cpu.hit_chunks if tiered else 0
+    params = SamplingParams(temperature=0.0, max_tokens=REPLY_TOKENS, ignore_eos=True)
+    requests: list[Any] = [{"prompt_token_ids": p} for p in prompts]
+    outputs = llm.generate(requests, params, use_tqdm=False)
+    _drain(llm, tiered)
+    hits = kvtier.stats(llm).cpu.hit_chunks - hits_before if tiered else 0
+    ttfts = [_first_token_latency(o) for o in outputs]
+    return RoundRun(
+        prompt_tokens=sum(map(len, prompts)),
+        ttft_s=sum(ttfts) / len(ttfts),
+        cached_tokens=sum(o.num_cached_tokens or 0 for o in outputs),
+        served_tokens=hits * CHUNK_TOKENS,
+        outputs=[list(o.outputs[0].token_ids) for o in outputs],
+    )
 
 
-def _report(stats: list[RoundStats], out_dir: Path) -> None:
-    table = Table(title="kvtier demo: host tier, chat rounds (engine cache emptied every round)")
-    for column in ("round", "prompt chunks", "from kvtier", "hit rate", "MiB loaded"):
+def _first_token_latency(output: Any) -> float:
+    metrics = output.metrics
+    if metrics is None or metrics.first_token_latency <= 0:
+        raise RuntimeError("kvtier demo: vLLM reported no first-token latency (log stats off?)")
+    return float(metrics.first_token_latency)
+
+
+def _drain(llm: LLM, tiered: bool, max_steps: int = 1000) -> None:
+    """Step the engine until kvtier's stores finished (finished requests hold their blocks until
+    then), and empty the engine's prefix cache."""
+    from kvtier.vllm import engine_connector
+
+    scheduler = engine_connector(llm).scheduler if tiered else None
+    for _ in range(max_steps):
+        if (scheduler is None or not scheduler.has_jobs_in_flight) and llm.reset_prefix_cache():
+            return
+        llm.llm_engine.step()
+    raise RuntimeError(f"kvtier demo: engine still holds blocks after {max_steps} steps")
+
+
+def _compare(round_: int, without: RoundRun, with_: RoundRun) -> RoundResult:
+    own_cache = with_.cached_tokens - with_.served_tokens
+    return RoundResult(
+        round=round_,
+        prompt_tokens=with_.prompt_tokens,
+        ttft_s_without=without.ttft_s,
+        ttft_s_with=with_.ttft_s,
+        served_tokens=with_.served_tokens,
+        uncached_tokens=with_.prompt_tokens - own_cache,
+        identical=without.outputs == with_.outputs,
+    )
+
+
+def _print_report(console: Console, results: list[RoundResult]) -> None:
+    table = Table(title="chat rounds; the engine's prefix cache is emptied between rounds")
+    columns = ("round", "prompt\ntokens", "TTFT ms\nwithout", "TTFT ms\nkvtier", "TTFT\nratio",
+               "tokens from\nkvtier", "hit\nrate", "outputs\nidentical")  # fmt: skip
+    for column in columns:
         table.add_column(column, justify="right")
-    for s in stats:
-        table.add_row(str(s.round), str(s.prompt_chunks), str(s.hit_chunks), f"{s.hit_rate:.0%}",
-                      f"{s.bytes_loaded / 2**20:.1f}")  # fmt: skip
-    Console().print(table)
+    for r in results:
+        table.add_row(
+            str(r.round), str(r.prompt_tokens), f"{r.ttft_s_without * 1e3:.1f}",
+            f"{r.ttft_s_with * 1e3:.1f}", f"{r.ttft_ratio:.2f}", str(r.served_tokens),
+            f"{r.hit_rate:.0%}", "[green]✓" if r.identical else "[red]✗",
+        )  # fmt: skip
+    console.print(table)
+    served = sum(r.served_tokens for r in results)
+    uncached = sum(r.uncached_tokens for r in results)
+    later = results[1:] or results  # round 0 has nothing to reuse yet
+    ratio = sum(r.ttft_ratio for r in later) / len(later)
+    span = f"{later[0].round}-{later[-1].round}" if len(later) > 1 else str(later[0].round)
+    console.print(
+        f"from kvtier: {served} of the {uncached} prompt tokens beyond the engine's own cache "
+        f"({served / uncached if uncached else 0:.0%})\n"
+        f"TTFT with kvtier / without, mean of rounds {span}: {ratio:.2f}"
+    )
+    bad = [r.round for r in results if not r.identical]
+    if bad:
+        console.print(f"[red]✗ outputs with kvtier differ from those without it in rounds {bad}")
+    else:
+        console.print("[green]✓[/] outputs with kvtier identical to those without it (greedy)")
+
+
+class _CpuTimes(NamedTuple):
+    wall: float
+    machine: float  # seconds of CPU any process used, all cores (Linux; 0.0 elsewhere)
+    own: float  # seconds of CPU this process used
+
+
+def _cpu_times() -> _CpuTimes:
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        fields = []
+    # user nice system idle iowait irq softirq steal: all but idle and iowait are busy
+    busy = sum(int(v) for i, v in enumerate(fields[:8]) if i not in (3, 4))
+    own = os.times()
+    return _CpuTimes(time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), own.user + own.system)
+
+
+def _others_cpu_share(before: _CpuTimes, after: _CpuTimes) -> float:
+    """The share of all cores' time that other processes used between ``before`` and ``after``."""
+    capacity = (after.wall - before.wall) * (os.cpu_count() or 1)
+    if capacity <= 0 or after.machine == 0.0:
+        return 0.0
+    return max(0.0, (after.machine - before.machine) - (after.own - before.own)) / capacity
+
+
+def _plot(results: list[RoundResult], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(5, 3))
-    axes.plot([s.round for s in stats], [s.hit_rate for s in stats], marker="o")
-    axes.set_xlabel("round")
-    axes.set_ylabel("prompt chunks from kvtier")
-    axes.set_ylim(0, 1)
+    rounds = [r.round for r in results]
+    figure, (ttft, hits) = plt.subplots(1, 2, figsize=(9, 3.2))
+    ttft.plot(rounds, [r.ttft_s_without * 1e3 for r in results], marker="o", label="without")
+    ttft.plot(rounds, [r.ttft_s_with * 1e3 for r in results], marker="o", label="with kvtier")
+    ttft.set(xlabel="round", ylabel="mean TTFT (ms)", title="time to first token")
+    ttft.set_ylim(bottom=0)
+    ttft.legend()
+    hits.bar(rounds, [r.hit_rate for r in results], color="tab:green")
+    hits.set(xlabel="round", ylabel="share of uncached tokens", title="served from kvtier")
+    hits.set_ylim(0, 1)
+    for axes in (ttft, hits):
+        axes.set_xticks(rounds)
     figure.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out_dir / "demo.png", dpi=120)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
     plt.close(figure)
