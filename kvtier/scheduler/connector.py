@@ -226,11 +226,12 @@ class SchedulerConnector:
                 cpu.store_seconds += outcome.seconds
         else:
             self.manager.complete_load(job.keys)
-            self.manager.touch(job.keys)
             state.load_job = None
-            if outcome.failed:
+            if outcome.failed:  # drop what it read: the engine's retry must miss, not fail again
+                self.manager.remove(job.keys)
                 cpu.failed_loads += 1
             else:
+                self.manager.touch(job.keys)
                 cpu.loaded_chunks += len(job.keys)
                 cpu.loaded_bytes += outcome.bytes
                 cpu.load_seconds += outcome.seconds

@@ -172,6 +172,20 @@ class ChunkManager:
                 self._num_evictable += 1
         self._num_pins -= len(keys)
 
+    def remove(self, keys: Sequence[Key]) -> list[Key]:
+        """Drop ready, unpinned ``keys`` (a copy found bad); returns those removed.
+
+        Absent, in-flight or pinned keys stay. Removed keys are listed in a REMOVED event.
+        """
+        removed = [key for key in dict.fromkeys(keys) if self._is_evictable(key)]
+        for key in removed:
+            self._free.append(self._chunks.pop(key).slot)
+            self._policy.remove(key)
+        self._num_evictable -= len(removed)
+        if removed:
+            self._events.append(TierEvent(EventKind.REMOVED, removed, self._tier))
+        return removed
+
     def touch(self, keys: Sequence[Key]) -> None:
         """Mark ``keys`` (a prefix, head first) recently used by the policy.
 

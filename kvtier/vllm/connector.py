@@ -70,6 +70,11 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         self._worker: WorkerConnector | None = None
         self._last_log = time.monotonic()
         if role == KVConnectorRole.SCHEDULER:
+            if transfer.kv_load_failure_policy != "recompute":
+                # kvtier is a cache: a load that fails is a miss, recomputed, never a failed
+                # request (vLLM's default for connectors is to fail the request)
+                logger.info("kvtier: kv_load_failure_policy set to 'recompute'")
+                transfer.kv_load_failure_policy = "recompute"
             placements = [
                 Placement(t.size, tuple(t.layers)) for t in kv_cache_config.kv_cache_tensors
             ]

@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from harness import connector, engine, generate, greedy, kvtier_transfer, prompts, settle
 
 import kvtier
+from kvtier.worker.copy_cpu import CpuCopyHandler
 
 
 def test_host_tier_smaller_than_the_working_set(tiny_model: Path, reference: Any) -> None:
@@ -85,4 +87,33 @@ def test_preempted_requests_flush_their_stores(tiny_model: Path, reference: Any)
         scheduler = connector(llm).scheduler
         assert scheduler.manager.num_pinned == 0
         assert not scheduler.requests
+        scheduler.check_integrity()
+
+
+def test_a_failed_load_is_recomputed(
+    tiny_model: Path, reference: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load that fails (here: every copy into the engine raises) is reported to vLLM through
+    get_block_ids_with_load_errors; the engine recomputes those tokens and the output is right."""
+    token_prompts = prompts(tiny_model, [330, 200], seed=71)
+    expected = reference(tiny_model, token_prompts)
+    with engine(tiny_model, kv_transfer_config=kvtier_transfer(block_size=64)) as llm:
+        assert generate(llm, token_prompts) == expected
+        settle(llm)
+        llm.reset_prefix_cache()
+
+        def broken(self: CpuCopyHandler, plan: object) -> None:
+            if not self.store:
+                raise OSError("injected: host memory unreadable")
+            original(self, plan)
+
+        original = CpuCopyHandler._copy
+        monkeypatch.setattr(CpuCopyHandler, "_copy", broken)
+        assert generate(llm, token_prompts) == expected
+        settle(llm)
+        stats = kvtier.stats(llm)
+        assert stats.cpu.failed_loads > 0
+        assert stats.cpu.loaded_chunks == 0
+        scheduler = connector(llm).scheduler
+        assert scheduler.manager.num_pinned == 0
         scheduler.check_integrity()

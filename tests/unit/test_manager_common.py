@@ -392,3 +392,17 @@ def test_random_operations_keep_the_contract(
             assert manager.lookup([k]).ready == (k in ready)
         assert manager.num_free == capacity - len(ready) - len(in_flight)
         assert manager.num_pinned == sum(pins.values())
+
+
+def test_remove_drops_ready_unpinned_chunks_only(policy: str) -> None:
+    manager = ChunkManager(4, policy)
+    store(manager, [1, 2, 3])
+    manager.prepare_load([2])  # pinned by a load
+    assert manager.prepare_store([4]) is not None  # in flight
+    manager.take_events()
+
+    assert manager.remove([1, 2, 4, 9]) == [1]
+    assert manager.lookup([1]) == LookupResult(0, False)
+    assert manager.num_free == 1
+    assert manager.take_events() == [TierEvent(EventKind.REMOVED, [1], "cpu")]
+    manager.check_integrity()
