@@ -207,17 +207,15 @@ def _first_token_latency(output: Any) -> float:
     return float(metrics.first_token_latency)
 
 
-def _drain(llm: LLM, tiered: bool, max_steps: int = 1000) -> None:
-    """Step the engine until kvtier's stores finished (finished requests hold their blocks until
-    then), and empty the engine's prefix cache."""
-    from kvtier.vllm import engine_connector
+def _drain(llm: LLM, tiered: bool) -> None:
+    """Let kvtier's stores finish (finished requests hold their blocks until then), and empty the
+    engine's prefix cache."""
+    if tiered:
+        from kvtier.vllm import settle
 
-    scheduler = engine_connector(llm).scheduler if tiered else None
-    for _ in range(max_steps):
-        if (scheduler is None or not scheduler.has_jobs_in_flight) and llm.reset_prefix_cache():
-            return
-        llm.llm_engine.step()
-    raise RuntimeError(f"kvtier demo: engine still holds blocks after {max_steps} steps")
+        settle(llm)
+    if not llm.reset_prefix_cache():
+        raise RuntimeError("kvtier demo: the engine still holds blocks; cannot reset its cache")
 
 
 def _compare(round_: int, without: RoundRun, with_: RoundRun) -> RoundResult:

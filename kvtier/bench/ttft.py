@@ -239,14 +239,16 @@ def _baseline(
 def _kvtier(
     llm: LLM, prompts: list[tuple[int, list[int]]], samples: Samples, tick: Callable[[int], object]
 ) -> None:
+    from kvtier.vllm import settle
+
     for length, prompt in prompts:
         samples.runs["kvtier_miss", length].append(_timed(llm, prompt))
-        _settle(llm)
+        settle(llm)
         _reset_prefix_cache(llm)
         before = kvtier.stats(llm).cpu
         hits, load_s = before.hit_chunks, before.load_seconds
         samples.runs["kvtier_hit", length].append(_timed(llm, prompt))
-        _settle(llm)
+        settle(llm)
         after = kvtier.stats(llm).cpu
         hit_chunks = after.hit_chunks - hits
         if hit_chunks < HIT_FRACTION * (length // CHUNK_TOKENS) or after.failed_loads:
@@ -314,19 +316,6 @@ class _StepCounter:
 
     def __exit__(self, *exc: object) -> None:
         self.core.step_fn = self.original
-
-
-def _settle(llm: LLM) -> None:
-    """Step the engine until kvtier has no transfer in flight and vLLM released every request."""
-    from kvtier.vllm import engine_connector
-
-    scheduler = engine_connector(llm).scheduler
-    core = _engine_core(llm)
-    for _ in range(100_000):
-        if not scheduler.has_jobs_in_flight and not core.scheduler.has_requests():
-            return
-        core.step()
-    raise RuntimeError("kvtier bench ttft: kvtier transfers still in flight after 100000 steps")
 
 
 def _engine_core(llm: LLM) -> Any:
@@ -438,7 +427,9 @@ def _batch(llm: LLM, prompts: list[list[int]], max_tokens: int, config: str) -> 
     llm.generate(requests, params, use_tqdm=False)
     finished = time.perf_counter()
     if config == "kvtier":
-        _settle(llm)
+        from kvtier.vllm import settle
+
+        settle(llm)
     ended = time.perf_counter()
     return Served(ended - started, ended - finished)
 

@@ -36,3 +36,15 @@ def rank_counters(worker: Any) -> dict[str, int]:
 def stats(llm: Any) -> KVTierStats:
     """kvtier's counters for an in-process ``vllm.LLM``."""
     return engine_connector(llm).scheduler.stats
+
+
+def settle(llm: Any, max_steps: int = 10_000) -> None:
+    """Step an in-process ``vllm.LLM`` until kvtier has no transfer in flight and vLLM released
+    every request (a finished request keeps its blocks until its stores drained)."""
+    scheduler = engine_connector(llm).scheduler
+    core = llm.llm_engine.engine_core.engine_core
+    for _ in range(max_steps):
+        if not scheduler.has_jobs_in_flight and not core.scheduler.has_requests():
+            return
+        core.step()
+    raise RuntimeError(f"kvtier: transfers still in flight after {max_steps} engine steps")

@@ -12,7 +12,9 @@ import vllm
 from vllm import LLM, SamplingParams
 
 from kvtier.models import make_prompt
-from kvtier.vllm import KVTierConnector, engine_connector
+from kvtier.vllm import KVTierConnector, engine_connector, settle
+
+__all__ = ["settle"]  # re-exported for the tests
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
@@ -77,15 +79,3 @@ def connector(llm: LLM) -> KVTierConnector:
 
 def full_chunks(token_prompts: Sequence[list[int]], chunk_tokens: int) -> int:
     return sum(len(p) // chunk_tokens for p in token_prompts)
-
-
-def settle(llm: LLM) -> None:
-    """Step the engine until kvtier has no transfer in flight and vLLM released every request
-    (finished requests keep their blocks until their stores drained)."""
-    scheduler = connector(llm).scheduler
-    engine_core = llm.llm_engine.engine_core.engine_core
-    for _ in range(1000):
-        if not scheduler.has_jobs_in_flight and not engine_core.scheduler.has_requests():
-            return
-        engine_core.step()
-    raise AssertionError("kvtier: transfers still in flight after 1000 engine steps")
