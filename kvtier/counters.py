@@ -19,6 +19,7 @@ class TierStats:
     failed_stores: int = 0
     skipped_stores: int = 0  # chunks not stored: no room (everything pinned or in flight)
     evicted_chunks: int = 0
+    bad_chunks: int = 0  # copies that failed a check on load (dropped; the engine recomputed)
 
 
 @dataclass
@@ -37,13 +38,17 @@ class KVTierStats:
         return asdict(self)
 
     def log_line(self) -> str:
-        cpu = self.cpu
-        looked = cpu.hit_chunks + cpu.miss_chunks
-        rate = cpu.hit_chunks / looked if looked else 0.0
-        return (
-            f"kvtier: cpu hit {cpu.hit_chunks}/{looked} chunks ({rate:.0%}), "
-            f"loaded {cpu.loaded_bytes / 2**20:.1f} MiB in {cpu.load_seconds:.3f} s, "
-            f"stored {cpu.stored_chunks} chunks ({cpu.stored_bytes / 2**20:.1f} MiB), "
-            f"evicted {cpu.evicted_chunks}, failed loads {cpu.failed_loads}, "
-            f"skipped stores {cpu.skipped_stores}"
-        )
+        return "kvtier: " + "; ".join(_tier_line(name, tier) for name, tier in self.tiers.items())
+
+
+def _tier_line(name: str, tier: TierStats) -> str:
+    looked = tier.hit_chunks + tier.miss_chunks
+    rate = tier.hit_chunks / looked if looked else 0.0
+    bad = f", bad chunks {tier.bad_chunks}" if tier.bad_chunks else ""
+    return (
+        f"{name} hit {tier.hit_chunks}/{looked} chunks ({rate:.0%}), "
+        f"loaded {tier.loaded_bytes / 2**20:.1f} MiB in {tier.load_seconds:.3f} s, "
+        f"stored {tier.stored_chunks} chunks ({tier.stored_bytes / 2**20:.1f} MiB), "
+        f"evicted {tier.evicted_chunks}, failed loads {tier.failed_loads}{bad}, "
+        f"failed stores {tier.failed_stores}, skipped stores {tier.skipped_stores}"
+    )

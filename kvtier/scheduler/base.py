@@ -45,12 +45,14 @@ class StorePlan(NamedTuple):
 
     ``keys`` are the keys to store now, in the order given (keys already stored, being stored, or
     not admitted are left out); ``slots[i]`` is the slot reserved for ``keys[i]``; ``evicted``
-    lists the keys removed to make room.
+    lists the keys removed to make room and ``evicted_slots`` the slots they held (whose bytes
+    are intact until the new chunks are written there).
     """
 
     keys: list[Key]
     slots: list[int]
     evicted: list[Key]
+    evicted_slots: list[int] = []
 
 
 class EventKind(Enum):

@@ -11,6 +11,10 @@ Engine-independent: the vLLM adapter turns its calls into these, with plain data
 A job is done only when every worker rank reported it (``num_workers`` reports). Loads finish
 before the request runs (the engine waits for them); stores run after the step's forward, and an
 earlier store whose engine blocks are handed to someone else is flushed before the next forward.
+
+With a disk tier, a hit is a run of chunks in the host tier followed by a run on disk: one load
+job per tier. Chunks loaded from disk are stored in the host tier again (they are hot), and host
+chunks reach the disk as ``disk_writes.py`` decides.
 """
 
 from __future__ import annotations
@@ -21,15 +25,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtier.config import KVTierConfig
-from kvtier.counters import KVTierStats
+from kvtier.counters import KVTierStats, TierStats
 from kvtier.keys import ChunkKey, ChunkKeyMaker
 from kvtier.scheduler.base import TierEvent
-from kvtier.scheduler.job_table import Job, JobTable
+from kvtier.scheduler.disk_index import DiskIndex
+from kvtier.scheduler.disk_writes import DiskWrites
+from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.scheduler.jobs import LoadJob, StepPlan, WorkerReport
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.request import RequestState
 from kvtier.scheduler.store_planner import NULL_BLOCK, StorePlanner
-from kvtier.worker.base import EngineBlocks, HostChunks
+from kvtier.worker.base import DiskChunks, EngineBlocks, HostChunks
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class SchedulerConnector:
         num_chunks: int,
         num_workers: int,
         key_maker: ChunkKeyMaker,
+        disk: DiskIndex | None = None,
     ) -> None:
         block_tokens = {g.block_tokens for g in groups}
         if len(block_tokens) != 1:
@@ -76,6 +83,14 @@ class SchedulerConnector:
         )
         self._plan = StepPlan(num_chunks=num_chunks)
         self._events: list[TierEvent] = []
+        self.disk = disk
+        self._writes: DiskWrites | None = None
+        if disk is not None:
+            self.stats.tiers["disk"] = TierStats()
+            write_through = config.disk is not None and config.disk.write_through
+            self._writes = DiskWrites(
+                disk, self.manager, self._jobs, self.stats.tiers["disk"], write_through
+            )
 
     # ---- lookup and load -------------------------------------------------------------------
 
@@ -93,13 +108,15 @@ class SchedulerConnector:
         full = len(block_hashes) // self.factor
         state.num_computed_tokens = num_computed_tokens
         state.lookup_start, state.lookup_end = first, max(first, full)
-        if self.manager.capacity == 0 or full <= first or state.load_job is not None:
+        if self.manager.capacity == 0 or full <= first or state.load_jobs:
             return 0
         end, retry = full, False
         for g, spec in enumerate(self.groups):
             if spec.sliding_window is None:
-                found = self.manager.lookup(state.group_keys(self.keys, g, full)[first:end])
-                end, retry = first + found.ready, retry or found.retry_later
+                keys = state.group_keys(self.keys, g, full)[first:end]
+                found = self.manager.lookup(keys)
+                end = first + found.ready + self._on_disk(keys[found.ready :])
+                retry = retry or found.retry_later
         while end > first and not self._window_ready(state, end):
             end -= 1
         hit = max(0, end * self.chunk_tokens - num_computed_tokens)
@@ -114,38 +131,41 @@ class SchedulerConnector:
                 continue
             first_token = max(0, end * self.chunk_tokens - spec.sliding_window)
             keys = state.group_keys(self.keys, g, end)[first_token // self.chunk_tokens : end]
-            if self.manager.lookup(keys).ready < len(keys):
+            in_host = self.manager.lookup(keys).ready
+            if in_host + self._on_disk(keys[in_host:]) < len(keys):
                 return False
         return True
 
+    def _on_disk(self, keys: Sequence[ChunkKey]) -> int:
+        """How many leading ``keys`` the disk tier holds (0 without one)."""
+        return self.disk.lookup(keys) if self.disk is not None and keys else 0
+
     def _ready(self, chunk_keys: list[ChunkKey], block: int) -> bool:
-        return (
-            self.manager.lookup(chunk_keys[block // self.factor : block // self.factor + 1]).ready
-            == 1
-        )
+        key = chunk_keys[block // self.factor]
+        return self.manager.is_ready(key) or self._on_disk([key]) == 1
 
     def on_alloc(
         self, req_id: str, block_ids: Sequence[Sequence[int]], num_external_tokens: int
     ) -> None:
-        """The engine allocated ``block_ids`` (per group, whole request): plan the hit's load."""
+        """The engine allocated ``block_ids`` (per group, whole request): plan the hit's load.
+
+        Per group, the blocks of the hit's chunks in the host tier come first (lookup found a
+        run there, then a run on disk): one load job from the host tier, one from disk.
+        """
         state = self.requests[req_id]
         state.block_ids = [list(ids) for ids in block_ids]
-        if state.lookup_end:  # count each lookup once: vLLM calls this again after a load
-            hit_chunks = num_external_tokens // self.chunk_tokens
-            self.stats.lookups += 1
-            self.stats.cpu.hit_chunks += hit_chunks
-            self.stats.cpu.miss_chunks += state.lookup_end - state.lookup_start - hit_chunks
-            state.lookup_start = state.lookup_end = 0
-        if num_external_tokens == 0:
-            return
         start, end = state.num_computed_tokens, state.num_computed_tokens + num_external_tokens
-        keys: list[ChunkKey] = []
-        ids: list[int] = []
-        sizes, starts = [], []
+        host, disk = _LoadParts(), _LoadParts()
+        disk_chunks: int | None = None  # chunks from disk, in the first full-attention group
         for g, spec in enumerate(self.groups):
             first, last = start // self.block_tokens, end // self.block_tokens
+            if num_external_tokens == 0:
+                first = last
             chunk_keys = state.group_keys(self.keys, g, -(-last // self.factor))
             blocks = state.block_ids[g]
+            if spec.sliding_window is not None:  # only the window's chunks were looked up
+                window = max(0, end - spec.sliding_window) // self.chunk_tokens * self.factor
+                first = min(last, max(first, window))
             # a sliding window keeps only its last blocks (the others are NULL_BLOCK), and only
             # those chunks were required by lookup; skip what lies before them
             while first < last and (
@@ -153,22 +173,48 @@ class SchedulerConnector:
                 or (spec.sliding_window is not None and not self._ready(chunk_keys, first))
             ):
                 first += 1
-            keys += chunk_keys[first // self.factor :] if first < last else []
-            ids += blocks[first:last]
-            sizes.append(last - first)
-            starts.append(first)
-            state.stored_upto[g] = max(state.stored_upto[g], end // self.chunk_tokens)
-        job_id = self._jobs.add(Job(req_id, keys, store=False))
-        slots = self.manager.prepare_load(keys).slots
-        self._plan.loads.append(
-            LoadJob(
-                job_id,
-                req_id,
-                HostChunks(np.array(slots, dtype=np.int64)),
-                EngineBlocks(np.array(ids, dtype=np.int64), tuple(sizes), tuple(starts)),
-            )
+            split = first
+            while split < last and self.manager.is_ready(chunk_keys[split // self.factor]):
+                split = (split // self.factor + 1) * self.factor
+            split = min(split, last)
+            host.add(first, split, chunk_keys, blocks, self.factor)
+            disk.add(split, last, chunk_keys, blocks, self.factor)
+            if disk_chunks is None and spec.sliding_window is None:
+                disk_chunks = (last - split) // self.factor
+            # chunks loaded from disk are stored in the host tier again, once loaded
+            state.stored_upto[g] = max(state.stored_upto[g], split // self.factor)
+        self._count_lookup(state, num_external_tokens // self.chunk_tokens, disk_chunks or 0)
+        if host.keys:
+            slots = HostChunks(np.array(self.manager.prepare_load(host.keys).slots, np.int64))
+            self._add_load(state, Job(req_id, host.keys, JobKind.LOAD), slots, host)
+        if disk.keys:
+            assert self.disk is not None, "kvtier: a disk hit without a disk tier"
+            self.disk.prepare_load(disk.keys)
+            files = DiskChunks(tuple(disk.keys))
+            self._add_load(state, Job(req_id, disk.keys, JobKind.DISK_LOAD), files, disk)
+
+    def _count_lookup(self, state: RequestState, hit: int, on_disk: int) -> None:
+        if not state.lookup_end:  # count each lookup once: vLLM calls this again after a load
+            return
+        looked = state.lookup_end - state.lookup_start
+        in_host = hit - on_disk
+        self.stats.lookups += 1
+        self.stats.cpu.hit_chunks += in_host
+        self.stats.cpu.miss_chunks += looked - in_host
+        if "disk" in self.stats.tiers:
+            self.stats.tiers["disk"].hit_chunks += on_disk
+            self.stats.tiers["disk"].miss_chunks += looked - in_host - on_disk
+        state.lookup_start = state.lookup_end = 0
+
+    def _add_load(
+        self, state: RequestState, job: Job, src: HostChunks | DiskChunks, parts: _LoadParts
+    ) -> None:
+        job_id = self._jobs.add(job)
+        blocks = EngineBlocks(
+            np.array(parts.ids, dtype=np.int64), tuple(parts.sizes), tuple(parts.starts)
         )
-        state.load_job = job_id
+        self._plan.loads.append(LoadJob(job_id, state.req_id, src, blocks))
+        state.load_jobs.add(job_id)
 
     # ---- each step -------------------------------------------------------------------------
 
@@ -199,6 +245,11 @@ class SchedulerConnector:
             state = self.requests.get(request.req_id)
             if state is not None:
                 self._plan.stores += self._stores.plan(state, request.num_computed_tokens)
+        evicted = self._stores.take_evicted()
+        if self._writes is not None:
+            self._writes.evicted(evicted)
+            self._writes.flush(idle=not self.requests)
+            self._plan.disk_writes = self._writes.take_plan()
         plan, self._plan = self._plan, StepPlan(num_chunks=self.manager.capacity)
         plan.flush = sorted(flush)
         return plan
@@ -213,30 +264,57 @@ class SchedulerConnector:
                 self._complete(job_id, job)
 
     def _complete(self, job_id: int, job: Job) -> None:
-        cpu, outcome = self.stats.cpu, job.outcome
+        if job.kind is JobKind.DISK_WRITE:
+            assert self._writes is not None
+            self._writes.complete(job)
+            return
         state = self.requests[job.req_id]
-        if job.store:
-            self.manager.complete_store(job.keys, success=not outcome.failed)
+        if job.kind is JobKind.STORE:
+            self._complete_store(job)
             state.store_jobs.discard(job_id)
-            if outcome.failed:
-                cpu.failed_stores += 1
-            else:
-                cpu.stored_chunks += len(job.keys)
-                cpu.stored_bytes += outcome.bytes
-                cpu.store_seconds += outcome.seconds
         else:
-            self.manager.complete_load(job.keys)
-            state.load_job = None
-            if outcome.failed:  # drop what it read: the engine's retry must miss, not fail again
-                self.manager.remove(job.keys)
-                cpu.failed_loads += 1
-            else:
-                self.manager.touch(job.keys)
-                cpu.loaded_chunks += len(job.keys)
-                cpu.loaded_bytes += outcome.bytes
-                cpu.load_seconds += outcome.seconds
+            self._complete_load(job)
+            state.load_jobs.discard(job_id)
         if state.finished and state.idle:
             del self.requests[job.req_id]
+
+    def _complete_store(self, job: Job) -> None:
+        cpu, outcome = self.stats.cpu, job.outcome
+        self.manager.complete_store(job.keys, success=not outcome.failed)
+        if outcome.failed:
+            cpu.failed_stores += 1
+            return
+        cpu.stored_chunks += len(job.keys)
+        cpu.stored_bytes += outcome.bytes
+        cpu.store_seconds += outcome.seconds
+        if self._writes is not None:
+            self._writes.stored(job.keys)
+
+    def _complete_load(self, job: Job) -> None:
+        outcome = job.outcome
+        from_disk = job.kind is JobKind.DISK_LOAD
+        stats = self.stats.tiers["disk" if from_disk else "cpu"]
+        # a failed load drops what it read (all, or the chunks found bad): the engine's retry
+        # must miss them, not fail again
+        bad = [job.keys[i] for i in outcome.bad] if outcome.bad else job.keys
+        if from_disk:
+            assert self.disk is not None
+            self.disk.complete_load(job.keys, bad if outcome.failed else [])
+            stats.bad_chunks += len(outcome.bad)
+        else:
+            self.manager.complete_load(job.keys)
+            if outcome.failed:
+                removed = self.manager.remove(bad)
+                if self._writes is not None:
+                    self._writes.removed(removed)  # type: ignore[arg-type]
+        if outcome.failed:
+            stats.failed_loads += 1
+            return
+        if not from_disk:
+            self.manager.touch(job.keys)
+        stats.loaded_chunks += len(job.keys)
+        stats.loaded_bytes += outcome.bytes
+        stats.load_seconds += outcome.seconds
 
     def request_finished(self, req_id: str) -> bool:
         """The request ended. True: keep its blocks until the workers report its stores done."""
@@ -255,11 +333,38 @@ class SchedulerConnector:
     def has_jobs_in_flight(self) -> bool:
         return bool(self._jobs)
 
+    @property
+    def has_pending_work(self) -> bool:
+        """Transfers in flight, or chunks to write to disk once the engine is idle."""
+        return bool(self._jobs) or (self._writes is not None and self._writes.pending)
+
     def take_events(self) -> list[TierEvent]:
         """Chunks stored in or removed from the host tier since the last call."""
         return self.manager.take_events()
 
     def check_integrity(self) -> None:
         self.manager.check_integrity()
-        pinned = sum(len(job.keys) for job in self._jobs if not job.store)
+        pinned = sum(len(job.keys) for job in self._jobs if job.kind is JobKind.LOAD or job.pinned)
         assert self.manager.num_pinned == pinned, (self.manager.num_pinned, pinned)
+        if self.disk is not None:
+            self.disk.check_integrity()
+
+
+class _LoadParts:
+    """The part of a hit one tier loads: its keys and engine blocks, group by group."""
+
+    def __init__(self) -> None:
+        self.keys: list[ChunkKey] = []
+        self.ids: list[int] = []
+        self.sizes: list[int] = []
+        self.starts: list[int] = []
+
+    def add(
+        self, first: int, end: int, chunk_keys: list[ChunkKey], blocks: list[int], factor: int
+    ) -> None:
+        """Blocks ``first:end`` of the next group (none when ``first == end``)."""
+        if first < end:
+            self.keys += chunk_keys[first // factor : -(-end // factor)]
+            self.ids += blocks[first:end]
+        self.sizes.append(max(0, end - first))
+        self.starts.append(first if first < end else 0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from enum import Enum
 
 from kvtier.keys import ChunkKey
 from kvtier.scheduler.jobs import JobOutcome
@@ -17,13 +18,25 @@ from kvtier.scheduler.jobs import JobOutcome
 logger = logging.getLogger(__name__)
 
 
+class JobKind(Enum):
+    LOAD = "load"  # host tier -> engine
+    STORE = "store"  # engine -> host tier
+    DISK_LOAD = "disk load"  # disk -> engine
+    DISK_WRITE = "disk write"  # host tier -> disk (no request; the host chunks pinned or staged)
+
+
 @dataclass
 class Job:
-    req_id: str
+    req_id: str  # "" for a disk write
     keys: list[ChunkKey]
-    store: bool
+    kind: JobKind
     blocks: list[int] = field(default_factory=list)  # engine blocks a store reads
     outcome: JobOutcome = field(default_factory=JobOutcome)  # summed over the ranks so far
+    pinned: bool = False  # a disk write holding pins on its host chunks
+
+    @property
+    def store(self) -> bool:
+        return self.kind is JobKind.STORE
 
 
 class JobTable:
@@ -55,12 +68,8 @@ class JobTable:
         if job is None:
             logger.warning("kvtier: report for unknown transfer job %d", job_id)
             return None
-        total = job.outcome
-        total.ranks += outcome.ranks
-        total.failed += outcome.failed
-        total.bytes += outcome.bytes
-        total.seconds = max(total.seconds, outcome.seconds)  # the slowest rank
-        if total.ranks < self.num_workers:
+        job.outcome.add(outcome)
+        if job.outcome.ranks < self.num_workers:
             return None
         del self._jobs[job_id]
         for block in job.blocks:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvtier.worker.base import EngineBlocks, HostChunks
+from kvtier.worker.base import DiskChunks, EngineBlocks, HostChunks
 
 
 @dataclass(frozen=True)
 class LoadJob:
     job_id: int
     req_id: str
-    src: HostChunks
+    src: HostChunks | DiskChunks
     dst: EngineBlocks
 
 
@@ -29,10 +29,20 @@ class StoreJob:
     dst: HostChunks
 
 
+@dataclass(frozen=True)
+class DiskWriteJob:
+    """Host-tier chunks to write to the disk tier (``dst.staged``: their slots are reused now)."""
+
+    job_id: int
+    src: HostChunks
+    dst: DiskChunks
+
+
 @dataclass
 class StepPlan:
     loads: list[LoadJob] = field(default_factory=list)
     stores: list[StoreJob] = field(default_factory=list)
+    disk_writes: list[DiskWriteJob] = field(default_factory=list)  # run before the stores
     flush: list[int] = field(default_factory=list)  # store jobs to finish before the forward
     held: list[str] = field(default_factory=list)  # finished requests kept for their stores
     num_chunks: int = 0  # the host tier's size as the scheduler manages it
@@ -40,12 +50,24 @@ class StepPlan:
 
 @dataclass
 class JobOutcome:
-    """One job on one or more ranks: how many ranks finished it, and how many of them failed."""
+    """One job on one or more ranks: how many ranks finished it, and how many of them failed.
+
+    ``bad``: positions (in the job's key order) of the chunks that failed on any rank.
+    """
 
     ranks: int = 0
     failed: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    bad: list[int] = field(default_factory=list)
+
+    def add(self, other: JobOutcome) -> None:
+        """Sum ``other``'s ranks into this one (seconds: the slowest rank)."""
+        self.ranks += other.ranks
+        self.failed += other.failed
+        self.bytes += other.bytes
+        self.seconds = max(self.seconds, other.seconds)
+        self.bad = sorted({*self.bad, *other.bad})
 
 
 @dataclass
@@ -53,11 +75,7 @@ class WorkerReport:
     jobs: dict[int, JobOutcome] = field(default_factory=dict)
 
     def merge(self, other: WorkerReport) -> WorkerReport:
-        jobs = {job_id: JobOutcome(**vars(outcome)) for job_id, outcome in self.jobs.items()}
-        for job_id, outcome in other.jobs.items():
-            mine = jobs.setdefault(job_id, JobOutcome())
-            mine.ranks += outcome.ranks
-            mine.failed += outcome.failed
-            mine.bytes += outcome.bytes
-            mine.seconds = max(mine.seconds, outcome.seconds)
+        jobs = {job_id: JobOutcome() for job_id in self.jobs}
+        for job_id, outcome in [*self.jobs.items(), *other.jobs.items()]:
+            jobs.setdefault(job_id, JobOutcome()).add(outcome)
         return WorkerReport(jobs)

@@ -203,7 +203,7 @@ class ChunkManager:
         """
         incoming = [key for key in dict.fromkeys(keys) if self._admits(key)]
         if not incoming:
-            return StorePlan([], [], [])
+            return StorePlan([], [], [], [])
         num_evict = max(0, len(incoming) - len(self._free))
         protected = set(keys)
         if num_evict > self._num_evictable - sum(map(self._is_evictable, protected)):
@@ -215,8 +215,8 @@ class ChunkManager:
         evicted = self._policy.admit(incoming, num_evict, can_evict)
         if evicted is None:  # the count above says enough chunks are evictable
             raise AssertionError(f"policy found fewer than {num_evict} victims")
-        for key in evicted:
-            self._free.append(self._chunks.pop(key).slot)
+        evicted_slots = [self._chunks.pop(key).slot for key in evicted]
+        self._free += evicted_slots
         self._num_evictable -= len(evicted)
         if evicted:
             self._events.append(TierEvent(EventKind.REMOVED, evicted, self._tier))
@@ -224,7 +224,7 @@ class ChunkManager:
         slots = sorted(self._free.pop() for _ in incoming)
         for key, slot in zip(incoming, slots, strict=True):
             self._chunks[key] = _Chunk(slot)
-        return StorePlan(incoming, slots, evicted)
+        return StorePlan(incoming, slots, evicted, evicted_slots)
 
     def complete_store(self, keys: Sequence[Key], success: bool = True) -> None:
         """Finish the stores of ``keys``.
@@ -294,6 +294,10 @@ class ChunkManager:
         if not chunk.ready:
             raise ValueError(f"chunk {key!r} in tier {self._tier!r} is still being stored")
         return chunk
+
+    def is_ready(self, key: Key) -> bool:
+        """Whether ``key`` can be loaded now (unlike ``lookup``, not counted for admission)."""
+        return self._is_ready(key)
 
     def _is_ready(self, key: Key) -> bool:
         chunk = self._chunks.get(key)

@@ -28,7 +28,7 @@ class RequestState:
     lookup_end: int = 0  # full prompt chunks at the last lookup; 0 once counted
     num_computed_tokens: int = 0  # the engine's local hit at the last lookup
     store_jobs: set[int] = field(default_factory=set)
-    load_job: int | None = None
+    load_jobs: set[int] = field(default_factory=set)  # one per tier it loads from
     finished: bool = False
 
     def __post_init__(self) -> None:
@@ -39,7 +39,7 @@ class RequestState:
 
     @property
     def idle(self) -> bool:
-        return not self.store_jobs and self.load_job is None
+        return not self.store_jobs and not self.load_jobs
 
     def group_keys(self, maker: ChunkKeyMaker, group: int, num_chunks: int) -> list[ChunkKey]:
         """Keys of the first ``num_chunks`` chunks of ``group`` (computed once, then cached)."""

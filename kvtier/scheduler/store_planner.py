@@ -15,7 +15,7 @@ import numpy as np
 from kvtier.counters import TierStats
 from kvtier.keys import ChunkKey, ChunkKeyMaker
 from kvtier.scheduler.base import Key, StorePlan
-from kvtier.scheduler.job_table import Job, JobTable
+from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.scheduler.jobs import StoreJob
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.request import RequestState
@@ -39,6 +39,12 @@ class StorePlanner:
         self.factor = keys.block_size_factor
         self.chunk_tokens = block_tokens * self.factor
         self.stats = stats
+        self.evicted: list[tuple[ChunkKey, int]] = []  # (key, slot) evicted since take_evicted
+
+    def take_evicted(self) -> list[tuple[ChunkKey, int]]:
+        """The chunks evicted from the host tier to make room, with the slots they held."""
+        evicted, self.evicted = self.evicted, []
+        return evicted
 
     def plan(self, state: RequestState, num_computed_tokens: int) -> list[StoreJob]:
         """Store jobs for ``state``'s full chunks computed up to ``num_computed_tokens``."""
@@ -57,6 +63,7 @@ class StorePlanner:
         if plan is None:
             return []
         self.stats.evicted_chunks += len(plan.evicted)
+        self.evicted += zip(plan.evicted, plan.evicted_slots)  # type: ignore[arg-type]
         slot_of = dict(zip(plan.keys, plan.slots, strict=True))
         for group_runs in runs:  # keep the chunks prepare_store took, merge neighbours
             kept = [r for r in group_runs if state.keys[r[0]][r[1]] in slot_of]
@@ -104,7 +111,7 @@ class StorePlanner:
             ids += state.block_ids[g][first * self.factor : end * self.factor]
             sizes.append((end - first) * self.factor)
             starts.append(first * self.factor)
-        job_id = self.jobs.add(Job(state.req_id, keys, store=True, blocks=ids))
+        job_id = self.jobs.add(Job(state.req_id, keys, JobKind.STORE, blocks=ids))
         state.store_jobs.add(job_id)
         return StoreJob(
             job_id,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,8 +33,10 @@ from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
 from kvtier.layout import Placement, host_num_chunks, placement_bytes_per_block
 from kvtier.scheduler.base import EventKind
 from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
+from kvtier.scheduler.disk_index import DiskIndex
+from kvtier.tiers.disk_format import HEADER_BYTES
 from kvtier.vllm.metadata import KVTierConnectorStats, KVTierMetadata, KVTierWorkerMetadata
-from kvtier.worker.connector import WorkerConnector
+from kvtier.worker.connector import DiskSettings, WorkerConnector
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -82,21 +85,23 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             num_chunks = host_num_chunks(
                 per_block, world_size, factor, self.config.cpu_bytes_to_use
             )
-            fingerprint = LayoutFingerprint(
-                model=str(vllm_config.model_config.model),
-                dtype=f"{vllm_config.model_config.dtype}/{vllm_config.cache_config.cache_dtype}",
-                layout=";".join(repr(g.kv_cache_spec) for g in groups),
-                tp_rank=0,
-                tp_size=parallel.tensor_parallel_size,
-                pp_rank=0,
-                chunk_tokens=engine_block * factor,
+            fingerprint = self._fingerprint(
+                vllm_config, ";".join(repr(g.kv_cache_spec) for g in groups), 0, 0, factor
             )
+            disk = None
+            if self.config.disk is not None:
+                chunk_file = per_block * factor + HEADER_BYTES  # an upper bound, per rank
+                disk = DiskIndex(
+                    Path(self.config.disk.path), self.config.disk.bytes, world_size,
+                    fingerprint.digest(), chunk_file * world_size,
+                )  # fmt: skip
             self._scheduler = SchedulerConnector(
                 self.config,
                 [_group_spec(g.kv_cache_spec) for g in groups],
                 num_chunks,
                 world_size,
                 ChunkKeyMaker(fingerprint, factor, self.config.hash_algo),
+                disk,
             )
             logger.info(
                 "kvtier: host tier of %d chunks of %d tokens, %d KV cache group(s), %d rank(s)",
@@ -106,6 +111,23 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             self._worker = WorkerConnector(self.config.cpu_bytes_to_use, factor, world_size)
             self._group_layers = [list(g.layer_names) for g in groups]
             self._num_blocks = kv_cache_config.num_blocks
+            self._vllm_config = vllm_config
+            self._factor = factor
+
+    @staticmethod
+    def _fingerprint(
+        vllm_config: VllmConfig, layout: str, tp_rank: int, pp_rank: int, factor: int
+    ) -> LayoutFingerprint:
+        """What a chunk's bytes mean; the scheduler's (rank 0) namespaces the keys."""
+        return LayoutFingerprint(
+            model=str(vllm_config.model_config.model),
+            dtype=f"{vllm_config.model_config.dtype}/{vllm_config.cache_config.cache_dtype}",
+            layout=layout,
+            tp_rank=tp_rank,
+            tp_size=vllm_config.parallel_config.tensor_parallel_size,
+            pp_rank=pp_rank,
+            chunk_tokens=vllm_config.cache_config.block_size * factor,
+        )
 
     # ---- scheduler side --------------------------------------------------------------------
 
@@ -168,7 +190,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         return self.scheduler.request_finished(request.request_id), None
 
     def has_pending_push_work(self) -> bool:
-        return self.scheduler.has_jobs_in_flight
+        # keeps the engine stepping while transfers run, or while an idle engine writes to disk
+        return self.scheduler.has_pending_work
 
     def take_events(self) -> Iterable[KVCacheEvent]:
         chunk_tokens = self.scheduler.chunk_tokens
@@ -202,7 +225,21 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         layers = [[name for name in group if name in kv_caches] for group in self._group_layers]
-        self.worker.register(kv_caches, layers, self._num_blocks)
+        self.worker.register(kv_caches, layers, self._num_blocks, self._disk_settings())
+
+    def _disk_settings(self) -> DiskSettings | None:
+        """This rank's disk tier: its files are named by its rank, its layout fingerprinted."""
+        if self.config.disk is None:
+            return None
+        from vllm.distributed.parallel_state import (
+            get_pp_group,
+            get_tensor_model_parallel_rank,
+        )
+
+        tp_rank, pp_rank = get_tensor_model_parallel_rank(), get_pp_group().rank_in_group
+        tp_size = self._vllm_config.parallel_config.tensor_parallel_size
+        fingerprint = self._fingerprint(self._vllm_config, "", tp_rank, pp_rank, self._factor)
+        return DiskSettings(Path(self.config.disk.path), pp_rank * tp_size + tp_rank, fingerprint)
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         # called before every forward (and on steps without one): take the plan, flush stores

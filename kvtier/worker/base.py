@@ -16,6 +16,7 @@ from typing import ClassVar, NamedTuple
 
 import numpy as np
 
+from kvtier.keys import ChunkKey
 from kvtier.media import Medium
 
 
@@ -48,11 +49,25 @@ class HostChunks(TransferSpec):
     slots: np.ndarray = field(repr=False)  # int64
 
 
+@dataclass(frozen=True)
+class DiskChunks(TransferSpec):
+    """Chunks in the disk tier, by key, flattened group by group (a key names its group).
+
+    ``staged``: copy the source now, in ``transfer_async``, because its memory is reused right
+    after (a chunk written back as it is evicted from the host tier).
+    """
+
+    medium: ClassVar[Medium] = Medium.DISK
+    keys: tuple[ChunkKey, ...]
+    staged: bool = False
+
+
 class TransferResult(NamedTuple):
     job_id: int
     success: bool
     bytes: int
     seconds: float
+    bad: tuple[int, ...] = ()  # chunks of the job that failed (positions in its key order)
 
 
 class TransferHandler(ABC):

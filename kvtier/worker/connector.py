@@ -3,7 +3,7 @@
 Each step, in the engine's order:
     begin_step(plan)     before the forward: wait for the stores the plan flushes
     start_loads()        submit the plan's loads (the requests wait for them, off this step)
-    start_stores()       after the forward: submit the plan's stores
+    start_stores()       after the forward: submit the plan's disk writes, then its stores
     finished(ids)     -> (finished_sending, finished_recving, failed_recving) request ids
     report()          -> WorkerReport of the jobs this rank finished since the last report
 
@@ -13,17 +13,29 @@ steps without a forward pass, so the scheduler can count a job done on all ranks
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from kvtier.keys import LayoutFingerprint
 from kvtier.layout import KVLayout, build_layout, host_num_chunks
 from kvtier.media import Medium
-from kvtier.scheduler.jobs import JobOutcome, LoadJob, StepPlan, StoreJob, WorkerReport
+from kvtier.scheduler.jobs import (
+    DiskWriteJob,
+    JobOutcome,
+    LoadJob,
+    StepPlan,
+    StoreJob,
+    WorkerReport,
+)
 from kvtier.tiers.cpu import HostTier
+from kvtier.tiers.disk import DiskTier
 from kvtier.worker.base import EngineBlocks, TransferSpec
+from kvtier.worker.disk_io import DiskLoadHandler, DiskWriteHandler
 from kvtier.worker.engine_host import engine_host_handlers
 from kvtier.worker.transfer_worker import TransferWorker
 
@@ -40,13 +52,26 @@ class RankCounters:
     stores: int = 0
     failed_stores: int = 0
     stored_bytes: int = 0
+    disk_bad_chunks: int = 0  # disk files that failed a check (removed; the engine recomputed)
+    disk_writes: int = 0  # chunks written to disk
+    disk_write_errors: int = 0  # chunks whose write failed (a full disk, an I/O error)
+
+
+@dataclass(frozen=True)
+class DiskSettings:
+    """This rank's disk tier: ``fingerprint.layout`` is filled in from the engine's tensors."""
+
+    root: Path
+    rank: int
+    fingerprint: LayoutFingerprint
 
 
 @dataclass(frozen=True)
 class _InFlight:
-    req_id: str
+    req_id: str  # "" for a disk write
     store: bool
-    engine: EngineBlocks  # the engine side of the job (a failed load's blocks are recomputed)
+    engine: EngineBlocks | None  # a load's engine side (a failed load's blocks are recomputed)
+    chunks: int = 0  # a disk write's chunks
 
 
 class WorkerConnector:
@@ -57,6 +82,7 @@ class WorkerConnector:
         world_size: int,
     ) -> None:
         self.cpu_bytes_to_use = cpu_bytes_to_use
+        self.disk: DiskTier | None = None
         self.factor = block_size_factor
         self.world_size = world_size
         self.layout: KVLayout | None = None
@@ -64,6 +90,8 @@ class WorkerConnector:
         self.transfers = TransferWorker()
         self._loads: list[LoadJob] = []  # this step's, not yet submitted
         self._stores: list[StoreJob] = []
+        self._disk_writes: list[DiskWriteJob] = []
+        self._req_loads: dict[str, tuple[set[int], bool]] = {}  # request -> (loads here, all ok)
         self._in_flight: dict[int, _InFlight] = {}
         self._req_stores: dict[str, set[int]] = {}  # request -> its store jobs in flight here
         self._held: set[str] = set()  # finished requests whose stores the scheduler waits for
@@ -77,8 +105,9 @@ class WorkerConnector:
         kv_caches: Mapping[str, torch.Tensor],
         group_layers: Sequence[Sequence[str]],
         num_blocks: int,
+        disk: DiskSettings | None = None,
     ) -> None:
-        """Build the block views and the host tier for this rank's KV tensors."""
+        """Build the block views and the host tier (and disk tier) for this rank's KV tensors."""
         self.layout = build_layout(kv_caches, group_layers, num_blocks)
         chunks = host_num_chunks(
             self.layout.bytes_per_block(), self.world_size, self.factor, self.cpu_bytes_to_use
@@ -87,16 +116,32 @@ class WorkerConnector:
         store, load = engine_host_handlers(self.layout, self.host)
         self.transfers.register_handler(Medium.ENGINE, Medium.CPU, store)
         self.transfers.register_handler(Medium.CPU, Medium.ENGINE, load)
+        if disk is not None:
+            self._register_disk(disk, self.layout, self.host)
         logger.info(
             "kvtier: host tier of %d chunks (%.1f MiB on this rank), %d views, %d groups",
             chunks, self.host.nbytes / 2**20, len(self.layout.views), len(group_layers),
         )  # fmt: skip
+
+    def _register_disk(self, settings: DiskSettings, layout: KVLayout, host: HostTier) -> None:
+        views = ",".join(f"{b}B" for b in layout.page_bytes)
+        described = f"views=[{views}] groups={[list(g) for g in layout.groups]}"
+        fingerprint = dataclasses.replace(settings.fingerprint, layout=described)
+        self.disk = DiskTier(
+            settings.root, settings.rank, fingerprint.digest(), fingerprint.describe(), layout,
+            self.factor,
+        )  # fmt: skip
+        self._disk_load = DiskLoadHandler(layout, self.disk)
+        self._disk_write = DiskWriteHandler(host, self.disk)
+        self.transfers.register_handler(Medium.DISK, Medium.ENGINE, self._disk_load)
+        self.transfers.register_handler(Medium.CPU, Medium.DISK, self._disk_write)
 
     # ---- each step -------------------------------------------------------------------------
 
     def begin_step(self, plan: StepPlan) -> None:
         """Take this step's plan; finish the earlier stores whose blocks are about to be reused."""
         self._loads, self._stores = list(plan.loads), list(plan.stores)
+        self._disk_writes = list(plan.disk_writes)
         self._held.update(plan.held)
         if self.host is not None and plan.num_chunks > self.host.num_chunks:
             raise RuntimeError(
@@ -108,10 +153,17 @@ class WorkerConnector:
 
     def start_loads(self) -> None:
         loads, self._loads = self._loads, []
+        for load in loads:  # a request may load from several tiers: it is done when all are
+            jobs, ok = self._req_loads.setdefault(load.req_id, (set(), True))
+            jobs.add(load.job_id)
         for load in loads:
             self._submit(load.job_id, _InFlight(load.req_id, False, load.dst), (load.src, load.dst))
 
     def start_stores(self) -> None:
+        writes, self._disk_writes = self._disk_writes, []
+        for write in writes:  # first: a staged write copies slots this step's stores reuse
+            writing = _InFlight("", False, None, len(write.dst.keys))
+            self._submit(write.job_id, writing, (write.src, write.dst))
         stores, self._stores = self._stores, []
         for job in stores:
             self._submit(job.job_id, _InFlight(job.req_id, True, job.src), (job.src, job.dst))
@@ -137,22 +189,44 @@ class WorkerConnector:
                 jobs.discard(result.job_id)
                 if not jobs:
                     del self._req_stores[job.req_id]
-            self._record(result.job_id, job, result.success, result.bytes, result.seconds)
+            self._record(
+                result.job_id, job, result.success, result.bytes, result.seconds, result.bad
+            )
 
-    def _record(self, job_id: int, job: _InFlight, ok: bool, nbytes: int, seconds: float) -> None:
-        self._outcomes[job_id] = JobOutcome(1, 0 if ok else 1, nbytes, seconds)
+    def _record(
+        self,
+        job_id: int,
+        job: _InFlight,
+        ok: bool,
+        nbytes: int,
+        seconds: float,
+        bad: Sequence[int] = (),
+    ) -> None:
+        self._outcomes[job_id] = JobOutcome(1, 0 if ok else 1, nbytes, seconds, list(bad))
         counters = self.counters
         if job.store:
             counters.stores += ok
             counters.failed_stores += not ok
             counters.stored_bytes += nbytes
             return
+        if job.engine is None:  # a disk write
+            failed = len(bad) if bad or ok else job.chunks
+            counters.disk_writes += job.chunks - failed
+            counters.disk_write_errors += failed
+            return
         counters.loads += ok
         counters.failed_loads += not ok
         counters.loaded_bytes += nbytes
-        self._finished_loads.append((job.req_id, ok))
+        counters.disk_bad_chunks += len(bad)
         if not ok:
             self._failed_blocks.update(job.engine.block_ids.tolist())
+        jobs, all_ok = self._req_loads.get(job.req_id, ({job_id}, True))
+        jobs.discard(job_id)
+        if jobs:
+            self._req_loads[job.req_id] = (jobs, all_ok and ok)
+        else:
+            self._req_loads.pop(job.req_id, None)
+            self._finished_loads.append((job.req_id, all_ok and ok))
 
     def finished(self, finished_req_ids: Iterable[str]) -> tuple[set[str], set[str], set[str]]:
         """Requests whose transfers finished on this rank: (sending, receiving, failed receiving).

@@ -24,7 +24,8 @@ import numpy as np
 from kvtier.layout import KVLayout
 from kvtier.tiers.cpu import HostTier
 from kvtier.worker.base import TransferResult
-from kvtier.worker.engine_host import EngineHostHandler, bind_thread
+from kvtier.worker.engine_host import EngineHostHandler
+from kvtier.worker.job_thread import bind_thread
 from kvtier.worker.plan import GroupCopy
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,6 @@ import logging
 from abc import abstractmethod
 
 import numpy as np
-import torch
 
 from kvtier.layout import KVLayout
 from kvtier.tiers.cpu import HostTier
@@ -73,12 +72,6 @@ def _check_range(what: str, ids: np.ndarray, limit: int) -> None:
     if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= limit):
         low, high = int(ids.min()), int(ids.max())
         raise ValueError(f"{what}s must lie in [0, {limit}), got {low}..{high}")
-
-
-def bind_thread(device: torch.device) -> None:
-    """Thread-pool initializer: bind the worker's device once per thread (vLLM PR #39548)."""
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
 
 
 def engine_host_handlers(

@@ -1,0 +1,232 @@
+"""DiskIndex: the chunks a disk-tier directory holds, their bytes, LRU order and the byte budget.
+
+The scheduler half's view of a disk tier (the worker half reads and writes the files). Built at
+start-up from the file names and sizes in the directory (no file is opened), so a restarted
+engine finds what an earlier one wrote. A chunk goes through the same states as in
+``ChunkManager``:
+
+    (absent) --prepare_store--> in flight --complete_store(ok)--> ready --evicted--> (absent)
+
+A chunk is ready when the files of all ``world_size`` ranks are there. Several engines may share
+one directory: a key another engine wrote is adopted when a lookup finds its files, and a file
+another engine removed is a counted miss at load time. Nothing here trusts a file: every load is
+verified by the worker that reads it.
+
+Eviction removes the files of the least recently used chunks (not pinned, not being written)
+until the directory's bytes (counted per file, of every model in it) plus the chunks being written
+fit the budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvtier.keys import ChunkKey, key_fingerprint
+from kvtier.tiers.disk_names import chunk_path, scan
+
+logger = logging.getLogger(__name__)
+
+STALE_TEMP_S = 3600.0  # a temporary file this old was left by a writer that died
+
+
+@dataclass(slots=True)
+class _Entry:
+    nbytes: int  # on disk, all ranks (while in flight: the reservation)
+    ranks: int  # rank files to remove when evicted (1 + highest rank seen)
+    loadable: bool = True  # ours, and every rank's file is there
+    writing: bool = False  # its store is in flight
+    pins: int = 0  # loads in flight
+
+    @property
+    def ready(self) -> bool:
+        return self.loadable and not self.writing
+
+    @property
+    def evictable(self) -> bool:
+        return not self.writing and not self.pins
+
+
+class DiskIndex:
+    """``budget`` bytes in ``root``; ``chunk_bytes`` bounds one chunk's files (all ranks)."""
+
+    def __init__(
+        self, root: Path, budget: int, world_size: int, fingerprint: bytes, chunk_bytes: int
+    ) -> None:
+        self.root = root
+        self.budget = budget
+        self.world_size = world_size
+        self.fingerprint = fingerprint
+        self.chunk_bytes = chunk_bytes
+        # least recently used first; invariant: used == sum of nbytes
+        self._entries: OrderedDict[ChunkKey, _Entry] = OrderedDict()
+        self.used = 0
+        self.evicted = 0  # chunks removed to make room, since start
+        root.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        self._scan()
+        logger.info(
+            "kvtier: disk tier %s holds %d chunks (%.1f MiB of %.1f MiB), indexed in %.2f s",
+            root, len(self._entries), self.used / 2**20, budget / 2**20,
+            time.perf_counter() - started,
+        )  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _scan(self) -> None:
+        found: dict[ChunkKey, tuple[int, int, float, set[int]]] = {}
+        now = time.time()
+        for entry, chunk in scan(self.root):
+            try:
+                stat = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if chunk is None:
+                if entry.name.endswith(".tmp") and now - stat.st_mtime > STALE_TEMP_S:
+                    Path(entry.path).unlink(missing_ok=True)
+                continue
+            nbytes, ranks, mtime, seen = found.get(chunk.key, (0, 0, 0.0, set()))
+            seen.add(chunk.rank)
+            found[chunk.key] = (
+                nbytes + stat.st_size, max(ranks, chunk.rank + 1), max(mtime, stat.st_mtime), seen
+            )  # fmt: skip
+        for key, (nbytes, ranks, _, seen) in sorted(found.items(), key=lambda kv: kv[1][2]):
+            complete = key_fingerprint(key) == self.fingerprint and seen == self._all_ranks
+            self._entries[key] = _Entry(nbytes, ranks, loadable=complete)
+            self.used += nbytes
+
+    @property
+    def _all_ranks(self) -> set[int]:
+        return set(range(self.world_size))
+
+    # ---- lookup and load -------------------------------------------------------------------
+
+    def lookup(self, keys: Sequence[ChunkKey]) -> int:
+        """How many leading ``keys`` are ready; adopts a key whose files another engine wrote."""
+        for ready, key in enumerate(keys):
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._adopt(key)
+            if entry is None or not entry.ready:
+                return ready
+        return len(keys)
+
+    def _adopt(self, key: ChunkKey) -> _Entry | None:
+        nbytes = 0
+        for rank in range(self.world_size):
+            try:
+                nbytes += os.stat(chunk_path(self.root, key, rank)).st_size
+            except OSError:
+                return None
+        entry = self._entries[key] = _Entry(nbytes, self.world_size)
+        self.used += nbytes
+        return entry
+
+    def prepare_load(self, keys: Sequence[ChunkKey]) -> None:
+        """Pin ``keys`` (ready ones, as ``lookup`` found them) until ``complete_load``."""
+        entries = [self._entries[key] for key in keys]
+        if not all(entry.ready for entry in entries):
+            raise ValueError("kvtier: disk load of a chunk that is not ready")
+        for entry in entries:
+            entry.pins += 1
+
+    def complete_load(self, keys: Sequence[ChunkKey], bad: Sequence[ChunkKey] = ()) -> None:
+        """Unpin ``keys``; forget the ``bad`` ones (their files failed a check and are gone)."""
+        for key in keys:
+            entry = self._entries.get(key)
+            if entry is not None:
+                entry.pins = max(0, entry.pins - 1)
+        if bad:
+            self._forget([k for k in bad if k in self._entries and self._entries[k].evictable])
+        else:
+            self.touch(keys)
+
+    def touch(self, keys: Sequence[ChunkKey]) -> None:
+        """Mark ``keys`` most recently used (``keys[0]`` last), also for the next start-up."""
+        now = time.time()
+        for key in reversed(keys):
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                for rank in range(self.world_size):
+                    try:
+                        os.utime(chunk_path(self.root, key, rank), (now, now))
+                    except OSError:
+                        pass
+
+    # ---- store -----------------------------------------------------------------------------
+
+    def prepare_store(self, keys: Sequence[ChunkKey]) -> list[ChunkKey]:
+        """Reserve room for the ``keys`` not on disk yet, evicting LRU chunks; returns those kept.
+
+        Stops at the first key that does not fit (all others are pinned or being written).
+        """
+        admitted: list[ChunkKey] = []
+        for key in dict.fromkeys(keys):
+            if key in self._entries:
+                continue
+            if not self._make_room(self.chunk_bytes):
+                break
+            self._entries[key] = _Entry(self.chunk_bytes, self.world_size, writing=True)
+            self.used += self.chunk_bytes
+            admitted.append(key)
+        return admitted
+
+    def _make_room(self, nbytes: int) -> bool:
+        if nbytes > self.budget:
+            return False
+        while self.used + nbytes > self.budget:
+            victim = next((k for k, e in self._entries.items() if e.evictable), None)
+            if victim is None:
+                return False
+            self._remove_files(victim, self._entries[victim].ranks)
+            self.evicted += 1
+        return True
+
+    def complete_store(self, ok: dict[ChunkKey, int], failed: Sequence[ChunkKey]) -> None:
+        """``ok`` maps written keys to their bytes on disk; ``failed`` keys are removed."""
+        for key, nbytes in ok.items():
+            entry = self._entries.get(key)
+            if entry is None or not entry.writing:
+                continue
+            self.used += nbytes - entry.nbytes
+            entry.nbytes, entry.writing = nbytes, False
+            self._entries.move_to_end(key)
+        for key in failed:
+            entry = self._entries.get(key)
+            if entry is not None and entry.writing:
+                self._remove_files(key, entry.ranks)  # the ranks that did write it
+
+    def _remove_files(self, key: ChunkKey, ranks: int) -> None:
+        self._forget([key])
+        for rank in range(ranks):
+            try:
+                chunk_path(self.root, key, rank).unlink(missing_ok=True)
+            except OSError as error:
+                logger.warning("kvtier: could not remove a disk chunk: %s", error)
+
+    def _forget(self, keys: Sequence[ChunkKey]) -> None:
+        for key in keys:
+            entry = self._entries.pop(key, None)
+            if entry is not None:
+                self.used -= entry.nbytes
+
+    def holds(self, key: ChunkKey) -> bool:
+        """Whether ``key`` is on disk or being written (no file is looked at)."""
+        return key in self._entries
+
+    def ready_keys(self) -> list[ChunkKey]:
+        """Ready chunks, least recently used first (for tests and inspection)."""
+        return [key for key, entry in self._entries.items() if entry.ready]
+
+    def check_integrity(self) -> None:
+        total = sum(entry.nbytes for entry in self._entries.values())
+        assert self.used == total, f"used {self.used} != {total} bytes of the entries"
+        for key, entry in self._entries.items():
+            assert entry.pins >= 0, f"{key.hex()} has {entry.pins} pins"
+            assert entry.ready or not entry.pins, f"{key.hex()} is pinned but not ready"

@@ -1,0 +1,96 @@
+"""The local-disk tier, as one worker rank reads and writes it: one verified file per chunk.
+
+The rank writes its share of each chunk (the chunk's rows in every view of its group) to
+``disk_names.chunk_path(root, key, rank)`` in the format of ``disk_format``, and reads it back
+only after every check passed. A file that fails a check is removed and the read raises
+``ChunkError``: the caller counts a miss and the engine recomputes. Which chunks are on disk,
+the budget and eviction are the scheduler half's (``scheduler/disk_index.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from kvtier.keys import ChunkKey, key_group
+from kvtier.layout import KVLayout
+from kvtier.tiers.disk_format import (
+    HEADER_BYTES,
+    Buffer,
+    ChunkError,
+    ChunkHeader,
+    payload_checksum,
+    read_chunk,
+    write_chunk,
+)
+from kvtier.tiers.disk_names import chunk_path
+
+logger = logging.getLogger(__name__)
+
+
+class DiskTier:
+    """Rank ``rank``'s chunk files under ``root``; ``fingerprint`` is this rank's layout digest."""
+
+    def __init__(
+        self,
+        root: Path,
+        rank: int,
+        fingerprint: bytes,
+        describe: str,
+        layout: KVLayout,
+        block_size_factor: int,
+    ) -> None:
+        self.root = root
+        self.rank = rank
+        self.fingerprint = fingerprint
+        self.describe = describe
+        self.layout = layout
+        self.factor = block_size_factor
+        root.mkdir(parents=True, exist_ok=True)
+
+    def view_bytes(self, group: int) -> list[int]:
+        """Payload bytes of a chunk of ``group`` in each of its views, in order."""
+        page = self.layout.page_bytes
+        return [page[view] * self.factor for view in self.layout.groups[group]]
+
+    def file_bytes(self, group: int) -> int:
+        return HEADER_BYTES + sum(self.view_bytes(group))
+
+    def path(self, key: bytes) -> Path:
+        return chunk_path(self.root, key, self.rank)
+
+    def write(self, key: ChunkKey, payload: Sequence[Buffer]) -> int:
+        """Write this rank's share of chunk ``key``; returns bytes written. Raises OSError."""
+        header = ChunkHeader(
+            key=key,
+            rank=self.rank,
+            fingerprint=self.fingerprint,
+            views=self.view_bytes(key_group(key)),
+            checksum=payload_checksum(payload),
+            created=time.time(),
+            describe=self.describe,
+        )
+        path = self.path(key)
+        try:
+            return write_chunk(path, header, payload)
+        except FileNotFoundError:  # its directory is new (or was removed): make it, once more
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return write_chunk(path, header, payload)
+
+    def read(self, key: bytes, out: Sequence[np.ndarray]) -> None:
+        """Read and verify this rank's share of ``key`` into ``out`` (one buffer per view).
+
+        Raises ChunkError after removing a file that failed a check, OSError when there is no
+        readable file.
+        """
+        path = self.path(key)
+        try:
+            read_chunk(path, key, self.rank, self.fingerprint, out)
+        except ChunkError as error:
+            logger.warning("kvtier: removed bad disk chunk %s: %s", path, error)
+            path.unlink(missing_ok=True)
+            raise

@@ -1,0 +1,173 @@
+"""Transfers of the disk tier, each direction on its own thread, off the engine's step.
+
+``DiskLoadHandler`` (disk -> engine): reads a chunk's file into a staging buffer, and only once
+every check passed (``DiskTier.read``) scatters its rows into the engine blocks, on the device of
+the engine tensors (never a hard-coded one). A chunk that fails a check stops the job: the job
+fails, naming the chunk, and the engine recomputes its blocks.
+
+``DiskWriteHandler`` (host tier -> disk): writes chunks from their host slots. A ``staged`` job
+copies the slots first, in ``transfer_async``, because this step's stores reuse them (a chunk
+written back as it is evicted); otherwise the scheduler keeps the slots pinned until the write is
+done. A write that fails (a full disk, an I/O error) skips that chunk with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection
+
+import numpy as np
+import torch
+
+from kvtier.keys import ChunkKey, key_group
+from kvtier.layout import KVLayout
+from kvtier.tiers.cpu import HostTier
+from kvtier.tiers.disk import DiskTier
+from kvtier.tiers.disk_format import Buffer, ChunkError
+from kvtier.worker.base import (
+    DiskChunks,
+    EngineBlocks,
+    HostChunks,
+    TransferHandler,
+    TransferResult,
+    TransferSpec,
+)
+from kvtier.worker.job_thread import JobThread
+from kvtier.worker.plan import GroupCopy, plan_copy
+
+logger = logging.getLogger(__name__)
+
+WARN_EVERY = 100  # after the first, one warning per this many failed writes
+
+
+class DiskLoadHandler(TransferHandler):
+    def __init__(self, layout: KVLayout, tier: DiskTier) -> None:
+        self.layout = layout
+        self.tier = tier
+        self.device = layout.device  # captured once, before any copy runs
+        self._thread = JobThread("kvtier-disk-load", self.device)
+        pin = self.device.type == "cuda"
+        factor = tier.factor
+        # one chunk of each view, as (factor, page_words): a file is read here, then scattered
+        self._staging = [
+            torch.empty((factor, view.shape[1]), dtype=view.dtype, pin_memory=pin)
+            for view in layout.views
+        ]
+        self.bad_chunks = 0
+
+    def transfer_async(self, job_id: int, src: TransferSpec, dst: TransferSpec) -> bool:
+        if not isinstance(src, DiskChunks) or not isinstance(dst, EngineBlocks):
+            raise TypeError(f"kvtier: disk loads move DiskChunks -> EngineBlocks, got "
+                            f"{type(src).__name__} -> {type(dst).__name__}")  # fmt: skip
+        try:
+            positions = HostChunks(np.arange(len(src.keys), dtype=np.int64))
+            plan = plan_copy(dst, positions, self.tier.factor)
+            for copy in plan:
+                chunks = {int(r) // self.tier.factor for r in copy.host_rows}
+                if any(key_group(src.keys[c]) != copy.group for c in chunks):
+                    raise ValueError(f"a key of another group in group {copy.group}'s chunks")
+        except ValueError as error:
+            logger.error("kvtier: refused disk load %d: %s", job_id, error)
+            return False
+        self._thread.submit(job_id, lambda: self._load(job_id, src.keys, plan))
+        return True
+
+    def _load(
+        self, job_id: int, keys: tuple[ChunkKey, ...], plan: list[GroupCopy]
+    ) -> TransferResult:
+        started = time.perf_counter()
+        factor, nbytes = self.tier.factor, 0
+        for copy in plan:
+            views = self.layout.groups[copy.group]
+            chunk_of_row = copy.host_rows // factor
+            for chunk in dict.fromkeys(chunk_of_row.tolist()):
+                staging = [self._staging[v] for v in views]
+                try:
+                    self.tier.read(keys[chunk], [s.numpy().reshape(-1).view(np.uint8)
+                                                 for s in staging])  # fmt: skip
+                except (ChunkError, OSError) as error:
+                    if not isinstance(error, ChunkError):
+                        logger.warning("kvtier: disk chunk unreadable: %s", error)
+                    self.bad_chunks += 1
+                    elapsed = time.perf_counter() - started
+                    return TransferResult(job_id, False, nbytes, elapsed, bad=(chunk,))
+                mine = chunk_of_row == chunk
+                ids, rows = copy.block_ids[mine], copy.host_rows[mine] % factor
+                for view, stage in zip(views, staging):
+                    self._scatter(view, ids, rows, stage)
+                nbytes += sum(s.numel() * s.element_size() for s in staging)
+        return TransferResult(job_id, True, nbytes, time.perf_counter() - started)
+
+    def _scatter(self, view: int, ids: np.ndarray, rows: np.ndarray, stage: torch.Tensor) -> None:
+        engine = self.layout.views[view]
+        if engine.device.type == "cpu":  # numpy: no OpenMP team on this thread (copy_cpu.py)
+            engine.numpy()[ids] = stage.numpy()[rows]
+            return
+        picked = stage[torch.from_numpy(rows)].to(engine.device, non_blocking=True)
+        engine.index_copy_(0, torch.from_numpy(ids).to(engine.device), picked)
+        torch.cuda.current_stream(engine.device).synchronize()  # staging is reused next
+
+    def get_finished(self) -> list[TransferResult]:
+        return self._thread.get_finished()
+
+    def wait(self, job_ids: Collection[int]) -> None:
+        self._thread.wait(job_ids)
+
+    def shutdown(self) -> None:
+        self._thread.shutdown()
+
+
+class DiskWriteHandler(TransferHandler):
+    def __init__(self, host: HostTier, tier: DiskTier) -> None:
+        self.host = host
+        self.tier = tier
+        self._thread = JobThread("kvtier-disk-write", torch.device("cpu"))  # host memory only
+        self._rows = [buffer.numpy() for buffer in host.buffers]  # (num_chunks, chunk words)
+        self.write_errors = 0
+
+    def transfer_async(self, job_id: int, src: TransferSpec, dst: TransferSpec) -> bool:
+        if not isinstance(src, HostChunks) or not isinstance(dst, DiskChunks):
+            raise TypeError(f"kvtier: disk writes move HostChunks -> DiskChunks, got "
+                            f"{type(src).__name__} -> {type(dst).__name__}")  # fmt: skip
+        slots = src.slots
+        if len(slots) != len(dst.keys) or (
+            len(slots) and (int(slots.min()) < 0 or int(slots.max()) >= self.host.num_chunks)
+        ):
+            logger.error("kvtier: refused disk write %d: %d slots for %d keys, or out of range",
+                         job_id, len(slots), len(dst.keys))  # fmt: skip
+            return False
+        payloads: list[list[Buffer]] = [
+            [self._rows[v][slot] for v in self.tier.layout.groups[key_group(key)]]
+            for key, slot in zip(dst.keys, slots.tolist())
+        ]
+        if dst.staged:  # the slots are overwritten by this step's stores: copy them now
+            payloads = [[np.array(row) for row in payload] for payload in payloads]
+        self._thread.submit(job_id, lambda: self._write(job_id, dst.keys, payloads))
+        return True
+
+    def _write(
+        self, job_id: int, keys: tuple[ChunkKey, ...], payloads: list[list[Buffer]]
+    ) -> TransferResult:
+        started = time.perf_counter()
+        nbytes, failed = 0, []
+        for i, (key, payload) in enumerate(zip(keys, payloads)):
+            try:
+                nbytes += self.tier.write(key, payload)
+            except OSError as error:
+                failed.append(i)
+                if self.write_errors % WARN_EVERY == 0:
+                    logger.warning("kvtier: disk store skipped (%d so far): %s",
+                                   self.write_errors + 1, error)  # fmt: skip
+                self.write_errors += 1
+        elapsed = time.perf_counter() - started
+        return TransferResult(job_id, not failed, nbytes, elapsed, bad=tuple(failed))
+
+    def get_finished(self) -> list[TransferResult]:
+        return self._thread.get_finished()
+
+    def wait(self, job_ids: Collection[int]) -> None:
+        self._thread.wait(job_ids)
+
+    def shutdown(self) -> None:
+        self._thread.shutdown()

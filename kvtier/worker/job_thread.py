@@ -1,0 +1,68 @@
+"""One thread that runs a handler's jobs in submission order and collects their results.
+
+submit(job_id, run)   run() -> TransferResult, on the thread; an exception fails the job
+get_finished()        results since the last call, each once
+wait(job_ids)         block until those jobs finished
+shutdown()            finish what is queued, stop the thread
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+
+import torch
+
+from kvtier.worker.base import TransferResult
+
+logger = logging.getLogger(__name__)
+
+
+def bind_thread(device: torch.device) -> None:
+    """Thread-pool initializer: bind the worker's device once per thread (vLLM PR #39548)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
+class JobThread:
+    def __init__(self, name: str, device: torch.device) -> None:
+        self._pool = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=name, initializer=bind_thread, initargs=(device,)
+        )
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future[None]] = {}  # guarded by _lock
+        self._finished: list[TransferResult] = []  # guarded by _lock
+
+    def submit(self, job_id: int, run: Callable[[], TransferResult]) -> None:
+        with self._lock:
+            if job_id in self._pending:
+                raise ValueError(f"kvtier: transfer job {job_id} is already in flight")
+            self._pending[job_id] = self._pool.submit(self._run, job_id, run)
+
+    def _run(self, job_id: int, run: Callable[[], TransferResult]) -> None:
+        started = time.perf_counter()
+        try:
+            result = run()
+        except Exception:
+            logger.exception("kvtier: transfer job %d failed", job_id)
+            result = TransferResult(job_id, False, 0, time.perf_counter() - started)
+        # recorded before the future completes, so wait() then get_finished() sees it
+        with self._lock:
+            self._pending.pop(job_id, None)
+            self._finished.append(result)
+
+    def get_finished(self) -> list[TransferResult]:
+        with self._lock:
+            finished, self._finished = self._finished, []
+        return finished
+
+    def wait(self, job_ids: Collection[int]) -> None:
+        with self._lock:
+            futures = [self._pending[j] for j in job_ids if j in self._pending]
+        wait(futures)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
