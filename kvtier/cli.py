@@ -1,8 +1,9 @@
-"""The ``kvtier`` command: ``kvtier demo``, ``kvtier bench copy``."""
+"""The ``kvtier`` command: ``kvtier demo``, ``kvtier bench copy|ttft|disk``, ``kvtier inspect``."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import warnings
 from pathlib import Path
 
@@ -29,8 +30,41 @@ def main(argv: list[str] | None = None) -> int:
     ttft.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
     ttft.add_argument("--repeats", type=int, default=5, help="fresh prompts per length (median)")
     ttft.add_argument("--out", type=Path, default=Path("bench/results"))
+    disk = which.add_parser(
+        "disk",
+        help="disk-tier throughput / raw sequential I/O; TTFT from disk / recompute / Example",
+        description="Disk-tier store and load throughput against a dd-like sequential write and "
+        "read of the same bytes on the same file system, and the TTFT of a prompt a restarted "
+        "vLLM engine loads from disk, against recompute and vLLM's ExampleConnector.",
+    )
+    disk.add_argument(
+        "--dir", type=Path, default=Path("."), help="makes (and removes) a temporary dir in DIR"
+    )
+    disk.add_argument("--chunks", type=int, default=64, help="chunk files per round")
+    disk.add_argument("--layers", type=int, default=32, help="engine layers (4 MiB chunks at 32)")
+    disk.add_argument("--rounds", type=int, default=9, help="throughput rounds (median)")
+    disk.add_argument("--tokens", type=int, default=4096, help="prompt tokens for TTFT")
+    disk.add_argument("--repeats", type=int, default=3, help="fresh prompts for TTFT (median)")
+    disk.add_argument("--device", default=None, help="engine device (default: cuda if present)")
+    disk.add_argument("--out", type=Path, default=Path("bench/results"))
+
+    inspect = commands.add_parser(
+        "inspect",
+        help="what a disk tier's directory holds (reads only)",
+        description="Report what the disk tier at PATH holds, grouped by the layout each chunk "
+        "header names: chunk files, distinct keys, ranks, bytes, oldest and newest; and the "
+        "temporary, foreign and bad files (a header that does not decode, or disagrees with the "
+        "file's name or length). Nothing is changed or deleted. Exit status: 0, or 1 when "
+        "--verify finds bad files, or 2 when PATH is not a directory.",
+    )
+    inspect.add_argument("path", type=Path, metavar="PATH", help="the disk tier's directory")
+    inspect.add_argument(
+        "--verify", action="store_true", help="also read every payload and check its checksum"
+    )
 
     args = parser.parse_args(argv)
+    if args.command == "inspect":
+        return _inspect(args.path, args.verify)
     if args.command == "demo":
         from kvtier import demo as demo_module
 
@@ -45,7 +79,26 @@ def main(argv: list[str] | None = None) -> int:
         from kvtier.bench import ttft as ttft_bench
 
         ttft_bench.run(args.out, lengths=tuple(args.lengths), repeats=args.repeats)
+    elif args.bench == "disk":
+        from kvtier.bench import disk as disk_bench
+
+        disk_bench.run(
+            args.out, args.dir, chunks=args.chunks, layers=args.layers, rounds=args.rounds,
+            tokens=args.tokens, repeats=args.repeats, device=args.device,
+        )  # fmt: skip
     return 0
+
+
+def _inspect(path: Path, verify: bool) -> int:
+    from kvtier import tier_report
+
+    try:
+        report = tier_report.inspect_tier(path, verify=verify, progress=sys.stderr.isatty())
+    except ValueError as error:  # PATH is not a directory
+        print(f"kvtier inspect: {error}", file=sys.stderr)
+        return 2
+    print(tier_report.render(report))
+    return 1 if report.verification is not None and report.verification.bad else 0
 
 
 if __name__ == "__main__":

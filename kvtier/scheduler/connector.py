@@ -156,7 +156,7 @@ class SchedulerConnector:
         state.block_ids = [list(ids) for ids in block_ids]
         start, end = state.num_computed_tokens, state.num_computed_tokens + num_external_tokens
         host, disk = _LoadParts(), _LoadParts()
-        disk_chunks: int | None = None  # chunks from disk, in the first full-attention group
+        counted: tuple[int, int] | None = None  # (host, disk) chunks of the first full group
         for g, spec in enumerate(self.groups):
             first, last = start // self.block_tokens, end // self.block_tokens
             if num_external_tokens == 0:
@@ -177,13 +177,13 @@ class SchedulerConnector:
             while split < last and self.manager.is_ready(chunk_keys[split // self.factor]):
                 split = (split // self.factor + 1) * self.factor
             split = min(split, last)
-            host.add(first, split, chunk_keys, blocks, self.factor)
-            disk.add(split, last, chunk_keys, blocks, self.factor)
-            if disk_chunks is None and spec.sliding_window is None:
-                disk_chunks = (last - split) // self.factor
+            in_host = host.add(first, split, chunk_keys, blocks, self.factor)
+            on_disk = disk.add(split, last, chunk_keys, blocks, self.factor)
+            if counted is None and spec.sliding_window is None:
+                counted = (in_host, on_disk)
             # chunks loaded from disk are stored in the host tier again, once loaded
             state.stored_upto[g] = max(state.stored_upto[g], split // self.factor)
-        self._count_lookup(state, num_external_tokens // self.chunk_tokens, disk_chunks or 0)
+        self._count_lookup(state, *(counted or (0, 0)))
         if host.keys:
             slots = HostChunks(np.array(self.manager.prepare_load(host.keys).slots, np.int64))
             self._add_load(state, Job(req_id, host.keys, JobKind.LOAD), slots, host)
@@ -193,11 +193,10 @@ class SchedulerConnector:
             files = DiskChunks(tuple(disk.keys))
             self._add_load(state, Job(req_id, disk.keys, JobKind.DISK_LOAD), files, disk)
 
-    def _count_lookup(self, state: RequestState, hit: int, on_disk: int) -> None:
+    def _count_lookup(self, state: RequestState, in_host: int, on_disk: int) -> None:
         if not state.lookup_end:  # count each lookup once: vLLM calls this again after a load
             return
         looked = state.lookup_end - state.lookup_start
-        in_host = hit - on_disk
         self.stats.lookups += 1
         self.stats.cpu.hit_chunks += in_host
         self.stats.cpu.miss_chunks += looked - in_host
@@ -252,6 +251,8 @@ class SchedulerConnector:
             self._plan.disk_writes = self._writes.take_plan()
         plan, self._plan = self._plan, StepPlan(num_chunks=self.manager.capacity)
         plan.flush = sorted(flush)
+        if self.disk is not None:
+            plan.disk_room = max(0, self.disk.budget - self.disk.used)
         return plan
 
     # ---- completions -----------------------------------------------------------------------
@@ -361,10 +362,11 @@ class _LoadParts:
 
     def add(
         self, first: int, end: int, chunk_keys: list[ChunkKey], blocks: list[int], factor: int
-    ) -> None:
-        """Blocks ``first:end`` of the next group (none when ``first == end``)."""
-        if first < end:
-            self.keys += chunk_keys[first // factor : -(-end // factor)]
-            self.ids += blocks[first:end]
+    ) -> int:
+        """Blocks ``first:end`` of the next group (none when ``first == end``); its chunks."""
+        keys = chunk_keys[first // factor : -(-end // factor)] if first < end else []
+        self.keys += keys
+        self.ids += blocks[first:end]
         self.sizes.append(max(0, end - first))
         self.starts.append(first if first < end else 0)
+        return len(keys)

@@ -21,18 +21,20 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtier.keys import ChunkKey, key_fingerprint
+from kvtier.keys import ChunkKey
 from kvtier.tiers.disk_names import chunk_path, scan
 
 logger = logging.getLogger(__name__)
 
 STALE_TEMP_S = 3600.0  # a temporary file this old was left by a writer that died
+MAX_REFUSED = 100_000  # refused files remembered (then forgotten at once: a rare, bounded retry)
 
 
 @dataclass(slots=True)
@@ -67,6 +69,7 @@ class DiskIndex:
         self._entries: OrderedDict[ChunkKey, _Entry] = OrderedDict()
         self.used = 0
         self.evicted = 0  # chunks removed to make room, since start
+        self._refused: dict[ChunkKey, float] = {}  # key -> newest mtime of files a load refused
         root.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         self._scan()
@@ -80,30 +83,36 @@ class DiskIndex:
         return len(self._entries)
 
     def _scan(self) -> None:
-        found: dict[ChunkKey, tuple[int, int, float, set[int]]] = {}
+        found: dict[ChunkKey, _Entry] = {}
+        ranks: dict[ChunkKey, int] = {}  # bit mask of the ranks whose file is there
+        mtimes: dict[ChunkKey, float] = {}
         now = time.time()
         for entry, chunk in scan(self.root):
             try:
-                stat = entry.stat(follow_symlinks=False)
+                info = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
             if chunk is None:
-                if entry.name.endswith(".tmp") and now - stat.st_mtime > STALE_TEMP_S:
+                temp = entry.name.startswith(".") and entry.name.endswith(".tmp")
+                if temp and now - info.st_mtime > STALE_TEMP_S:
                     Path(entry.path).unlink(missing_ok=True)
                 continue
-            nbytes, ranks, mtime, seen = found.get(chunk.key, (0, 0, 0.0, set()))
-            seen.add(chunk.rank)
-            found[chunk.key] = (
-                nbytes + stat.st_size, max(ranks, chunk.rank + 1), max(mtime, stat.st_mtime), seen
-            )  # fmt: skip
-        for key, (nbytes, ranks, _, seen) in sorted(found.items(), key=lambda kv: kv[1][2]):
-            complete = key_fingerprint(key) == self.fingerprint and seen == self._all_ranks
-            self._entries[key] = _Entry(nbytes, ranks, loadable=complete)
-            self.used += nbytes
-
-    @property
-    def _all_ranks(self) -> set[int]:
-        return set(range(self.world_size))
+            key, rank = chunk
+            known = found.get(key)
+            if known is None:
+                found[key] = _Entry(info.st_size, rank + 1)
+                ranks[key], mtimes[key] = 1 << rank, info.st_mtime
+            else:
+                known.nbytes += info.st_size
+                known.ranks = max(known.ranks, rank + 1)
+                ranks[key] |= 1 << rank
+                mtimes[key] = max(mtimes[key], info.st_mtime)
+        everyone = (1 << self.world_size) - 1
+        ours = self.fingerprint
+        for key in sorted(found, key=mtimes.__getitem__):  # least recently written first
+            chunk_entry = self._entries[key] = found[key]
+            chunk_entry.loadable = ranks[key] == everyone and key[: len(ours)] == ours
+            self.used += chunk_entry.nbytes
 
     # ---- lookup and load -------------------------------------------------------------------
 
@@ -111,19 +120,34 @@ class DiskIndex:
         """How many leading ``keys`` are ready; adopts a key whose files another engine wrote."""
         for ready, key in enumerate(keys):
             entry = self._entries.get(key)
-            if entry is None:
-                entry = self._adopt(key)
+            if entry is None or self._may_complete(entry):
+                entry = self._adopt(key)  # new, or incomplete when last seen
             if entry is None or not entry.ready:
                 return ready
         return len(keys)
 
+    def _may_complete(self, entry: _Entry) -> bool:
+        """An incomplete chunk whose missing rank files another engine may have written since."""
+        return not entry.loadable and entry.evictable and entry.ranks <= self.world_size
+
     def _adopt(self, key: ChunkKey) -> _Entry | None:
-        nbytes = 0
+        """An entry for ``key`` if all its rank files are there (regular files, and not the very
+        files a load already refused: those would fail again, forever)."""
+        if key[: len(self.fingerprint)] != self.fingerprint:
+            return None
+        nbytes, newest = 0, 0.0
         for rank in range(self.world_size):
             try:
-                nbytes += os.stat(chunk_path(self.root, key, rank)).st_size
+                found = os.stat(chunk_path(self.root, key, rank))
             except OSError:
                 return None
+            if not stat.S_ISREG(found.st_mode):
+                return None
+            nbytes += found.st_size
+            newest = max(newest, found.st_mtime)
+        if self._refused.get(key) == newest:
+            return None
+        self._forget([key])
         entry = self._entries[key] = _Entry(nbytes, self.world_size)
         self.used += nbytes
         return entry
@@ -143,9 +167,24 @@ class DiskIndex:
             if entry is not None:
                 entry.pins = max(0, entry.pins - 1)
         if bad:
-            self._forget([k for k in bad if k in self._entries and self._entries[k].evictable])
+            if len(self._refused) > MAX_REFUSED:
+                self._refused.clear()
+            for key in bad:
+                entry = self._entries.get(key)
+                if entry is not None and entry.evictable:
+                    self._refused[key] = self._newest_mtime(key)
+                    self._remove_files(key, entry.ranks)  # every rank's: the chunk is gone
         else:
             self.touch(keys)
+
+    def _newest_mtime(self, key: ChunkKey) -> float:
+        newest = 0.0
+        for rank in range(self.world_size):
+            try:
+                newest = max(newest, os.stat(chunk_path(self.root, key, rank)).st_mtime)
+            except OSError:
+                pass
+        return newest
 
     def touch(self, keys: Sequence[ChunkKey]) -> None:
         """Mark ``keys`` most recently used (``keys[0]`` last), also for the next start-up."""
@@ -168,8 +207,13 @@ class DiskIndex:
         """
         admitted: list[ChunkKey] = []
         for key in dict.fromkeys(keys):
-            if key in self._entries:
+            if self.holds(key):
                 continue
+            stale = self._entries.get(key)  # incomplete (a writer died): written afresh
+            if stale is not None:
+                if not stale.evictable:
+                    continue
+                self._remove_files(key, stale.ranks)
             if not self._make_room(self.chunk_bytes):
                 break
             self._entries[key] = _Entry(self.chunk_bytes, self.world_size, writing=True)
@@ -196,6 +240,7 @@ class DiskIndex:
                 continue
             self.used += nbytes - entry.nbytes
             entry.nbytes, entry.writing = nbytes, False
+            self._refused.pop(key, None)
             self._entries.move_to_end(key)
         for key in failed:
             entry = self._entries.get(key)
@@ -217,8 +262,9 @@ class DiskIndex:
                 self.used -= entry.nbytes
 
     def holds(self, key: ChunkKey) -> bool:
-        """Whether ``key`` is on disk or being written (no file is looked at)."""
-        return key in self._entries
+        """Whether ``key`` is on disk (all ranks) or being written (no file is looked at)."""
+        entry = self._entries.get(key)
+        return entry is not None and (entry.loadable or entry.writing)
 
     def ready_keys(self) -> list[ChunkKey]:
         """Ready chunks, least recently used first (for tests and inspection)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvtier.keys import ChunkKey
 from kvtier.worker.base import DiskChunks, EngineBlocks, HostChunks
 
 
@@ -27,6 +28,7 @@ class StoreJob:
     req_id: str
     src: EngineBlocks
     dst: HostChunks
+    keys: tuple[ChunkKey, ...] = ()  # of dst's slots: a worker flushing to disk names them
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class StepPlan:
     flush: list[int] = field(default_factory=list)  # store jobs to finish before the forward
     held: list[str] = field(default_factory=list)  # finished requests kept for their stores
     num_chunks: int = 0  # the host tier's size as the scheduler manages it
+    disk_room: int = 0  # bytes (all ranks) the disk tier may still take: a shutdown flush's bound
 
 
 @dataclass

@@ -118,6 +118,7 @@ class StorePlanner:
             state.req_id,
             EngineBlocks(np.array(ids, dtype=np.int64), tuple(sizes), tuple(starts)),
             HostChunks(np.array([slot_of[k] for k in keys], dtype=np.int64)),
+            tuple(keys),
         )
 
 

@@ -20,6 +20,7 @@ is a miss, like any other damage.
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import threading
@@ -34,7 +35,8 @@ import xxhash
 MAGIC = b"KVTIER1\n"
 HEADER_BYTES = 4096
 _PREFIX = struct.Struct("<8sIQ")  # magic, header length, header checksum
-MAX_DESCRIBE = 1024  # characters of ``describe`` kept, so the header always fits
+MAX_DESCRIBE = 1024  # bytes (UTF-8) of ``describe`` kept, so the header always fits
+MAX_BUFFERS = 512  # buffers per readv/writev call (Linux allows 1024)
 
 Buffer = Any  # anything exposing the buffer protocol (bytes, memoryview, numpy array)
 
@@ -71,8 +73,10 @@ def payload_checksum(buffers: Sequence[Buffer]) -> int:
 
 def encode_header(header: ChunkHeader) -> bytes:
     """The first ``HEADER_BYTES`` of a chunk file."""
-    if len(header.describe) > MAX_DESCRIBE:
-        header = msgspec.structs.replace(header, describe=header.describe[:MAX_DESCRIBE])
+    described = header.describe.encode()
+    if len(described) > MAX_DESCRIBE:
+        cut = described[:MAX_DESCRIBE].decode(errors="ignore")
+        header = msgspec.structs.replace(header, describe=cut)
     body = _encoder.encode(header)
     prefix = _PREFIX.pack(MAGIC, len(body), xxhash.xxh3_64_intdigest(body))
     if len(prefix) + len(body) > HEADER_BYTES:
@@ -136,7 +140,9 @@ def write_chunk(path: Path, header: ChunkHeader, payload: Sequence[Buffer]) -> i
 
 def _write_all(fd: int, buffers: list[memoryview]) -> None:
     while buffers:
-        written = os.writev(fd, buffers[:512])  # IOV_MAX is 1024 on Linux
+        written = os.writev(fd, buffers[:MAX_BUFFERS])
+        if written == 0:
+            raise OSError(errno.EIO, "writev wrote nothing")
         while buffers and written >= len(buffers[0]):
             written -= len(buffers[0])
             buffers.pop(0)
@@ -184,7 +190,12 @@ def read_chunk(
         if size != HEADER_BYTES + header.payload_bytes:
             raise ChunkError(f"{size} bytes long, expected {HEADER_BYTES + header.payload_bytes}")
         views = [o.data.cast("B") for o in out]
-        got = os.preadv(fd, views, HEADER_BYTES)
+        got = 0
+        for first in range(0, len(views), MAX_BUFFERS):
+            part = os.preadv(fd, views[first : first + MAX_BUFFERS], HEADER_BYTES + got)
+            got += part
+            if part < sum(len(v) for v in views[first : first + MAX_BUFFERS]):
+                break
         if got != header.payload_bytes:
             raise ChunkError(f"read {got} of {header.payload_bytes} payload bytes")
     finally:

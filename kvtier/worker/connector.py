@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from kvtier.keys import LayoutFingerprint
+from kvtier.keys import ChunkKey, LayoutFingerprint, key_group
 from kvtier.layout import KVLayout, build_layout, host_num_chunks
 from kvtier.media import Medium
 from kvtier.scheduler.jobs import (
@@ -52,9 +54,10 @@ class RankCounters:
     stores: int = 0
     failed_stores: int = 0
     stored_bytes: int = 0
-    disk_bad_chunks: int = 0  # disk files that failed a check (removed; the engine recomputed)
+    disk_bad_chunks: int = 0  # disk chunks that failed a check or could not be read: recomputed
     disk_writes: int = 0  # chunks written to disk
     disk_write_errors: int = 0  # chunks whose write failed (a full disk, an I/O error)
+    shutdown_writes: int = 0  # host chunks written to disk at shutdown
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,9 @@ class WorkerConnector:
         self._finished_loads: list[tuple[str, bool]] = []  # (request, ok) since last finished()
         self._failed_blocks: set[int] = set()
         self._outcomes: dict[int, JobOutcome] = {}
+        self._slot_keys: dict[int, ChunkKey] = {}  # host slot -> key it holds, oldest first
+        self._store_keys: dict[int, tuple[np.ndarray, tuple[ChunkKey, ...]]] = {}
+        self._disk_room = 0
         self.counters = RankCounters()
 
     def register(
@@ -142,6 +148,7 @@ class WorkerConnector:
         """Take this step's plan; finish the earlier stores whose blocks are about to be reused."""
         self._loads, self._stores = list(plan.loads), list(plan.stores)
         self._disk_writes = list(plan.disk_writes)
+        self._disk_room = plan.disk_room
         self._held.update(plan.held)
         if self.host is not None and plan.num_chunks > self.host.num_chunks:
             raise RuntimeError(
@@ -166,6 +173,10 @@ class WorkerConnector:
             self._submit(write.job_id, writing, (write.src, write.dst))
         stores, self._stores = self._stores, []
         for job in stores:
+            for slot in job.dst.slots.tolist():  # being overwritten: no key until it is done
+                self._slot_keys.pop(slot, None)
+            if job.keys:
+                self._store_keys[job.job_id] = (job.dst.slots, job.keys)
             self._submit(job.job_id, _InFlight(job.req_id, True, job.src), (job.src, job.dst))
 
     def _submit(self, job_id: int, job: _InFlight, spec: tuple[TransferSpec, TransferSpec]) -> None:
@@ -205,6 +216,9 @@ class WorkerConnector:
         self._outcomes[job_id] = JobOutcome(1, 0 if ok else 1, nbytes, seconds, list(bad))
         counters = self.counters
         if job.store:
+            slots, keys = self._store_keys.pop(job_id, (None, ()))
+            if ok and slots is not None:
+                self._slot_keys.update(zip(slots.tolist(), keys))
             counters.stores += ok
             counters.failed_stores += not ok
             counters.stored_bytes += nbytes
@@ -253,3 +267,26 @@ class WorkerConnector:
 
     def shutdown(self) -> None:
         self.transfers.shutdown()
+        if self.disk is not None and self.host is not None:
+            self._flush_to_disk(self.disk, self.host)
+
+    def _flush_to_disk(self, disk: DiskTier, host: HostTier) -> None:
+        """Write the host chunks not on disk yet, newest first, within the disk's room: so a
+        restarted engine finds them, whatever the write policy (nothing else runs now)."""
+        started, room = time.perf_counter(), self._disk_room // self.world_size
+        rows = [buffer.numpy() for buffer in host.buffers]
+        for slot, key in reversed(list(self._slot_keys.items())):
+            group = key_group(key)
+            if room < disk.file_bytes(group) or disk.path(key).exists():
+                continue
+            try:
+                room -= disk.write(key, [rows[view][slot] for view in disk.layout.groups[group]])
+            except OSError as error:
+                logger.warning("kvtier: shutdown flush to disk stopped: %s", error)
+                break
+            self.counters.shutdown_writes += 1
+        if self.counters.shutdown_writes:
+            logger.info(
+                "kvtier: wrote %d host chunks to disk at shutdown in %.2f s",
+                self.counters.shutdown_writes, time.perf_counter() - started,
+            )  # fmt: skip

@@ -33,6 +33,7 @@ from kvtier.worker.base import (
     TransferResult,
     TransferSpec,
 )
+from kvtier.worker.engine_host import check_range
 from kvtier.worker.job_thread import JobThread
 from kvtier.worker.plan import GroupCopy, plan_copy
 
@@ -61,6 +62,10 @@ class DiskLoadHandler(TransferHandler):
             raise TypeError(f"kvtier: disk loads move DiskChunks -> EngineBlocks, got "
                             f"{type(src).__name__} -> {type(dst).__name__}")  # fmt: skip
         try:
+            if len(dst.group_sizes) > len(self.layout.groups):
+                raise ValueError(f"{len(dst.group_sizes)} groups, the layout has "
+                                 f"{len(self.layout.groups)}")  # fmt: skip
+            check_range("engine block id", dst.block_ids, self.layout.num_blocks)
             positions = HostChunks(np.arange(len(src.keys), dtype=np.int64))
             plan = plan_copy(dst, positions, self.tier.factor)
             for copy in plan:
@@ -96,7 +101,7 @@ class DiskLoadHandler(TransferHandler):
                 ids, rows = copy.block_ids[mine], copy.host_rows[mine] % factor
                 for view, stage in zip(views, staging):
                     self._scatter(view, ids, rows, stage)
-                nbytes += sum(s.numel() * s.element_size() for s in staging)
+                nbytes += len(ids) * sum(self.layout.page_bytes[v] for v in views)
         return TransferResult(job_id, True, nbytes, time.perf_counter() - started)
 
     def _scatter(self, view: int, ids: np.ndarray, rows: np.ndarray, stage: torch.Tensor) -> None:
@@ -131,6 +136,11 @@ class DiskWriteHandler(TransferHandler):
             raise TypeError(f"kvtier: disk writes move HostChunks -> DiskChunks, got "
                             f"{type(src).__name__} -> {type(dst).__name__}")  # fmt: skip
         slots = src.slots
+        groups = len(self.tier.layout.groups)
+        if any(key_group(key) >= groups for key in dst.keys):
+            logger.error("kvtier: refused disk write %d: a key of a group not in the layout",
+                         job_id)  # fmt: skip
+            return False
         if len(slots) != len(dst.keys) or (
             len(slots) and (int(slots.min()) < 0 or int(slots.max()) >= self.host.num_chunks)
         ):

@@ -59,8 +59,8 @@ class EngineHostHandler(TransferHandler):
                 f"{len(engine.group_sizes)} groups in a transfer, "
                 f"the layout has {len(self.layout.groups)}"
             )
-        _check_range("engine block id", engine.block_ids, self.layout.num_blocks)
-        _check_range("host slot", host.slots, self.host.num_chunks)
+        check_range("engine block id", engine.block_ids, self.layout.num_blocks)
+        check_range("host slot", host.slots, self.host.num_chunks)
         return plan_copy(engine, host, self.host.block_size_factor)
 
     def _runs(self, copy: GroupCopy) -> list[tuple[int, int, int]]:
@@ -68,7 +68,7 @@ class EngineHostHandler(TransferHandler):
         return [(int(copy.host_rows[start]), start, end) for start, end in copy.runs]
 
 
-def _check_range(what: str, ids: np.ndarray, limit: int) -> None:
+def check_range(what: str, ids: np.ndarray, limit: int) -> None:
     if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= limit):
         low, high = int(ids.min()), int(ids.max())
         raise ValueError(f"{what}s must lie in [0, {limit}), got {low}..{high}")

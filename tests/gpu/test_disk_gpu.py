@@ -1,0 +1,157 @@
+"""The disk tier with CUDA engine tensors: loads land on the tensors' device, byte-exact; writes
+come from a pinned host tier (needs CUDA).
+
+Layout: FlashAttention's ``(2, num_blocks, block_size, kv_heads, head_size)``, so each layer is
+two views (K and V); groups 0 and 1 alias the same layer, as in vLLM 0.32's hybrid models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kvtier.keys import ChunkKey, key_group, make_key
+from kvtier.layout import KVLayout, build_layout
+from kvtier.tiers.cpu import HostTier
+from kvtier.tiers.disk import DiskTier
+from kvtier.tiers.disk_format import HEADER_BYTES
+from kvtier.worker.base import DiskChunks, EngineBlocks, HostChunks, TransferResult, TransferSpec
+from kvtier.worker.disk_io import DiskLoadHandler, DiskWriteHandler
+
+pytestmark = pytest.mark.gpu
+
+NUM_BLOCKS, FACTOR, NUM_CHUNKS = 40, 3, 8
+PAGE = 16 * 2 * 64 * 2  # bytes of one block in one view (K or V)
+FP = bytes(range(16))
+KEY_FP = bytes(range(100, 116))
+
+# group 0: 6 blocks from a chunk's start; group 1: 4 blocks starting 1 into a chunk
+ENGINE = EngineBlocks(np.array([0, 1, 2, 3, 4, 5, 20, 21, 22, 23]), (6, 4), (0, 4))
+CHUNK_GROUPS = (0, 0, 1, 1)
+WHERE = {  # (group, engine block) -> (chunk position, sub-block)
+    (0, 0): (0, 0),
+    (0, 1): (0, 1),
+    (0, 2): (0, 2),
+    (0, 3): (1, 0),
+    (0, 4): (1, 1),
+    (0, 5): (1, 2),
+    (1, 20): (2, 1),
+    (1, 21): (2, 2),
+    (1, 22): (3, 0),
+    (1, 23): (3, 1),
+}
+
+
+def _setup(root: Path) -> tuple[torch.Tensor, DiskTier]:
+    torch.manual_seed(0)
+    kv = torch.randn(2, NUM_BLOCKS, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
+    layout = build_layout({"full.0": kv, "swa.0": kv}, [["full.0"], ["swa.0"]], NUM_BLOCKS)
+    assert layout.groups == ((0, 1), (0, 1)) and layout.page_bytes == (PAGE, PAGE)
+    return kv, DiskTier(root, 0, FP, "flash attention test layout", layout, FACTOR)
+
+
+def _keys(groups: Sequence[int]) -> tuple[ChunkKey, ...]:
+    return tuple(make_key(KEY_FP, position, group) for position, group in enumerate(groups))
+
+
+def _store_chunks(tier: DiskTier, keys: Sequence[ChunkKey]) -> list[list[np.ndarray]]:
+    """A file of random bytes per key; returns each chunk's views as (factor, page bytes)."""
+    rng = np.random.default_rng(1)
+    chunks = []
+    for key in keys:
+        views = [rng.integers(0, 256, n, dtype=np.uint8) for n in tier.view_bytes(key_group(key))]
+        tier.write(key, views)
+        chunks.append([view.reshape(FACTOR, -1) for view in views])
+    return chunks
+
+
+def _row(layout: KVLayout, view: int, block: int) -> bytes:
+    return layout.views[view][block].cpu().numpy().tobytes()
+
+
+def _run(
+    handler: DiskLoadHandler | DiskWriteHandler, job_id: int, src: TransferSpec, dst: TransferSpec
+) -> TransferResult:
+    assert handler.transfer_async(job_id, src, dst)
+    handler.wait([job_id])
+    (result,) = handler.get_finished()
+    assert result.job_id == job_id
+    return result
+
+
+def test_load_lands_on_the_engine_device_byte_exact(tmp_path: Path) -> None:
+    kv, tier = _setup(tmp_path)
+    layout = tier.layout
+    keys = _keys(CHUNK_GROUPS)
+    chunks = _store_chunks(tier, keys)
+    before = [view.clone() for view in layout.views]
+    handler = DiskLoadHandler(layout, tier)
+    assert handler.device == kv.device
+    result = _run(handler, 1, DiskChunks(keys), ENGINE)
+    handler.shutdown()
+
+    assert result.success and result.bad == ()
+    assert kv.device.type == "cuda" and all(view.device == kv.device for view in layout.views)
+    for (group, block), (position, sub) in WHERE.items():
+        for i, view in enumerate(layout.groups[group]):
+            assert _row(layout, view, block) == chunks[position][i][sub].tobytes()
+    untouched = [b for b in range(NUM_BLOCKS) if b not in ENGINE.block_ids.tolist()]
+    for rows, old in zip(layout.views, before):
+        assert torch.equal(rows[untouched], old[untouched])
+
+
+def test_a_bad_chunk_leaves_its_blocks_and_those_after_it(tmp_path: Path) -> None:
+    kv, tier = _setup(tmp_path)
+    layout = tier.layout
+    keys = _keys(CHUNK_GROUPS)
+    chunks = _store_chunks(tier, keys)
+    path = tier.path(keys[1])
+    data = bytearray(path.read_bytes())
+    data[HEADER_BYTES + 7] ^= 0x04
+    path.write_bytes(bytes(data))
+    before = [view.clone() for view in layout.views]
+    handler = DiskLoadHandler(layout, tier)
+    result = _run(handler, 1, DiskChunks(keys), ENGINE)
+    handler.shutdown()
+
+    assert (result.success, result.bad) == (False, (1,))
+    assert not path.exists()
+    for i, view in enumerate(layout.groups[0]):
+        for block in (0, 1, 2):
+            assert _row(layout, view, block) == chunks[0][i][block].tobytes()
+    later = [3, 4, 5, 20, 21, 22, 23]
+    for rows, old in zip(layout.views, before):
+        assert torch.equal(rows[later], old[later])
+
+
+def test_writes_from_a_pinned_host_tier_load_back_onto_the_device(tmp_path: Path) -> None:
+    kv, tier = _setup(tmp_path)
+    layout = tier.layout
+    host = HostTier(layout, NUM_CHUNKS, FACTOR)
+    assert all(buffer.is_pinned() for buffer in host.buffers)
+    for buffer in host.buffers:
+        buffer.copy_(torch.randint(-(2**62), 2**62, buffer.shape))
+    keys, slots = _keys((0, 1)), [7, 2]
+    writer = DiskWriteHandler(host, tier)
+    staged = _run(writer, 1, HostChunks(np.array(slots[:1])), DiskChunks(keys[:1], staged=True))
+    written = _run(writer, 2, HostChunks(np.array(slots[1:])), DiskChunks(keys[1:]))
+    writer.shutdown()
+    assert staged.success and written.success
+    for key, slot in zip(keys, slots):
+        out = [np.zeros(n, dtype=np.uint8) for n in tier.view_bytes(key_group(key))]
+        tier.read(key, out)
+        assert [o.tobytes() for o in out] == [b[slot].numpy().tobytes() for b in host.buffers]
+
+    # chunk 0 fills blocks 30..32 of group 0; chunk 1 gives its first sub-block to block 10
+    engine = EngineBlocks(np.array([30, 31, 32, 10]), (3, 1), (0, 6))
+    loader = DiskLoadHandler(layout, tier)
+    assert _run(loader, 3, DiskChunks(keys), engine).success
+    loader.shutdown()
+    for block, (slot, sub) in {30: (7, 0), 31: (7, 1), 32: (7, 2), 10: (2, 0)}.items():
+        for view in (0, 1):
+            expected = host.page_rows(view)[slot * FACTOR + sub].numpy().tobytes()
+            assert _row(layout, view, block) == expected

@@ -1,0 +1,270 @@
+"""DiskWrites as a specification: a host tier of 4 chunks (a real ChunkManager), a disk tier of
+``FILE``-byte chunks in tmp_path (a real DiskIndex), one worker rank played by the test."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvtier.counters import TierStats
+from kvtier.keys import ChunkKey, LayoutFingerprint, make_key
+from kvtier.scheduler.disk_index import DiskIndex
+from kvtier.scheduler.disk_writes import DiskWrites
+from kvtier.scheduler.job_table import JobTable
+from kvtier.scheduler.jobs import DiskWriteJob, JobOutcome
+from kvtier.scheduler.manager import ChunkManager
+from kvtier.tiers.disk_names import chunk_path
+
+FP = LayoutFingerprint("m", "f32", "test", 0, 1, 0, 4).digest()
+FILE = 100  # bytes of one chunk's file
+
+
+def key(i: int) -> ChunkKey:
+    return make_key(FP, i, 0)
+
+
+class Rig:
+    """The scheduler's host tier and disk tier, and the worker rank that writes the files."""
+
+    def __init__(
+        self,
+        root: Path,
+        write_through: bool = False,
+        max_in_flight: int = 64,
+        disk_chunks: int = 10,
+    ) -> None:
+        self.root = root
+        self.host = ChunkManager(4)
+        self.disk = DiskIndex(root, disk_chunks * FILE, 1, FP, FILE)
+        self.jobs = JobTable(1)
+        self.stats = TierStats()
+        self.writes = DiskWrites(
+            self.disk, self.host, self.jobs, self.stats, write_through, max_in_flight
+        )
+
+    def store(self, keys: Sequence[ChunkKey]) -> dict[ChunkKey, int]:
+        """Store ``keys`` in the host tier, as a step does; returns the slots of those evicted."""
+        plan = self.host.prepare_store(keys)
+        assert plan is not None
+        evicted = list(zip(plan.evicted, plan.evicted_slots))
+        self.writes.evicted(evicted)  # type: ignore[arg-type]
+        self.host.complete_store(plan.keys)
+        self.writes.stored(plan.keys)  # type: ignore[arg-type]
+        return dict(evicted)  # type: ignore[arg-type]
+
+    def flush(self, idle: bool) -> list[DiskWriteJob]:
+        self.writes.flush(idle)
+        plan = self.writes.take_plan()
+        self.check()
+        return plan
+
+    def finish(self, job: DiskWriteJob, bad: Sequence[int] = ()) -> None:
+        """The worker wrote ``job``'s files, but for the chunks at positions ``bad``."""
+        written = [k for i, k in enumerate(job.dst.keys) if i not in bad]
+        for k in written:
+            path = chunk_path(self.root, k, 0)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(bytes(FILE))
+        outcome = JobOutcome(1, int(bool(bad)), FILE * len(written), 0.01, list(bad))
+        done = self.jobs.report(job.job_id, outcome)
+        assert done is not None
+        self.writes.complete(done)
+        self.check()
+
+    def check(self) -> None:
+        self.host.check_integrity()
+        self.disk.check_integrity()
+        pinned = sum(len(job.keys) for job in self.jobs if job.pinned)
+        assert self.host.num_pinned == pinned
+
+
+def test_write_back_writes_nothing_while_busy_and_evicted_dirty_chunks_staged(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path)
+    rig.store([key(1), key(2), key(3), key(4)])
+    assert rig.flush(idle=False) == []
+    assert rig.writes.pending
+
+    evicted = rig.store([key(5)])  # evicts key(1), the least recently used
+
+    (job,) = rig.flush(idle=False)
+    assert job.dst.keys == (key(1),) and job.dst.staged
+    assert job.src.slots.tolist() == [evicted[key(1)]]  # the slot key(5) now reuses
+    assert rig.host.num_pinned == 0  # a staged copy pins nothing
+    assert rig.disk.holds(key(1)) and rig.disk.lookup([key(1)]) == 0  # being written
+    rig.finish(job)
+    assert rig.disk.ready_keys() == [key(1)]
+    assert rig.stats.stored_chunks == 1 and rig.stats.stored_bytes == FILE
+
+
+def test_write_back_flushes_the_oldest_dirty_chunks_when_idle_pinned_until_written(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path)
+    rig.store([key(1), key(2)])
+    rig.store([key(3)])
+
+    (job,) = rig.flush(idle=True)
+
+    assert job.dst.keys == (key(1), key(2), key(3)) and not job.dst.staged
+    slots = rig.host.stored()
+    assert job.src.slots.tolist() == [slots[key(1)], slots[key(2)], slots[key(3)]]
+    assert rig.host.num_pinned == 3  # the slots must not be reused while the worker reads them
+    assert rig.host.prepare_store([key(4), key(5), key(6)]) is None  # 1 free slot, 3 pinned
+    assert not rig.writes.pending
+    rig.finish(job)
+    assert rig.host.num_pinned == 0
+    assert rig.disk.ready_keys() == [key(1), key(2), key(3)]
+    assert rig.disk.used == 3 * FILE
+    assert rig.flush(idle=True) == []
+
+
+def test_write_through_writes_at_once(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, write_through=True)
+    rig.store([key(1), key(2)])
+
+    (job,) = rig.flush(idle=False)
+
+    assert job.dst.keys == (key(1), key(2)) and not job.dst.staged
+    rig.finish(job)
+    assert rig.disk.ready_keys() == [key(1), key(2)]
+    assert not rig.writes.pending
+
+
+def test_chunks_already_on_disk_are_not_written_again(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.store([key(1), key(2)])
+    (job,) = rig.flush(idle=True)
+    rig.finish(job)
+    rig.host.remove([key(1), key(2)])  # gone from the host tier, still on disk
+
+    rig.store([key(1), key(2), key(3), key(4)])  # e.g. loaded from disk, stored again
+    assert rig.flush(idle=False) == []
+    rig.store([key(5), key(6)])  # evicts key(1) and key(2): clean, nothing to write
+    assert rig.flush(idle=False) == []
+    (job,) = rig.flush(idle=True)
+    assert job.dst.keys == (key(3), key(4), key(5), key(6))
+    assert rig.stats.skipped_stores == 0  # key(1) and key(2) were never dirty
+
+
+def test_removed_chunks_are_not_written(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.store([key(1), key(2)])
+    rig.writes.removed(rig.host.remove([key(1)]))  # type: ignore[arg-type]
+
+    (job,) = rig.flush(idle=True)
+    assert job.dst.keys == (key(2),)
+    rig.finish(job)
+    assert not rig.disk.holds(key(1))
+
+
+def test_a_chunk_with_no_room_on_disk_is_skipped_counted_and_not_retried(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, disk_chunks=1)
+    rig.store([key(1)])
+    (job,) = rig.flush(idle=True)
+    rig.finish(job)
+    rig.disk.prepare_load([key(1)])  # the disk's only chunk is pinned by a load
+    rig.store([key(2), key(3)])
+
+    assert rig.flush(idle=True) == []
+
+    assert rig.stats.skipped_stores == 2
+    assert not rig.writes.pending  # the engine stops stepping for them
+    assert rig.flush(idle=True) == []
+    rig.disk.complete_load([key(1)])
+    assert rig.flush(idle=True) == []  # room now, but a skipped chunk is not retried
+    rig.store([key(4), key(5), key(6)])  # evicts key(1) (on disk) and key(2) (skipped)
+    assert rig.flush(idle=False) == []  # neither is dirty: no staged write
+    assert rig.stats.skipped_stores == 2
+
+
+def test_an_evicted_dirty_chunk_with_no_room_is_skipped(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, disk_chunks=1)
+    rig.store([key(9)])
+    (job,) = rig.flush(idle=True)
+    rig.finish(job)
+    rig.disk.prepare_load([key(9)])
+    rig.host.remove([key(9)])
+    rig.store([key(1), key(2), key(3), key(4)])
+
+    rig.store([key(5)])  # evicts key(1), dirty, with no room on disk
+
+    assert rig.flush(idle=False) == []
+    assert rig.stats.skipped_stores == 1
+    assert not rig.disk.holds(key(1))
+
+
+def test_a_failed_write_rolls_back_only_the_bad_chunks(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.store([key(1), key(2), key(3)])
+    (job,) = rig.flush(idle=True)
+
+    rig.finish(job, bad=[1])  # key(2)'s write failed (a full disk)
+
+    assert rig.disk.ready_keys() == [key(1), key(3)]
+    assert not rig.disk.holds(key(2))
+    assert not chunk_path(tmp_path, key(2), 0).exists()
+    assert rig.disk.used == 2 * FILE
+    assert (rig.stats.failed_stores, rig.stats.stored_chunks) == (1, 2)
+    assert rig.host.num_pinned == 0
+    assert rig.flush(idle=True) == []  # not retried
+    assert not rig.writes.pending
+
+
+def test_a_write_failed_with_no_chunk_named_rolls_back_all(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.store([key(1), key(2)])
+    (job,) = rig.flush(idle=True)
+
+    done = rig.jobs.report(job.job_id, JobOutcome(ranks=1, failed=1))
+    assert done is not None
+    rig.writes.complete(done)
+
+    assert not rig.disk.holds(key(1)) and not rig.disk.holds(key(2))
+    assert rig.disk.used == 0
+    assert rig.stats.failed_stores == 2 and rig.host.num_pinned == 0
+    rig.check()
+
+
+def test_at_most_max_in_flight_chunks_are_written_at_once(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, max_in_flight=2)
+    rig.store([key(1), key(2), key(3), key(4)])
+
+    (first,) = rig.flush(idle=True)
+    assert first.dst.keys == (key(1), key(2))
+    assert rig.flush(idle=True) == []  # two in flight already
+    assert rig.writes.pending
+    rig.finish(first)
+    (second,) = rig.flush(idle=True)
+    assert second.dst.keys == (key(3), key(4))
+    rig.finish(second)
+    assert not rig.writes.pending
+
+
+def test_staged_writes_of_evicted_chunks_stop_at_twice_max_in_flight(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, max_in_flight=1)
+    rig.store([key(1), key(2), key(3), key(4)])
+
+    rig.store([key(5), key(6), key(7), key(8)])  # evicts four dirty chunks at once
+
+    (job,) = rig.flush(idle=False)
+    assert job.dst.keys == (key(1), key(2)) and job.dst.staged
+    assert rig.stats.skipped_stores == 2
+    rig.finish(job)
+
+
+def test_staged_writes_count_the_writes_in_flight(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, max_in_flight=1)
+    rig.store([key(1), key(2), key(3), key(4)])
+    (flushed,) = rig.flush(idle=True)  # key(1), pinned while written
+    assert flushed.dst.keys == (key(1),)
+
+    rig.store([key(5), key(6), key(7)])  # evicts key(2..4), dirty
+
+    (staged,) = rig.flush(idle=False)
+    assert staged.dst.keys == (key(2),)  # room for 2 * 1 in flight, one taken
+    assert rig.stats.skipped_stores == 2
+    rig.finish(flushed)
+    rig.finish(staged)
+    assert rig.disk.ready_keys() == [key(1), key(2)]
