@@ -11,6 +11,7 @@ A thin adapter: in the scheduler process it drives a ``SchedulerConnector``, in 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -90,6 +91,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             )
             disk = None
             if self.config.disk is not None:
+                _warn_if_hashes_differ_per_process(vllm_config)
                 chunk_file = per_block * factor + HEADER_BYTES  # an upper bound, per rank
                 disk = DiskIndex(
                     Path(self.config.disk.path), self.config.disk.bytes, world_size,
@@ -294,3 +296,16 @@ def _group_spec(spec: Any) -> GroupSpec:
     if "Mamba" in kind or not hasattr(spec, "block_size"):
         raise ValueError(f"kvtier: KV cache groups of kind {kind} are not supported")
     return GroupSpec(block_tokens=spec.block_size, sliding_window=window)
+
+
+def _warn_if_hashes_differ_per_process(vllm_config: VllmConfig) -> None:
+    """vLLM seeds a non-cryptographic block hash at random in each process unless
+    PYTHONHASHSEED is set: then no other engine, and no restart, ever finds a chunk on disk."""
+    algo = str(vllm_config.cache_config.prefix_caching_hash_algo)
+    if "xxhash" in algo and os.environ.get("PYTHONHASHSEED") is None:
+        logger.warning(
+            "kvtier: prefix_caching_hash_algo=%s without PYTHONHASHSEED gives block hashes that "
+            "differ in every process: chunks on disk will only be found by this process. Set "
+            "PYTHONHASHSEED to one value for all engines, or use sha256 (vLLM's default).",
+            algo,
+        )

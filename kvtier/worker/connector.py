@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -268,7 +269,10 @@ class WorkerConnector:
     def shutdown(self) -> None:
         self.transfers.shutdown()
         if self.disk is not None and self.host is not None:
-            self._flush_to_disk(self.disk, self.host)
+            try:
+                self._flush_to_disk(self.disk, self.host)
+            except Exception:  # never let a cache's flush break the engine's shutdown
+                logger.exception("kvtier: shutdown flush to disk failed")
 
     def _flush_to_disk(self, disk: DiskTier, host: HostTier) -> None:
         """Write the host chunks not on disk yet, newest first, within the disk's room: so a
@@ -277,7 +281,7 @@ class WorkerConnector:
         rows = [buffer.numpy() for buffer in host.buffers]
         for slot, key in reversed(list(self._slot_keys.items())):
             group = key_group(key)
-            if room < disk.file_bytes(group) or disk.path(key).exists():
+            if room < disk.file_bytes(group) or os.path.exists(disk.path(key)):
                 continue
             try:
                 room -= disk.write(key, [rows[view][slot] for view in disk.layout.groups[group]])
