@@ -14,10 +14,8 @@ seen to hang there once an engine had been re-created in the same process.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Collection
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -25,7 +23,7 @@ from kvtier.layout import KVLayout
 from kvtier.tiers.cpu import HostTier
 from kvtier.worker.base import TransferResult
 from kvtier.worker.engine_host import EngineHostHandler
-from kvtier.worker.job_thread import bind_thread
+from kvtier.worker.job_thread import JobThread
 from kvtier.worker.plan import GroupCopy
 
 logger = logging.getLogger(__name__)
@@ -39,38 +37,25 @@ class CpuCopyHandler(EngineHostHandler):
         # numpy views sharing the tensors' memory
         self._engine = [view.numpy() for view in layout.views]
         self._rows = [host.page_rows(i).numpy() for i in range(len(layout.views))]
-        self._jobs = None if inline else ThreadPoolExecutor(
-            max_workers=1,
-            thread_name_prefix="kvtier-store" if store else "kvtier-load",
-            initializer=bind_thread,
-            initargs=(self.device,),
-        )  # fmt: skip
-        self._lock = threading.Lock()
-        self._pending: dict[int, Future[None]] = {}  # guarded by _lock
-        self._finished: list[TransferResult] = []  # guarded by _lock
+        name = "kvtier-store" if store else "kvtier-load"
+        self._thread = None if inline else JobThread(name, self.device)
+        self._inline_finished: list[TransferResult] = []  # the caller's thread only
 
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
-        if self._jobs is None:
-            self._run(job_id, plan, nbytes)
+        if self._thread is not None:
+            self._thread.submit(job_id, lambda: self._run(job_id, plan, nbytes))
             return
-        with self._lock:
-            if job_id in self._pending:
-                raise ValueError(f"kvtier: transfer job {job_id} is already in flight")
-            self._pending[job_id] = self._jobs.submit(self._run, job_id, plan, nbytes)
-
-    def _run(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
-        started = time.perf_counter()
-        success = True
         try:
-            self._copy(plan)
+            result = self._run(job_id, plan, nbytes)
         except Exception:
             logger.exception("kvtier: transfer job %d failed", job_id)
-            success, nbytes = False, 0
-        result = TransferResult(job_id, success, nbytes, time.perf_counter() - started)
-        # recorded before the future completes, so wait() then get_finished() sees it
-        with self._lock:
-            self._pending.pop(job_id, None)
-            self._finished.append(result)
+            result = TransferResult(job_id, False, 0, 0.0)
+        self._inline_finished.append(result)
+
+    def _run(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> TransferResult:
+        started = time.perf_counter()
+        self._copy(plan)
+        return TransferResult(job_id, True, nbytes, time.perf_counter() - started)
 
     def _copy(self, plan: list[GroupCopy]) -> None:
         for copy in plan:
@@ -86,15 +71,13 @@ class CpuCopyHandler(EngineHostHandler):
                         engine[ids] = host_run
 
     def get_finished(self) -> list[TransferResult]:
-        with self._lock:
-            finished, self._finished = self._finished, []
-        return finished
+        finished, self._inline_finished = self._inline_finished, []
+        return finished + (self._thread.get_finished() if self._thread is not None else [])
 
     def wait(self, job_ids: Collection[int]) -> None:
-        with self._lock:
-            futures = [self._pending[j] for j in job_ids if j in self._pending]
-        wait(futures)
+        if self._thread is not None:
+            self._thread.wait(job_ids)
 
     def shutdown(self) -> None:
-        if self._jobs is not None:
-            self._jobs.shutdown(wait=True)
+        if self._thread is not None:
+            self._thread.shutdown()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
 
 import numpy as np
 import torch
@@ -29,12 +28,11 @@ from kvtier.worker.base import (
     DiskChunks,
     EngineBlocks,
     HostChunks,
-    TransferHandler,
     TransferResult,
     TransferSpec,
 )
 from kvtier.worker.engine_host import check_range
-from kvtier.worker.job_thread import JobThread
+from kvtier.worker.job_thread import JobThread, ThreadedHandler
 from kvtier.worker.plan import GroupCopy, plan_copy
 
 logger = logging.getLogger(__name__)
@@ -42,7 +40,7 @@ logger = logging.getLogger(__name__)
 WARN_EVERY = 100  # after the first, one warning per this many failed writes
 
 
-class DiskLoadHandler(TransferHandler):
+class DiskLoadHandler(ThreadedHandler):
     def __init__(self, layout: KVLayout, tier: DiskTier) -> None:
         self.layout = layout
         self.tier = tier
@@ -113,17 +111,8 @@ class DiskLoadHandler(TransferHandler):
         engine.index_copy_(0, torch.from_numpy(ids).to(engine.device), picked)
         torch.cuda.current_stream(engine.device).synchronize()  # staging is reused next
 
-    def get_finished(self) -> list[TransferResult]:
-        return self._thread.get_finished()
 
-    def wait(self, job_ids: Collection[int]) -> None:
-        self._thread.wait(job_ids)
-
-    def shutdown(self) -> None:
-        self._thread.shutdown()
-
-
-class DiskWriteHandler(TransferHandler):
+class DiskWriteHandler(ThreadedHandler):
     def __init__(self, host: HostTier, tier: DiskTier) -> None:
         self.host = host
         self.tier = tier
@@ -172,12 +161,3 @@ class DiskWriteHandler(TransferHandler):
                 self.write_errors += 1
         elapsed = time.perf_counter() - started
         return TransferResult(job_id, not failed, nbytes, elapsed, bad=tuple(failed))
-
-    def get_finished(self) -> list[TransferResult]:
-        return self._thread.get_finished()
-
-    def wait(self, job_ids: Collection[int]) -> None:
-        self._thread.wait(job_ids)
-
-    def shutdown(self) -> None:
-        self._thread.shutdown()

@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import torch
 
-from kvtier.worker.base import TransferResult
+from kvtier.worker.base import TransferHandler, TransferResult
 
 logger = logging.getLogger(__name__)
 
@@ -66,3 +66,18 @@ class JobThread:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+class ThreadedHandler(TransferHandler):
+    """A handler whose jobs run on its ``JobThread`` (set ``self._thread`` in ``__init__``)."""
+
+    _thread: JobThread
+
+    def get_finished(self) -> list[TransferResult]:
+        return self._thread.get_finished()
+
+    def wait(self, job_ids: Collection[int]) -> None:
+        self._thread.wait(job_ids)
+
+    def shutdown(self) -> None:
+        self._thread.shutdown()
