@@ -455,3 +455,10 @@ def _raw(samples: Samples) -> dict[str, dict[int, list[float]]]:
     for (measure, length), runs in sorted(samples.runs.items()):
         raw[measure][length] = [round(s.seconds, 4) for s in runs]
     return dict(raw)
+
+
+# public names of the helpers ``kvtier bench disk`` (``disk_ttft.py``) shares
+on_engine = _on_engine
+timed = _timed
+reset_prefix_cache = _reset_prefix_cache
+OtherLoad = _OtherLoad

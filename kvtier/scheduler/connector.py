@@ -218,7 +218,10 @@ class SchedulerConnector:
     # ---- each step -------------------------------------------------------------------------
 
     def build_plan(
-        self, scheduled: Iterable[ScheduledRequest], preempted: Iterable[str] = ()
+        self,
+        scheduled: Iterable[ScheduledRequest],
+        preempted: Iterable[str] = (),
+        forward: bool = True,
     ) -> StepPlan:
         """This step's loads (from ``on_alloc``), stores of the chunks it completes, flushes."""
         scheduled = list(scheduled)
@@ -251,6 +254,7 @@ class SchedulerConnector:
             self._plan.disk_writes = self._writes.take_plan()
         plan, self._plan = self._plan, StepPlan(num_chunks=self.manager.capacity)
         plan.flush = sorted(flush)
+        plan.forward = forward
         if self.disk is not None:
             plan.disk_room = max(0, self.disk.budget - self.disk.used)
         return plan

@@ -10,6 +10,7 @@ the budget and eviction are the scheduler half's (``scheduler/disk_index.py``).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -80,6 +81,19 @@ class DiskTier:
         except FileNotFoundError:  # its directory is new (or was removed): make it, once more
             path.parent.mkdir(parents=True, exist_ok=True)
             return write_chunk(path, header, payload)
+
+    def prefetch(self, key: bytes) -> None:
+        """Ask the kernel to start reading ``key``'s file (best effort: errors are ignored)."""
+        try:
+            fd = os.open(self.path(key), os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     def read(self, key: bytes, out: Sequence[np.ndarray]) -> None:
         """Read and verify this rank's share of ``key`` into ``out`` (one buffer per view).

@@ -172,7 +172,11 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             )
             for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=True)
         ]
-        plan = self.scheduler.build_plan(scheduled, scheduler_output.preempted_req_ids or ())
+        plan = self.scheduler.build_plan(
+            scheduled,
+            scheduler_output.preempted_req_ids or (),
+            forward=scheduler_output.total_num_scheduled_tokens > 0,
+        )
         self._maybe_log()
         return KVTierMetadata(plan)
 

@@ -44,6 +44,8 @@ from kvtier.worker.transfer_worker import TransferWorker
 
 logger = logging.getLogger(__name__)
 
+IDLE_WAIT_S = 0.01  # the longest a step with no forward pass waits for a disk load
+
 
 @dataclass
 class RankCounters:
@@ -105,6 +107,8 @@ class WorkerConnector:
         self._slot_keys: dict[int, ChunkKey] = {}  # host slot -> key it holds, oldest first
         self._store_keys: dict[int, tuple[np.ndarray, tuple[ChunkKey, ...]]] = {}
         self._disk_room = 0
+        self._forward = True
+        self._disk_load: DiskLoadHandler | None = None
         self.counters = RankCounters()
 
     def register(
@@ -150,6 +154,7 @@ class WorkerConnector:
         self._loads, self._stores = list(plan.loads), list(plan.stores)
         self._disk_writes = list(plan.disk_writes)
         self._disk_room = plan.disk_room
+        self._forward = plan.forward
         self._held.update(plan.held)
         if self.host is not None and plan.num_chunks > self.host.num_chunks:
             raise RuntimeError(
@@ -250,6 +255,11 @@ class WorkerConnector:
         copy finished, failed or not (a failed one also as failed, so the engine recomputes).
         """
         del finished_req_ids  # the plan's ``held`` says which finished requests wait for stores
+        if not self._forward and self._req_loads and self._disk_load is not None:
+            # nothing to compute, only loads to wait for: block (the GIL released) instead of
+            # returning to an engine loop that spins through empty steps holding the GIL, which
+            # starved the disk thread (a 4k-token load took seconds instead of ~0.1 s)
+            self._disk_load.wait_any(IDLE_WAIT_S)
         self._poll()
         sending = {req for req in self._held if req not in self._req_stores}
         self._held -= sending

@@ -38,6 +38,7 @@ from kvtier.worker.plan import GroupCopy, plan_copy
 logger = logging.getLogger(__name__)
 
 WARN_EVERY = 100  # after the first, one warning per this many failed writes
+READ_AHEAD = 4  # chunk files the kernel is asked to read ahead of the one being loaded
 
 
 class DiskLoadHandler(ThreadedHandler):
@@ -53,6 +54,10 @@ class DiskLoadHandler(ThreadedHandler):
             torch.empty((factor, view.shape[1]), dtype=view.dtype, pin_memory=pin)
             for view in layout.views
         ]
+        self._staging_np = [stage.numpy() for stage in self._staging]
+        self._staging_bytes = [stage.reshape(-1).view(np.uint8) for stage in self._staging_np]
+        cpu = self.device.type == "cpu"
+        self._engine_np = [view.numpy() if cpu else np.empty(0) for view in layout.views]
         self.bad_chunks = 0
 
     def transfer_async(self, job_id: int, src: TransferSpec, dst: TransferSpec) -> bool:
@@ -81,33 +86,40 @@ class DiskLoadHandler(ThreadedHandler):
     ) -> TransferResult:
         started = time.perf_counter()
         factor, nbytes = self.tier.factor, 0
+        reads = []  # (position in keys, group copy, its rows in that chunk), in reading order
         for copy in plan:
-            views = self.layout.groups[copy.group]
             chunk_of_row = copy.host_rows // factor
             for chunk in dict.fromkeys(chunk_of_row.tolist()):
-                staging = [self._staging[v] for v in views]
-                try:
-                    self.tier.read(keys[chunk], [s.numpy().reshape(-1).view(np.uint8)
-                                                 for s in staging])  # fmt: skip
-                except (ChunkError, OSError) as error:
-                    if not isinstance(error, ChunkError):
-                        logger.warning("kvtier: disk chunk unreadable: %s", error)
-                    self.bad_chunks += 1
-                    elapsed = time.perf_counter() - started
-                    return TransferResult(job_id, False, nbytes, elapsed, bad=(chunk,))
-                mine = chunk_of_row == chunk
-                ids, rows = copy.block_ids[mine], copy.host_rows[mine] % factor
-                for view, stage in zip(views, staging):
-                    self._scatter(view, ids, rows, stage)
-                nbytes += len(ids) * sum(self.layout.page_bytes[v] for v in views)
+                reads.append((chunk, copy, np.flatnonzero(chunk_of_row == chunk)))
+        for n in range(min(READ_AHEAD, len(reads))):
+            self.tier.prefetch(keys[reads[n][0]])
+        for n, (chunk, copy, mine) in enumerate(reads):
+            if n + READ_AHEAD < len(reads):  # the kernel reads it while this one is handled
+                self.tier.prefetch(keys[reads[n + READ_AHEAD][0]])
+            views = self.layout.groups[copy.group]
+            try:
+                self.tier.read(keys[chunk], [self._staging_bytes[v] for v in views])
+            except (ChunkError, OSError) as error:
+                if not isinstance(error, ChunkError):
+                    logger.warning("kvtier: disk chunk unreadable: %s", error)
+                self.bad_chunks += 1
+                elapsed = time.perf_counter() - started
+                return TransferResult(job_id, False, nbytes, elapsed, bad=(chunk,))
+            ids = copy.block_ids[mine]
+            first = int(copy.host_rows[mine[0]]) % factor  # a chunk's rows are consecutive
+            for view in views:
+                self._scatter(view, ids, first)
+            nbytes += len(ids) * sum(self.layout.page_bytes[v] for v in views)
         return TransferResult(job_id, True, nbytes, time.perf_counter() - started)
 
-    def _scatter(self, view: int, ids: np.ndarray, rows: np.ndarray, stage: torch.Tensor) -> None:
+    def _scatter(self, view: int, ids: np.ndarray, first: int) -> None:
+        """Staging rows ``first:first + len(ids)`` of ``view`` into engine blocks ``ids``."""
+        stage = self._staging[view][first : first + len(ids)]
         engine = self.layout.views[view]
-        if engine.device.type == "cpu":  # numpy: no OpenMP team on this thread (copy_cpu.py)
-            engine.numpy()[ids] = stage.numpy()[rows]
+        if engine.device.type == "cpu":  # numpy, one copy: no OpenMP team on this thread
+            self._engine_np[view][ids] = self._staging_np[view][first : first + len(ids)]
             return
-        picked = stage[torch.from_numpy(rows)].to(engine.device, non_blocking=True)
+        picked = stage.to(engine.device, non_blocking=True)
         engine.index_copy_(0, torch.from_numpy(ids).to(engine.device), picked)
         torch.cuda.current_stream(engine.device).synchronize()  # staging is reused next
 

@@ -3,6 +3,7 @@
 submit(job_id, run)   run() -> TransferResult, on the thread; an exception fails the job
 get_finished()        results since the last call, each once
 wait(job_ids)         block until those jobs finished
+wait_any(timeout)     block until a job finished (or none is queued), at most ``timeout``
 shutdown()            finish what is queued, stop the thread
 """
 
@@ -33,6 +34,7 @@ class JobThread:
             max_workers=1, thread_name_prefix=name, initializer=bind_thread, initargs=(device,)
         )
         self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)  # notified as each job finishes
         self._pending: dict[int, Future[None]] = {}  # guarded by _lock
         self._finished: list[TransferResult] = []  # guarded by _lock
 
@@ -53,6 +55,7 @@ class JobThread:
         with self._lock:
             self._pending.pop(job_id, None)
             self._finished.append(result)
+            self._done.notify_all()
 
     def get_finished(self) -> list[TransferResult]:
         with self._lock:
@@ -63,6 +66,10 @@ class JobThread:
         with self._lock:
             futures = [self._pending[j] for j in job_ids if j in self._pending]
         wait(futures)
+
+    def wait_any(self, timeout: float) -> None:
+        with self._done:
+            self._done.wait_for(lambda: self._finished or not self._pending, timeout)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)
@@ -78,6 +85,9 @@ class ThreadedHandler(TransferHandler):
 
     def wait(self, job_ids: Collection[int]) -> None:
         self._thread.wait(job_ids)
+
+    def wait_any(self, timeout: float) -> None:
+        self._thread.wait_any(timeout)
 
     def shutdown(self) -> None:
         self._thread.shutdown()
