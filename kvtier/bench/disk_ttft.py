@@ -53,7 +53,6 @@ __all__ = ["OtherLoad", "measure"]
 
 HOST_BYTES, DISK_BYTES = "1GiB", "4GiB"  # kvtier's tiers in the TTFT engines
 WARMUP_TOKENS = 512
-DRAIN_STEPS = 10_000_000  # settle() steps while a prompt's chunks are written (~20 us a step)
 MEASURES = ("recompute", "kvtier_disk", "example")
 
 
@@ -134,7 +133,7 @@ def _kvtier_store(prompts: list[list[int]], results: _Results, llm: LLM) -> None
 
     for prompt in prompts:
         results.record("kvtier_first", llm, prompt)
-        settle(llm, max_steps=DRAIN_STEPS)  # the engine is idle: its dirty chunks go to disk
+        settle(llm)  # the engine is idle: its dirty chunks go to disk
     stored = kvtier.stats(llm).tiers["disk"].stored_chunks
     wanted = sum(len(p) // CHUNK_TOKENS for p in prompts)
     if stored < wanted:
@@ -147,12 +146,12 @@ def _kvtier_load(
     from kvtier.vllm import settle
 
     timed(llm, warmup)
-    settle(llm, max_steps=DRAIN_STEPS)
+    settle(llm)
     for prompt in prompts:
         files = _dropped(tier)
         before = copy.deepcopy(kvtier.stats(llm))  # the engine's counters change in place
         results.record("kvtier_disk", llm, prompt)
-        settle(llm, max_steps=DRAIN_STEPS)
+        settle(llm)
         after = kvtier.stats(llm)
         disk, was = after.tiers["disk"], before.tiers["disk"]
         check = {

@@ -108,7 +108,7 @@ class SchedulerConnector:
         full = len(block_hashes) // self.factor
         state.num_computed_tokens = num_computed_tokens
         state.lookup_start, state.lookup_end = first, max(first, full)
-        if self.manager.capacity == 0 or full <= first or state.load_jobs:
+        if (self.manager.capacity == 0 and self.disk is None) or full <= first or state.load_jobs:
             return 0
         end, retry = full, False
         for g, spec in enumerate(self.groups):

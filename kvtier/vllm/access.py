@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from kvtier.counters import KVTierStats
@@ -38,13 +39,14 @@ def stats(llm: Any) -> KVTierStats:
     return engine_connector(llm).scheduler.stats
 
 
-def settle(llm: Any, max_steps: int = 10_000) -> None:
+def settle(llm: Any, timeout_s: float = 600.0) -> None:
     """Step an in-process ``vllm.LLM`` until kvtier has no transfer in flight and vLLM released
-    every request (a finished request keeps its blocks until its stores drained)."""
+    every request (a finished request keeps its blocks until its stores drained; an idle engine
+    writes its dirty host chunks to disk). RuntimeError after ``timeout_s`` seconds."""
     scheduler = engine_connector(llm).scheduler
     core = llm.llm_engine.engine_core.engine_core
-    for _ in range(max_steps):
-        if not scheduler.has_jobs_in_flight and not core.scheduler.has_requests():
-            return
+    deadline = time.monotonic() + timeout_s
+    while scheduler.has_jobs_in_flight or core.scheduler.has_requests():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"kvtier: transfers still in flight after {timeout_s} s")
         core.step()
-    raise RuntimeError(f"kvtier: transfers still in flight after {max_steps} engine steps")

@@ -109,6 +109,7 @@ class WorkerConnector:
         self._disk_room = 0
         self._forward = True
         self._disk_load: DiskLoadHandler | None = None
+        self._disk_write: DiskWriteHandler | None = None
         self.counters = RankCounters()
 
     def register(
@@ -255,11 +256,8 @@ class WorkerConnector:
         copy finished, failed or not (a failed one also as failed, so the engine recomputes).
         """
         del finished_req_ids  # the plan's ``held`` says which finished requests wait for stores
-        if not self._forward and self._req_loads and self._disk_load is not None:
-            # nothing to compute, only loads to wait for: block (the GIL released) instead of
-            # returning to an engine loop that spins through empty steps holding the GIL, which
-            # starved the disk thread (a 4k-token load took seconds instead of ~0.1 s)
-            self._disk_load.wait_any(IDLE_WAIT_S)
+        if not self._forward:
+            self._wait_for_disk()
         self._poll()
         sending = {req for req in self._held if req not in self._req_stores}
         self._held -= sending
@@ -267,6 +265,18 @@ class WorkerConnector:
         failed = {req for req, ok in self._finished_loads if not ok}
         self._finished_loads = []
         return sending, recving, failed
+
+    def _wait_for_disk(self) -> None:
+        """A step with nothing to compute while disk jobs run: block (the GIL released) until one
+        finishes, at most ``IDLE_WAIT_S``. Returning at once, to an engine loop that spins
+        through empty steps holding the GIL, starved the disk threads: a 4k-token load took
+        seconds instead of ~0.1 s."""
+        if self._disk_load is None or self._disk_write is None:
+            return
+        if self._req_loads:
+            self._disk_load.wait_any(IDLE_WAIT_S)
+        elif any(job.engine is None for job in self._in_flight.values()):
+            self._disk_write.wait_any(IDLE_WAIT_S)
 
     def take_failed_blocks(self) -> set[int]:
         blocks, self._failed_blocks = self._failed_blocks, set()

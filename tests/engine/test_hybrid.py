@@ -62,3 +62,32 @@ def test_hybrid_model_reset_and_regenerate(
     full = 1 - sliding
     assert sum(s.group_sizes[sliding] for s in loads) > 0
     assert sum(s.group_sizes[sliding] for s in loads) < sum(s.group_sizes[full] for s in loads)
+
+
+def test_hybrid_model_from_disk_then_from_both_tiers(
+    hybrid_model: Path, reference: Any, tmp_path: Path
+) -> None:
+    """A restart loads both groups from disk; then a host tier too small for the prompts serves
+    what it still holds and the disk the rest (a host run then a disk run, per group)."""
+    token_prompts = prompts(hybrid_model, LENGTHS, seed=52)
+    expected = reference(hybrid_model, token_prompts)
+    wanted = full_chunks(token_prompts, 64)
+    disk = {"path": str(tmp_path / "tier"), "bytes": "256MiB"}
+    with engine(hybrid_model, kv_transfer_config=kvtier_transfer(block_size=64, disk=disk)) as llm:
+        assert generate(llm, token_prompts) == expected
+        settle(llm)
+    small = kvtier_transfer(block_size=64, disk=disk, cpu_bytes_to_use="1MiB")
+    with engine(hybrid_model, kv_transfer_config=small) as llm:
+        assert generate(llm, token_prompts) == expected  # a new engine: all from disk
+        settle(llm)
+        stats = kvtier.stats(llm)
+        assert stats.tiers["disk"].hit_chunks >= 0.9 * wanted
+        assert stats.cpu.hit_chunks == 0
+        llm.reset_prefix_cache()
+        assert generate(llm, token_prompts) == expected
+        settle(llm)
+        stats = kvtier.stats(llm)
+        assert stats.cpu.hit_chunks > 0  # promoted when loaded from disk
+        assert stats.tiers["disk"].hit_chunks > 0.9 * wanted  # and more from disk again
+        assert stats.tiers["disk"].bad_chunks == stats.tiers["disk"].failed_loads == 0
+        connector(llm).scheduler.check_integrity()
