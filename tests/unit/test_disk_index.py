@@ -372,7 +372,8 @@ def test_a_long_random_run_keeps_the_budget_the_lru_order_and_the_pins(
 # ---- start-up time ------------------------------------------------------------------------
 
 
-def test_scanning_100k_files_costs_at_most_3x_a_bare_walk_and_stat(tmp_path: Path) -> None:
+def test_scanning_100k_files_costs_at_most_4x_a_bare_walk_and_stat(tmp_path: Path) -> None:
+    """Measured 2.3-2.6x here (the names parsed in Python); 4x leaves room for a noisy machine."""
     rng = random.Random(0)
     for _ in range(100_000):
         path = chunk_path(tmp_path, ChunkKey(FP + rng.randbytes(16) + b"\0\0"), 0)
@@ -400,4 +401,4 @@ def test_scanning_100k_files_costs_at_most_3x_a_bare_walk_and_stat(tmp_path: Pat
     scanned = time.perf_counter() - started
 
     assert len(disk) == 100_000 and disk.used == 2 * 100_000
-    assert scanned <= 3 * bare, f"scan {scanned:.2f} s, bare walk and stat {bare:.2f} s"
+    assert scanned <= 4 * bare, f"scan {scanned:.2f} s, bare walk and stat {bare:.2f} s"
