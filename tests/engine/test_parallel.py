@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from disk_helpers import chunk_files
 from harness import engine, full_chunks, generate, kvtier_transfer, prompts
 
 from kvtier.vllm import rank_counters
@@ -83,3 +84,32 @@ def test_pipeline_parallel_two_ranks(tiny_model: Path, reference: Any, multiproc
         enforce_eager=False,
         compilation_config={"backend": "eager"},
     )
+
+
+def test_tensor_parallel_restarts_from_disk(
+    tiny_model: Path,
+    reference: Any,
+    multiprocess: None,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """vLLM's default multi-process mode, TP=2: each rank writes its own share of every chunk
+    (at idle or at shutdown), and a new engine loads every rank's share back from disk."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    token_prompts = prompts(tiny_model, LENGTHS, seed=62)
+    parallel: dict[str, Any] = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
+    expected = reference(tiny_model, token_prompts, **parallel)
+    disk = {"path": str(tmp_path / "tier"), "bytes": "256MiB"}
+    transfer = kvtier_transfer(block_size=CHUNK, disk=disk)
+    with engine(tiny_model, kv_transfer_config=transfer, **parallel) as llm:
+        assert generate(llm, token_prompts) == expected
+    files = chunk_files(tmp_path / "tier")
+    assert {f.name.split(".")[-2] for f in files} == {"0", "1"}  # both ranks' shares
+    assert len(files) >= 2 * full_chunks(token_prompts, CHUNK)
+    with engine(tiny_model, kv_transfer_config=transfer, **parallel) as llm:
+        assert generate(llm, token_prompts) == expected
+        counters = llm.collective_rpc(rank_counters)
+    assert len(counters) == 2
+    for rank in counters:  # a new engine: every load came from disk
+        assert rank["loads"] > 0 and rank["failed_loads"] == 0 and rank["disk_bad_chunks"] == 0
+    assert len({rank["loaded_bytes"] for rank in counters}) == 1, counters
