@@ -22,28 +22,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from kvtier.config import KVTierConfig
 from kvtier.counters import KVTierStats, TierStats
-from kvtier.keys import ChunkKey, ChunkKeyMaker
+from kvtier.keys import ChunkKeyMaker
 from kvtier.scheduler.base import TierEvent
 from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.scheduler.disk_writes import DiskWrites
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
-from kvtier.scheduler.jobs import LoadJob, StepPlan, WorkerReport
+from kvtier.scheduler.jobs import StepPlan, WorkerReport
+from kvtier.scheduler.load_planner import GroupSpec, LoadPlanner
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.request import RequestState
 from kvtier.scheduler.store_planner import NULL_BLOCK, StorePlanner
-from kvtier.worker.base import DiskChunks, EngineBlocks, HostChunks
 
-
-@dataclass(frozen=True)
-class GroupSpec:
-    """One KV cache group as the scheduler half needs it."""
-
-    block_tokens: int
-    sliding_window: int | None = None  # tokens; None for full attention
+__all__ = ["NULL_BLOCK", "GroupSpec", "ScheduledRequest", "SchedulerConnector"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +73,9 @@ class SchedulerConnector:
         self._stores = StorePlanner(
             self.manager, self._jobs, self.keys, self.block_tokens, self.stats.cpu
         )
+        self._loads = LoadPlanner(
+            self.groups, self.keys, self.block_tokens, self.manager, disk, self._jobs, self.stats
+        )
         self._plan = StepPlan(num_chunks=num_chunks)
         self._events: list[TierEvent] = []
         self.disk = disk
@@ -108,112 +103,21 @@ class SchedulerConnector:
         full = len(block_hashes) // self.factor
         state.num_computed_tokens = num_computed_tokens
         state.lookup_start, state.lookup_end = first, max(first, full)
-        if (self.manager.capacity == 0 and self.disk is None) or full <= first or state.load_jobs:
+        if full <= first or state.load_jobs:
             return 0
-        end, retry = full, False
-        for g, spec in enumerate(self.groups):
-            if spec.sliding_window is None:
-                keys = state.group_keys(self.keys, g, full)[first:end]
-                found = self.manager.lookup(keys)
-                end = first + found.ready + self._on_disk(keys[found.ready :])
-                retry = retry or found.retry_later
-        while end > first and not self._window_ready(state, end):
-            end -= 1
+        end, retry = self._loads.hit_end(state, first, full)
         hit = max(0, end * self.chunk_tokens - num_computed_tokens)
         if hit == 0 and retry:
             return None
         return hit
 
-    def _window_ready(self, state: RequestState, end: int) -> bool:
-        """Whether every sliding-window group holds the chunks its window needs at chunk ``end``."""
-        for g, spec in enumerate(self.groups):
-            if spec.sliding_window is None:
-                continue
-            first_token = max(0, end * self.chunk_tokens - spec.sliding_window)
-            keys = state.group_keys(self.keys, g, end)[first_token // self.chunk_tokens : end]
-            in_host = self.manager.lookup(keys).ready
-            if in_host + self._on_disk(keys[in_host:]) < len(keys):
-                return False
-        return True
-
-    def _on_disk(self, keys: Sequence[ChunkKey]) -> int:
-        """How many leading ``keys`` the disk tier holds (0 without one)."""
-        return self.disk.lookup(keys) if self.disk is not None and keys else 0
-
-    def _ready(self, chunk_keys: list[ChunkKey], block: int) -> bool:
-        key = chunk_keys[block // self.factor]
-        return self.manager.is_ready(key) or self._on_disk([key]) == 1
-
     def on_alloc(
         self, req_id: str, block_ids: Sequence[Sequence[int]], num_external_tokens: int
     ) -> None:
-        """The engine allocated ``block_ids`` (per group, whole request): plan the hit's load.
-
-        Per group, the blocks of the hit's chunks in the host tier come first (lookup found a
-        run there, then a run on disk): one load job from the host tier, one from disk.
-        """
+        """The engine allocated ``block_ids`` (per group, whole request): plan the hit's load."""
         state = self.requests[req_id]
         state.block_ids = [list(ids) for ids in block_ids]
-        start, end = state.num_computed_tokens, state.num_computed_tokens + num_external_tokens
-        host, disk = _LoadParts(), _LoadParts()
-        counted: tuple[int, int] | None = None  # (host, disk) chunks of the first full group
-        for g, spec in enumerate(self.groups):
-            first, last = start // self.block_tokens, end // self.block_tokens
-            if num_external_tokens == 0:
-                first = last
-            chunk_keys = state.group_keys(self.keys, g, -(-last // self.factor))
-            blocks = state.block_ids[g]
-            if spec.sliding_window is not None:  # only the window's chunks were looked up
-                window = max(0, end - spec.sliding_window) // self.chunk_tokens * self.factor
-                first = min(last, max(first, window))
-            # a sliding window keeps only its last blocks (the others are NULL_BLOCK), and only
-            # those chunks were required by lookup; skip what lies before them
-            while first < last and (
-                blocks[first] == NULL_BLOCK
-                or (spec.sliding_window is not None and not self._ready(chunk_keys, first))
-            ):
-                first += 1
-            split = first
-            while split < last and self.manager.is_ready(chunk_keys[split // self.factor]):
-                split = (split // self.factor + 1) * self.factor
-            split = min(split, last)
-            in_host = host.add(first, split, chunk_keys, blocks, self.factor)
-            on_disk = disk.add(split, last, chunk_keys, blocks, self.factor)
-            if counted is None and spec.sliding_window is None:
-                counted = (in_host, on_disk)
-            # chunks loaded from disk are stored in the host tier again, once loaded
-            state.stored_upto[g] = max(state.stored_upto[g], split // self.factor)
-        self._count_lookup(state, *(counted or (0, 0)))
-        if host.keys:
-            slots = HostChunks(np.array(self.manager.prepare_load(host.keys).slots, np.int64))
-            self._add_load(state, Job(req_id, host.keys, JobKind.LOAD), slots, host)
-        if disk.keys:
-            assert self.disk is not None, "kvtier: a disk hit without a disk tier"
-            self.disk.prepare_load(disk.keys)
-            files = DiskChunks(tuple(disk.keys))
-            self._add_load(state, Job(req_id, disk.keys, JobKind.DISK_LOAD), files, disk)
-
-    def _count_lookup(self, state: RequestState, in_host: int, on_disk: int) -> None:
-        if not state.lookup_end:  # count each lookup once: vLLM calls this again after a load
-            return
-        looked = state.lookup_end - state.lookup_start
-        self.stats.lookups += 1
-        self.stats.cpu.hit_chunks += in_host
-        self.stats.cpu.miss_chunks += looked - in_host
-        if "disk" in self.stats.tiers:
-            self.stats.tiers["disk"].hit_chunks += on_disk
-            self.stats.tiers["disk"].miss_chunks += looked - in_host - on_disk
-        state.lookup_start = state.lookup_end = 0
-
-    def _add_load(
-        self, state: RequestState, job: Job, src: HostChunks | DiskChunks, parts: _LoadParts
-    ) -> None:
-        job_id = self._jobs.add(job)
-        blocks = EngineBlocks(
-            np.array(parts.ids, dtype=np.int64), tuple(parts.sizes), tuple(parts.starts)
-        )
-        self._plan.loads.append(LoadJob(job_id, state.req_id, src, blocks))
-        state.load_jobs.add(job_id)
+        self._plan.loads += self._loads.plan(state, num_external_tokens)
 
     # ---- each step -------------------------------------------------------------------------
 
@@ -353,24 +257,3 @@ class SchedulerConnector:
         assert self.manager.num_pinned == pinned, (self.manager.num_pinned, pinned)
         if self.disk is not None:
             self.disk.check_integrity()
-
-
-class _LoadParts:
-    """The part of a hit one tier loads: its keys and engine blocks, group by group."""
-
-    def __init__(self) -> None:
-        self.keys: list[ChunkKey] = []
-        self.ids: list[int] = []
-        self.sizes: list[int] = []
-        self.starts: list[int] = []
-
-    def add(
-        self, first: int, end: int, chunk_keys: list[ChunkKey], blocks: list[int], factor: int
-    ) -> int:
-        """Blocks ``first:end`` of the next group (none when ``first == end``); its chunks."""
-        keys = chunk_keys[first // factor : -(-end // factor)] if first < end else []
-        self.keys += keys
-        self.ids += blocks[first:end]
-        self.sizes.append(max(0, end - first))
-        self.starts.append(first if first < end else 0)
-        return len(keys)
