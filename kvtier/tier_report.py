@@ -138,7 +138,8 @@ def render(report: TierReport) -> str:
     """Plain text: a summary line, a table of layouts, then the bad files with their reasons."""
     layouts = sorted(report.layouts.values(), key=lambda layout: -layout.bytes)
     lines = [
-        f"disk tier {report.root}: {report.chunk_files} chunk files in {len(layouts)} layouts, "
+        f"disk tier {report.root}: {report.chunk_files} chunk files in {len(layouts)} "
+        f"layout{'' if len(layouts) == 1 else 's'}, "
         f"{_size(sum(layout.bytes for layout in layouts))}",
         f"other files: {report.temp_files} temporary, {report.foreign_files} foreign, "
         f"{len(report.bad)} bad, {report.vanished} vanished during the walk",
