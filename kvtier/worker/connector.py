@@ -168,8 +168,7 @@ class WorkerConnector:
     def start_loads(self) -> None:
         loads, self._loads = self._loads, []
         for load in loads:  # a request may load from several tiers: it is done when all are
-            jobs, ok = self._req_loads.setdefault(load.req_id, (set(), True))
-            jobs.add(load.job_id)
+            self._req_loads.setdefault(load.req_id, (set(), True))[0].add(load.job_id)
         for load in loads:
             self._submit(load.job_id, _InFlight(load.req_id, False, load.dst), (load.src, load.dst))
 
