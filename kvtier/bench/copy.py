@@ -11,7 +11,6 @@ devices, timed just before each job; the figure is the median over rounds of bou
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -23,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from kvtier.bench.report import median, write_json
+from kvtier.bench.report import median, time_call, write_json
 from kvtier.layout import KVLayout, build_layout
 from kvtier.media import Medium
 from kvtier.scheduler import ChunkManager
@@ -113,9 +112,13 @@ def _measure(
             rng.permutation(layout.num_blocks)[:blocks_per_job], (blocks_per_job,), (0,)
         )
         slots = HostChunks(np.array(plan.slots))
-        stored = _time(bound.store) / _time(partial(_job, worker, 2 * round_, (engine, slots)))
+        stored = time_call(bound.store) / time_call(
+            partial(_job, worker, 2 * round_, (engine, slots))
+        )
         manager.complete_store(keys)
-        loaded = _time(bound.load) / _time(partial(_job, worker, 2 * round_ + 1, (slots, engine)))
+        loaded = time_call(bound.load) / time_call(
+            partial(_job, worker, 2 * round_ + 1, (slots, engine))
+        )
         if round_ >= 2:
             ratios["store"].append(stored)
             ratios["load"].append(loaded)
@@ -144,17 +147,6 @@ class _Bound:
 
     def load(self) -> None:
         self.engine.copy_(self.host, non_blocking=True)
-
-
-def _time(fn: Callable[[], None]) -> float:
-    """Seconds ``fn`` takes, device work included."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter() - started
 
 
 def _print(rows: list[dict[str, Any]], console: Console, device: torch.device) -> None:

@@ -32,7 +32,7 @@ from rich.console import Console
 from tqdm import tqdm
 
 from kvtier.bench import disk_report, page_cache
-from kvtier.bench.report import median, write_json
+from kvtier.bench.report import median, time_call, write_json
 from kvtier.keys import LayoutFingerprint, make_key
 from kvtier.layout import KVLayout, build_layout
 from kvtier.tiers.cpu import HostTier
@@ -196,7 +196,7 @@ def _pair(
     """Time ``kvtier`` and ``raw`` back to back, raw first in even rounds."""
     sides = [("raw", raw), ("kvtier", kvtier)]
     for side, fn in sides if round_ % 2 == 0 else sides[::-1]:
-        elapsed = _time(fn)
+        elapsed = time_call(fn)
         if kept:
             seconds[f"{side}_{measure}"].append(elapsed)
 
@@ -207,17 +207,6 @@ def _job(handler: TransferHandler, job_id: int, src: TransferSpec, dst: Transfer
     (result,) = handler.get_finished()
     if not result.success:
         raise RuntimeError(f"kvtier bench disk: job {job_id} failed: {result}")
-
-
-def _time(fn: Callable[[], None]) -> float:
-    """Seconds ``fn`` takes, device work included."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter() - started
 
 
 class _RawFile:

@@ -1,10 +1,11 @@
-"""Writing benchmark results: JSON for machines, a PNG for people, a table for the terminal."""
+"""Shared by the benchmarks: timing a call, medians, and the JSON of the results."""
 
 from __future__ import annotations
 
 import json
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,3 +35,14 @@ def median(values: list[float]) -> float:
     if len(ordered) % 2:
         return ordered[middle]
     return (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def time_call(fn: Callable[[], None]) -> float:
+    """Seconds ``fn`` takes, device work included."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - started

@@ -114,12 +114,11 @@ class DiskLoadHandler(ThreadedHandler):
 
     def _scatter(self, view: int, ids: np.ndarray, first: int) -> None:
         """Staging rows ``first:first + len(ids)`` of ``view`` into engine blocks ``ids``."""
-        stage = self._staging[view][first : first + len(ids)]
         engine = self.layout.views[view]
         if engine.device.type == "cpu":  # numpy, one copy: no OpenMP team on this thread
             self._engine_np[view][ids] = self._staging_np[view][first : first + len(ids)]
             return
-        picked = stage.to(engine.device, non_blocking=True)
+        picked = self._staging[view][first : first + len(ids)].to(engine.device, non_blocking=True)
         engine.index_copy_(0, torch.from_numpy(ids).to(engine.device), picked)
         torch.cuda.current_stream(engine.device).synchronize()  # staging is reused next
 

@@ -8,7 +8,6 @@ job, sub-block of that chunk).
 
 from __future__ import annotations
 
-import errno
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -18,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 import torch
+from disk_faults import full_disk_for
 
 from kvtier.keys import ChunkKey, key_group, make_key
 from kvtier.layout import KVLayout, build_layout
@@ -401,29 +401,13 @@ def test_a_write_not_staged_reads_the_slot_when_it_runs(
     assert written == new
 
 
-def _full_disk_for(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """``os.writev`` of the temporary file of ``name`` writes its header, then fails: ENOSPC."""
-    real_writev = os.writev
-    started: set[int] = set()
-
-    def writev(fd: int, buffers: Sequence[memoryview]) -> int:
-        if f".{name}." not in os.readlink(f"/proc/self/fd/{fd}"):
-            return real_writev(fd, buffers)
-        if fd not in started:
-            started.add(fd)
-            return real_writev(fd, buffers[:1])
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr("kvtier.tiers.disk_format.os.writev", writev)
-
-
 def test_a_full_disk_skips_that_chunk_and_writes_the_others(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tier = _tier(tmp_path, 1)
     host = _host(tier.layout, 1)
     keys, slots = _keys((0, 1, 2)), [1, 2, 3]
-    _full_disk_for(monkeypatch, tier.path(keys[1]).name)
+    full_disk_for(monkeypatch, tier.path(keys[1]).name)
     handler = DiskWriteHandler(host, tier)
     result = _run(handler, 1, HostChunks(np.array(slots)), DiskChunks(keys))
     handler.shutdown()

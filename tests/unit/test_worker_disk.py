@@ -6,8 +6,6 @@ are integers 0, 1, 2, ... in group 0.
 
 from __future__ import annotations
 
-import errno
-import os
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -15,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from disk_faults import full_disk_for
 
 from kvtier.keys import ChunkKey, LayoutFingerprint, make_key
 from kvtier.scheduler.jobs import DiskWriteJob, LoadJob, StepPlan, StoreJob
@@ -205,27 +204,11 @@ def test_a_staged_write_takes_the_slot_before_the_steps_store_reuses_it(
     assert (counters.disk_writes, counters.disk_write_errors, counters.stores) == (1, 0, 1)
 
 
-def _full_disk_for(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """``os.writev`` of the temporary file of ``name`` writes its header, then fails: ENOSPC."""
-    real_writev = os.writev
-    started: set[int] = set()
-
-    def writev(fd: int, buffers: Sequence[memoryview]) -> int:
-        if f".{name}." not in os.readlink(f"/proc/self/fd/{fd}"):
-            return real_writev(fd, buffers)
-        if fd not in started:
-            started.add(fd)
-            return real_writev(fd, buffers[:1])
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr("kvtier.tiers.disk_format.os.writev", writev)
-
-
 def test_a_full_disk_counts_the_chunk_it_could_not_write(
     worker: WorkerConnector, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     slots = [_fill_slot(worker, s, seed=s) for s in (0, 1, 2)]
-    _full_disk_for(monkeypatch, _disk(worker).path(KEYS[1]).name)
+    full_disk_for(monkeypatch, _disk(worker).path(KEYS[1]).name)
     write = DiskWriteJob(7, HostChunks(np.array([0, 1, 2])), DiskChunks(tuple(KEYS[:3])))
     worker.begin_step(StepPlan(disk_writes=[write], num_chunks=NUM_CHUNKS))
     worker.start_stores()
