@@ -22,18 +22,13 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from kvtier.addresses import EngineBlocks, HostChunks, TransferSpec
 from kvtier.bench.report import median, time_call, write_json
 from kvtier.layout import KVLayout, build_layout
 from kvtier.media import Medium
 from kvtier.scheduler import ChunkManager
 from kvtier.tiers.cpu import HostTier
-from kvtier.worker import (
-    EngineBlocks,
-    HostChunks,
-    TransferSpec,
-    TransferWorker,
-    engine_host_handlers,
-)
+from kvtier.worker import TransferWorker, engine_host_handlers
 
 LAYERS, KV_HEADS, HEAD_DIM, ENGINE_BLOCK = 8, 8, 64, 32
 CHUNK_TOKENS = (32, 64, 256)

@@ -29,11 +29,11 @@ from kvtier.scheduler.base import TierEvent
 from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.scheduler.disk_writes import DiskWrites
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
-from kvtier.scheduler.jobs import StepPlan, WorkerReport
 from kvtier.scheduler.load_planner import GroupSpec, LoadPlanner
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.request import RequestState
 from kvtier.scheduler.store_planner import NULL_BLOCK, StorePlanner
+from kvtier.step_plan import StepPlan, WorkerReport
 
 __all__ = ["NULL_BLOCK", "GroupSpec", "ScheduledRequest", "SchedulerConnector"]
 

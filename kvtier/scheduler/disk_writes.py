@@ -18,13 +18,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kvtier.addresses import DiskChunks, HostChunks
 from kvtier.counters import TierStats
 from kvtier.keys import ChunkKey
 from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
-from kvtier.scheduler.jobs import DiskWriteJob
 from kvtier.scheduler.manager import ChunkManager
-from kvtier.worker.base import DiskChunks, HostChunks
+from kvtier.step_plan import DiskWriteJob
 
 MAX_IN_FLIGHT = 64  # chunks being written to disk at once
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from kvtier.keys import ChunkKey
-from kvtier.scheduler.jobs import JobOutcome
+from kvtier.step_plan import JobOutcome
 
 logger = logging.getLogger(__name__)
 

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks
 from kvtier.counters import KVTierStats
 from kvtier.keys import ChunkKey, ChunkKeyMaker
 from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
-from kvtier.scheduler.jobs import LoadJob
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.request import RequestState
 from kvtier.scheduler.store_planner import NULL_BLOCK
-from kvtier.worker.base import DiskChunks, EngineBlocks, HostChunks
+from kvtier.step_plan import LoadJob
 
 
 @dataclass(frozen=True)

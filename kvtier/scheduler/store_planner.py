@@ -12,14 +12,14 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from kvtier.addresses import EngineBlocks, HostChunks
 from kvtier.counters import TierStats
 from kvtier.keys import ChunkKey, ChunkKeyMaker
 from kvtier.scheduler.base import Key, StorePlan
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
-from kvtier.scheduler.jobs import StoreJob
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.request import RequestState
-from kvtier.worker.base import EngineBlocks, HostChunks
+from kvtier.step_plan import StoreJob
 
 NULL_BLOCK = 0  # vLLM's placeholder for blocks a group does not keep (outside a sliding window)
 

@@ -10,7 +10,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from kvtier.scheduler.jobs import StepPlan, WorkerReport
+from kvtier.step_plan import StepPlan, WorkerReport
 
 
 @dataclass

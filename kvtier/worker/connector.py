@@ -24,10 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kvtier.addresses import EngineBlocks, TransferSpec
 from kvtier.keys import ChunkKey, LayoutFingerprint, key_group
 from kvtier.layout import KVLayout, build_layout, host_num_chunks
 from kvtier.media import Medium
-from kvtier.scheduler.jobs import (
+from kvtier.step_plan import (
     DiskWriteJob,
     JobOutcome,
     LoadJob,
@@ -37,9 +38,8 @@ from kvtier.scheduler.jobs import (
 )
 from kvtier.tiers.cpu import HostTier
 from kvtier.tiers.disk import DiskTier
-from kvtier.worker.base import EngineBlocks, TransferSpec
 from kvtier.worker.disk_io import DiskLoadHandler, DiskWriteHandler
-from kvtier.worker.engine_host import engine_host_handlers
+from kvtier.worker.handlers import engine_host_handlers
 from kvtier.worker.transfer_worker import TransferWorker
 
 logger = logging.getLogger(__name__)

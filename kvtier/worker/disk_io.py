@@ -19,18 +19,13 @@ import time
 import numpy as np
 import torch
 
+from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks, TransferSpec
 from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
 from kvtier.tiers.cpu import HostTier
 from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.disk_format import Buffer, ChunkError
-from kvtier.worker.base import (
-    DiskChunks,
-    EngineBlocks,
-    HostChunks,
-    TransferResult,
-    TransferSpec,
-)
+from kvtier.worker.base import TransferResult
 from kvtier.worker.engine_host import check_range
 from kvtier.worker.job_thread import JobThread, ThreadedHandler
 from kvtier.worker.plan import GroupCopy, plan_copy

@@ -2,7 +2,7 @@
 
 ``EngineHostHandler`` validates and plans a job (``plan.py``); subclasses decide where the copies
 run: a thread for CPU engine tensors (``copy_cpu.py``), a CUDA stream for GPU ones
-(``copy_cuda.py``). Use ``engine_host_handlers`` to get the pair for a layout.
+(``copy_cuda.py``). ``handlers.py`` picks the pair for a layout; this module imports neither.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from abc import abstractmethod
 
 import numpy as np
 
+from kvtier.addresses import EngineBlocks, HostChunks, TransferSpec
 from kvtier.layout import KVLayout
 from kvtier.tiers.cpu import HostTier
-from kvtier.worker.base import EngineBlocks, HostChunks, TransferHandler, TransferSpec
+from kvtier.worker.base import TransferHandler
 from kvtier.worker.plan import GroupCopy, plan_copy
 
 logger = logging.getLogger(__name__)
@@ -72,22 +73,3 @@ def check_range(what: str, ids: np.ndarray, limit: int) -> None:
     if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= limit):
         low, high = int(ids.min()), int(ids.max())
         raise ValueError(f"{what}s must lie in [0, {limit}), got {low}..{high}")
-
-
-def engine_host_handlers(
-    layout: KVLayout, host: HostTier
-) -> tuple[EngineHostHandler, EngineHostHandler]:
-    """The (store, load) handlers for ``layout``'s device.
-
-    CUDA: both on streams. CPU: stores on a thread, loads inline (see ``copy_cpu.py``).
-    """
-    if layout.device.type == "cuda":
-        from kvtier.worker.copy_cuda import CudaCopyHandler
-
-        return CudaCopyHandler(layout, host, store=True), CudaCopyHandler(layout, host, store=False)
-    from kvtier.worker.copy_cpu import CpuCopyHandler
-
-    return (
-        CpuCopyHandler(layout, host, store=True, inline=False),
-        CpuCopyHandler(layout, host, store=False, inline=True),
-    )

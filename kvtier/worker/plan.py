@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvtier.worker.base import EngineBlocks, HostChunks
+from kvtier.addresses import EngineBlocks, HostChunks
 
 
 class GroupCopy(NamedTuple):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from kvtier.addresses import TransferSpec
 from kvtier.media import Medium
-from kvtier.worker.base import TransferHandler, TransferResult, TransferSpec
+from kvtier.worker.base import TransferHandler, TransferResult
 
 
 class TransferWorker:

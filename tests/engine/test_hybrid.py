@@ -13,7 +13,7 @@ from harness import connector, engine, full_chunks, generate, kvtier_transfer, p
 
 import kvtier
 from kvtier.scheduler.connector import NULL_BLOCK, SchedulerConnector
-from kvtier.scheduler.jobs import StepPlan
+from kvtier.step_plan import StepPlan
 
 LENGTHS = [300, 200, 450, 130]  # all longer than the 64-token sliding window
 

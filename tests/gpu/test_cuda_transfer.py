@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
+from kvtier.addresses import EngineBlocks, HostChunks
 from kvtier.layout import build_layout
 from kvtier.media import Medium
 from kvtier.tiers.cpu import HostTier
-from kvtier.worker import EngineBlocks, HostChunks, TransferWorker, engine_host_handlers
+from kvtier.worker import TransferWorker, engine_host_handlers
 
 pytestmark = pytest.mark.gpu
 

@@ -19,12 +19,13 @@ import pytest
 import torch
 from disk_faults import full_disk_for
 
+from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks, TransferSpec
 from kvtier.keys import ChunkKey, key_group, make_key
 from kvtier.layout import KVLayout, build_layout
 from kvtier.tiers.cpu import HostTier
 from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.disk_format import HEADER_BYTES, Buffer
-from kvtier.worker.base import DiskChunks, EngineBlocks, HostChunks, TransferResult, TransferSpec
+from kvtier.worker.base import TransferResult
 from kvtier.worker.disk_io import DiskLoadHandler, DiskWriteHandler
 
 NUM_BLOCKS, NUM_CHUNKS = 24, 6

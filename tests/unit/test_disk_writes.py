@@ -11,8 +11,8 @@ from kvtier.keys import ChunkKey, LayoutFingerprint, make_key
 from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.scheduler.disk_writes import DiskWrites
 from kvtier.scheduler.job_table import JobTable
-from kvtier.scheduler.jobs import DiskWriteJob, JobOutcome
 from kvtier.scheduler.manager import ChunkManager
+from kvtier.step_plan import DiskWriteJob, JobOutcome
 from kvtier.tiers.disk_names import chunk_path
 
 FP = LayoutFingerprint("m", "f32", "test", 0, 1, 0, 4).digest()

@@ -8,7 +8,7 @@ import pytest
 from kvtier.config import KVTierConfig
 from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
 from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
-from kvtier.scheduler.jobs import JobOutcome, StepPlan, WorkerReport
+from kvtier.step_plan import JobOutcome, StepPlan, WorkerReport
 
 HASHES = [b"h0", b"h1", b"h2"]  # three full blocks: 12 tokens
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from kvtier.addresses import DiskChunks, HostChunks
 from kvtier.config import DiskConfig, KVTierConfig
 from kvtier.keys import ChunkKey, ChunkKeyMaker, LayoutFingerprint
 from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
 from kvtier.scheduler.disk_index import DiskIndex
-from kvtier.scheduler.jobs import JobOutcome, StepPlan, WorkerReport
+from kvtier.step_plan import JobOutcome, StepPlan, WorkerReport
 from kvtier.tiers.disk_names import chunk_path
-from kvtier.worker.base import DiskChunks, HostChunks
 
 FINGERPRINT = LayoutFingerprint("m", "f32", "test", 0, 1, 0, 4)
 FILE = 100  # bytes of one rank's chunk file

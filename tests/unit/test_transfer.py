@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from kvtier.addresses import EngineBlocks, HostChunks
 from kvtier.layout import KVLayout, build_layout
 from kvtier.media import Medium
 from kvtier.tiers.cpu import HostTier
-from kvtier.worker import EngineBlocks, HostChunks, TransferWorker, engine_host_handlers
+from kvtier.worker import TransferWorker, engine_host_handlers
 
 NUM_BLOCKS, NUM_CHUNKS = 24, 10
 

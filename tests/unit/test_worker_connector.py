@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvtier.scheduler.jobs import LoadJob, StepPlan, StoreJob
-from kvtier.worker.base import EngineBlocks, HostChunks
+from kvtier.addresses import EngineBlocks, HostChunks
+from kvtier.step_plan import LoadJob, StepPlan, StoreJob
 from kvtier.worker.connector import WorkerConnector
 
 

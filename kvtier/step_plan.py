@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks
 from kvtier.keys import ChunkKey
-from kvtier.worker.base import DiskChunks, EngineBlocks, HostChunks
 
 
 @dataclass(frozen=True)
