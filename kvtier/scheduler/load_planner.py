@@ -101,6 +101,7 @@ class LoadPlanner:
         start, end = state.num_computed_tokens, state.num_computed_tokens + num_external_tokens
         host, disk = _LoadParts(), _LoadParts()
         counted: tuple[int, int] | None = None  # (host, disk) chunks of the first full group
+        host_end = start  # where the host part of the first full group ends, in tokens
         for g, spec in enumerate(self.groups):
             first, last = start // self.block_tokens, end // self.block_tokens
             if num_external_tokens == 0:
@@ -125,9 +126,15 @@ class LoadPlanner:
             on_disk = disk.add(split, last, chunk_keys, blocks, self.factor)
             if counted is None and spec.sliding_window is None:
                 counted = (in_host, on_disk)
+                host_end = min(end, max(start, split * self.block_tokens))
             # chunks loaded from disk are stored in the host tier again, once loaded
             state.stored_upto[g] = max(state.stored_upto[g], split // self.factor)
         self._count_lookup(state, *(counted or (0, 0)))
+        if num_external_tokens:
+            in_host_tokens = host_end - start if counted is not None else num_external_tokens
+            state.loaded_tokens = _nonzero(
+                {"cpu": in_host_tokens, "disk": num_external_tokens - in_host_tokens}
+            )
         loads = []
         if host.keys:
             slots = HostChunks(np.array(self.manager.prepare_load(host.keys).slots, np.int64))
@@ -181,3 +188,7 @@ class _LoadParts:
         self.sizes.append(max(0, end - first))
         self.starts.append(first if first < end else 0)
         return len(keys)
+
+
+def _nonzero(counts: dict[str, int]) -> dict[str, int]:
+    return {name: count for name, count in counts.items() if count}

@@ -27,6 +27,9 @@ class RequestState:
     lookup_start: int = 0  # chunk index where the last lookup started (the local hit)
     lookup_end: int = 0  # full prompt chunks at the last lookup; 0 once counted
     num_computed_tokens: int = 0  # the engine's local hit at the last lookup
+    # provenance of the prompt's KV: tokens each kvtier tier loads ("cpu", "disk", ...), summing
+    # to the engine's num_external_tokens; set when the load is planned
+    loaded_tokens: dict[str, int] = field(default_factory=dict)
     store_jobs: set[int] = field(default_factory=set)
     load_jobs: set[int] = field(default_factory=set)  # one per tier it loads from
     finished: bool = False
