@@ -207,9 +207,13 @@ class SchedulerConnector:
         # must miss them, not fail again
         bad = [job.keys[i] for i in outcome.bad] if outcome.bad else job.keys
         if from_disk:
-            assert self.disk is not None
-            self.disk.complete_load(job.keys, bad if outcome.failed else [])
+            assert self.disk is not None and self._writes is not None
+            dropped = bad if outcome.failed else []
+            self.disk.complete_load(job.keys, dropped)  # every bad chunk, every rank's file
             stats.bad_chunks += len(outcome.bad)
+            # a dropped chunk's copy already in the host tier (another request computed it) is
+            # dirty again; one stored later is dirty as it completes (the disk no longer holds it)
+            self._writes.stored([key for key in dropped if self.manager.is_ready(key)])
         else:
             self.manager.complete_load(job.keys)
             if outcome.failed:

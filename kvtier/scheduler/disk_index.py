@@ -7,10 +7,13 @@ engine finds what an earlier one wrote. A chunk goes through the same states as 
 
     (absent) --prepare_store--> in flight --complete_store(ok)--> ready --evicted--> (absent)
 
-A chunk is ready when the files of all ``world_size`` ranks are there. Several engines may share
-one directory: a key another engine wrote is adopted when a lookup finds its files, and a file
-another engine removed is a counted miss at load time. Nothing here trusts a file: every load is
-verified by the worker that reads it.
+A chunk is ready when the files of all ``world_size`` ranks are there. A chunk a load found bad
+(on any rank) is dropped at once: no lookup finds it and ``holds`` is False, so its recomputed
+copy is written again; every rank's file is removed once no other load pins it.
+
+Several engines may share one directory: a key another engine wrote is adopted when a lookup finds
+its files, and a file another engine removed is a counted miss at load time. Nothing here trusts a
+file: every load is verified by the worker that reads it.
 
 Eviction removes the files of the least recently used chunks (not pinned, not being written)
 until the directory's bytes (counted per file, of every model in it) plus the chunks being written
@@ -44,10 +47,11 @@ class _Entry:
     loadable: bool = True  # ours, and every rank's file is there
     writing: bool = False  # its store is in flight
     pins: int = 0  # loads in flight
+    bad: bool = False  # a load found it bad; still pinned by another load (then removed)
 
     @property
     def ready(self) -> bool:
-        return self.loadable and not self.writing
+        return self.loadable and not self.writing and not self.bad
 
     @property
     def evictable(self) -> bool:
@@ -161,20 +165,27 @@ class DiskIndex:
             entry.pins += 1
 
     def complete_load(self, keys: Sequence[ChunkKey], bad: Sequence[ChunkKey] = ()) -> None:
-        """Unpin ``keys``; forget the ``bad`` ones (their files failed a check and are gone)."""
+        """Unpin ``keys``; drop the ``bad`` ones (a load found them bad, on some rank).
+
+        A dropped chunk is forgotten and every rank's file removed (a worker removes only its
+        own); one another load still pins is never found again and is removed when unpinned.
+        """
+        for key in bad:
+            entry = self._entries.get(key)
+            if entry is not None and entry.loadable and not entry.writing:
+                entry.bad = True
         for key in keys:
             entry = self._entries.get(key)
             if entry is not None:
                 entry.pins = max(0, entry.pins - 1)
-        if bad:
-            if len(self._refused) > MAX_REFUSED:
-                self._refused.clear()
-            for key in bad:
-                entry = self._entries.get(key)
-                if entry is not None and entry.evictable:
-                    self._refused[key] = self._newest_mtime(key)
-                    self._remove_files(key, entry.ranks)  # every rank's: the chunk is gone
-        else:
+        for key in dict.fromkeys([*bad, *keys]):
+            entry = self._entries.get(key)
+            if entry is not None and entry.bad and entry.evictable:
+                if len(self._refused) > MAX_REFUSED:
+                    self._refused.clear()
+                self._refused[key] = self._newest_mtime(key)
+                self._remove_files(key, entry.ranks)  # every rank's: the chunk is gone
+        if not bad:
             self.touch(keys)
 
     def _newest_mtime(self, key: ChunkKey) -> float:
@@ -264,7 +275,7 @@ class DiskIndex:
     def holds(self, key: ChunkKey) -> bool:
         """Whether ``key`` is on disk (all ranks) or being written (no file is looked at)."""
         entry = self._entries.get(key)
-        return entry is not None and (entry.loadable or entry.writing)
+        return entry is not None and not entry.bad and (entry.loadable or entry.writing)
 
     def ready_keys(self) -> list[ChunkKey]:
         """Ready chunks, least recently used first (for tests and inspection)."""
@@ -275,4 +286,5 @@ class DiskIndex:
         assert self.used == total, f"used {self.used} != {total} bytes of the entries"
         for key, entry in self._entries.items():
             assert entry.pins >= 0, f"{key.hex()} has {entry.pins} pins"
-            assert entry.ready or not entry.pins, f"{key.hex()} is pinned but not ready"
+            assert entry.ready or entry.bad or not entry.pins, f"{key.hex()} pinned, not ready"
+            assert not entry.bad or entry.pins, f"{key.hex()} is bad but was not removed"

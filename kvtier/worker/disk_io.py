@@ -2,8 +2,9 @@
 
 ``DiskLoadHandler`` (disk -> engine): reads a chunk's file into a staging buffer, and only once
 every check passed (``DiskTier.read``) scatters its rows into the engine blocks, on the device of
-the engine tensors (never a hard-coded one). A chunk that fails a check stops the job: the job
-fails, naming the chunk, and the engine recomputes its blocks.
+the engine tensors (never a hard-coded one). A chunk that fails a check fails the job, and the
+engine recomputes its blocks; the job still verifies every other chunk (without scattering it) and
+names ALL the bad ones at once, so that one pass drops every bad file, not one per pass.
 
 ``DiskWriteHandler`` (host tier -> disk): writes chunks from their host slots. A ``staged`` job
 copies the slots first, in ``transfer_async``, because this step's stores reuse them (a chunk
@@ -79,6 +80,12 @@ class DiskLoadHandler(ThreadedHandler):
     def _load(
         self, job_id: int, keys: tuple[ChunkKey, ...], plan: list[GroupCopy]
     ) -> TransferResult:
+        """Verify every chunk of the job; scatter each good one until the first bad one.
+
+        A failed job's blocks are all recomputed by the engine, so a chunk read after a bad one
+        is only verified (its file removed if bad, kept if good). ``bad``: the positions, in
+        ``keys`` order, of every chunk that failed a check or could not be read.
+        """
         started = time.perf_counter()
         factor, nbytes = self.tier.factor, 0
         reads = []  # (position in keys, group copy, its rows in that chunk), in reading order
@@ -88,6 +95,7 @@ class DiskLoadHandler(ThreadedHandler):
                 reads.append((chunk, copy, np.flatnonzero(chunk_of_row == chunk)))
         for n in range(min(READ_AHEAD, len(reads))):
             self.tier.prefetch(keys[reads[n][0]])
+        bad: list[int] = []
         for n, (chunk, copy, mine) in enumerate(reads):
             if n + READ_AHEAD < len(reads):  # the kernel reads it while this one is handled
                 self.tier.prefetch(keys[reads[n + READ_AHEAD][0]])
@@ -97,15 +105,18 @@ class DiskLoadHandler(ThreadedHandler):
             except (ChunkError, OSError) as error:
                 if not isinstance(error, ChunkError):
                     logger.warning("kvtier: disk chunk unreadable: %s", error)
-                self.bad_chunks += 1
-                elapsed = time.perf_counter() - started
-                return TransferResult(job_id, False, nbytes, elapsed, bad=(chunk,))
+                bad.append(chunk)
+                continue
+            if bad:  # the job failed: its blocks are recomputed, this chunk was only verified
+                continue
             ids = copy.block_ids[mine]
             first = int(copy.host_rows[mine[0]]) % factor  # a chunk's rows are consecutive
             for view in views:
                 self._scatter(view, ids, first)
             nbytes += len(ids) * sum(self.layout.page_bytes[v] for v in views)
-        return TransferResult(job_id, True, nbytes, time.perf_counter() - started)
+        self.bad_chunks += len(bad)
+        elapsed = time.perf_counter() - started
+        return TransferResult(job_id, not bad, nbytes, elapsed, bad=tuple(sorted(bad)))
 
     def _scatter(self, view: int, ids: np.ndarray, first: int) -> None:
         """Staging rows ``first:first + len(ids)`` of ``view`` into engine blocks ``ids``."""

@@ -207,7 +207,7 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("damage", DAMAGE)
-def test_a_bad_chunk_stops_the_load_before_its_blocks(tmp_path: Path, damage: str) -> None:
+def test_a_bad_chunk_fails_the_load_before_its_blocks(tmp_path: Path, damage: str) -> None:
     factor, engine, groups, _ = TRIMMED
     tier = _tier(tmp_path, factor)
     layout = tier.layout
@@ -232,6 +232,51 @@ def test_a_bad_chunk_stops_the_load_before_its_blocks(tmp_path: Path, damage: st
         for block in [3, 4, 5, 9, 10, 11, 12]:  # the bad chunk's blocks and those after it
             assert after[view][block] == before[view][block]
     assert after[2] == before[2]  # group 1's view
+
+
+def test_a_failed_load_names_every_bad_chunk_of_its_job(tmp_path: Path) -> None:
+    # one pass over a damaged tier drops every bad file, not only the first of each job
+    factor, engine, groups, _ = TRIMMED
+    tier = _tier(tmp_path, factor)
+    layout = tier.layout
+    keys = _keys(groups)
+    chunks = _store_chunks(tier, keys)
+    _flip_payload_byte(tier, keys, 1)
+    _remove(tier, keys, 3)  # unreadable counts as bad too
+    before = _engine_bytes(layout)
+    handler = DiskLoadHandler(layout, tier)
+    result = _run(handler, 1, DiskChunks(keys), engine)
+    handler.shutdown()
+
+    assert not result.success
+    assert result.bad == (1, 3)  # positions in the job's key order
+    assert handler.bad_chunks == 2
+    assert [tier.path(key).exists() for key in keys] == [True, False, True, False]
+    assert result.bytes == _page_bytes(layout, [0, 0, 0])  # chunk 0, before the first bad one
+    after = _engine_bytes(layout)
+    for i, view in enumerate(layout.groups[0]):
+        for block, sub in [(0, 0), (1, 1), (2, 2)]:
+            assert after[view][block] == chunks[0][i][sub].tobytes()
+        for block in [3, 4, 5, 9, 10, 11, 12]:  # chunk 2 was verified, not loaded: recomputed
+            assert after[view][block] == before[view][block]
+
+
+def test_a_load_of_only_bad_chunks_names_them_all_and_loads_nothing(tmp_path: Path) -> None:
+    factor, engine, groups, _ = TRIMMED
+    tier = _tier(tmp_path, factor)
+    keys = _keys(groups)
+    _store_chunks(tier, keys)
+    for position in range(len(keys)):
+        _flip_payload_byte(tier, keys, position)
+    before = _engine_bytes(tier.layout)
+    handler = DiskLoadHandler(tier.layout, tier)
+    result = _run(handler, 1, DiskChunks(keys), engine)
+    handler.shutdown()
+
+    assert (result.success, result.bad, result.bytes) == (False, (0, 1, 2, 3), 0)
+    assert handler.bad_chunks == 4
+    assert not any(tier.path(key).exists() for key in keys)
+    assert _engine_bytes(tier.layout) == before
 
 
 def test_a_load_after_a_failed_one_is_whole(tmp_path: Path) -> None:

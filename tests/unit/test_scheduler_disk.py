@@ -307,3 +307,111 @@ def test_a_dirty_chunk_evicted_from_the_host_tier_is_written_before_its_slot_is_
     assert sorted(plan.stores[0].dst.slots.tolist()) == sorted(slots.values())
     _write(connector, plan)
     assert connector.lookup("c", HASHES[:2], 0) == 8  # from disk now
+
+
+# ---- a failed disk load drops every bad chunk, and the recomputed ones are written again -------
+
+
+def test_a_failed_disk_load_drops_every_bad_chunk_on_every_rank(tmp_path: Path) -> None:
+    connector = _connector(tmp_path, ranks=2)
+    keys = _keys(connector, HASHES)
+    _on_disk(tmp_path, keys, ranks=2)
+    assert connector.lookup("b", HASHES, 0) == 16
+    connector.on_alloc("b", [[20, 21, 22, 23]], 16)
+    (load,) = _step(connector).loads
+
+    for position in (0, 2):  # each rank removed the files it found bad
+        chunk_path(tmp_path, keys[position], 0).unlink()
+    chunk_path(tmp_path, keys[3], 1).unlink()
+    _report(connector, load.job_id, outcome=JobOutcome(ranks=1, failed=1, bad=[0, 2]))
+    _report(connector, load.job_id, outcome=JobOutcome(ranks=1, failed=1, bad=[2, 3]))
+
+    assert connector.disk is not None
+    assert connector.disk.ready_keys() == [keys[1]]  # verified good on both ranks: kept
+    for position, there in enumerate([False, True, False, False]):
+        assert [chunk_path(tmp_path, keys[position], r).exists() for r in (0, 1)] == [there] * 2
+    assert not any(connector.disk.holds(keys[p]) for p in (0, 2, 3))
+    disk = connector.stats.tiers["disk"]
+    assert (disk.bad_chunks, disk.failed_loads, disk.loaded_chunks) == (3, 1, 0)
+
+
+def test_the_recomputed_chunks_of_a_failed_disk_load_are_written_to_disk_again(
+    tmp_path: Path,
+) -> None:
+    connector = _connector(tmp_path)
+    keys = _keys(connector, HASHES8)
+    blocks = list(range(20, 28))
+    _store_in_host(connector, "a", HASHES8[:2], [10, 11], ranks=1)
+    _on_disk(tmp_path, keys[2:])
+    assert connector.lookup("b", HASHES8, 0) == 32
+    connector.on_alloc("b", [blocks], 32)
+    host, from_disk = _step(connector).loads
+    _report(connector, host.job_id)
+
+    for position in (1, 3):  # keys 3 and 5
+        chunk_path(tmp_path, keys[2 + position], 0).unlink()
+    _report(connector, from_disk.job_id, outcome=JobOutcome(ranks=1, failed=1, bad=[1, 3]))
+    # vLLM recomputes the failed load's blocks (2..7), and kvtier stores them in the host tier
+    (store,) = _step(connector, [ScheduledRequest("b", [blocks], 32)]).stores
+    assert store.keys == tuple(keys[2:])
+    _report(connector, store.job_id)
+    assert connector.request_finished("b") is False
+
+    plan = _step(connector)  # idle: the dirty chunks are written
+    (write,) = plan.disk_writes
+    # a's chunks (never on disk), then the recomputed bad ones; the good ones are on disk
+    assert write.dst.keys == (keys[0], keys[1], keys[3], keys[5])
+    _write(connector, plan)
+    assert connector.disk is not None
+    assert set(connector.disk.ready_keys()) == set(keys)
+    assert not connector.has_pending_work
+
+
+def test_a_bad_chunk_another_load_pins_is_dropped_at_once_and_removed_after_that_load(
+    tmp_path: Path,
+) -> None:
+    connector = _connector(tmp_path, ranks=2)
+    keys = _keys(connector, HASHES[:2])
+    _on_disk(tmp_path, keys, ranks=2)
+    loads = {}
+    for req in ("b", "c"):
+        assert connector.lookup(req, HASHES[:2], 0) == 8
+        connector.on_alloc(req, [[20, 21]], 8)
+        (loads[req],) = _step(connector).loads
+
+    chunk_path(tmp_path, keys[1], 0).unlink()  # b's rank 0 found it bad
+    _report(connector, loads["b"].job_id, outcome=JobOutcome(ranks=1, failed=1, bad=[1]))
+    _report(connector, loads["b"].job_id)
+    assert connector.disk is not None
+    assert not connector.disk.holds(keys[1])  # a recomputed copy is written again
+    assert connector.lookup("d", HASHES[:2], 0) == 4  # never served again
+    assert chunk_path(tmp_path, keys[1], 1).exists()  # c still reads it
+
+    _report(connector, loads["c"].job_id, outcome=JobOutcome(ranks=1, failed=1, bad=[1]))
+    _report(connector, loads["c"].job_id)
+    assert not chunk_path(tmp_path, keys[1], 1).exists()  # every rank's file is gone
+    assert connector.disk.ready_keys() == [keys[0]]
+
+
+def test_a_host_copy_of_a_chunk_found_bad_on_disk_is_written_again(tmp_path: Path) -> None:
+    connector = _connector(tmp_path)
+    keys = _keys(connector, HASHES[:2])
+    assert connector.lookup("a", HASHES[:2], 0) == 0  # "a" computes the prompt itself
+    connector.on_alloc("a", [[10, 11]], 0)
+    _on_disk(tmp_path, keys)  # meanwhile another engine writes it to disk
+    assert connector.lookup("b", HASHES[:2], 0) == 8
+    connector.on_alloc("b", [[20, 21]], 8)
+    (load,) = _step(connector).loads
+    (store,) = _step(connector, [ScheduledRequest("a", [[10, 11]], 8)]).stores
+    _report(connector, store.job_id)  # in the host tier, and (so far) on disk: not dirty
+    assert connector.request_finished("a") is False
+
+    chunk_path(tmp_path, keys[1], 0).unlink()
+    _report(connector, load.job_id, outcome=JobOutcome(ranks=1, failed=1, bad=[1]))
+    assert connector.request_finished("b") is False
+
+    plan = _step(connector)  # idle
+    (write,) = plan.disk_writes
+    assert write.dst.keys == (keys[1],)
+    _write(connector, plan)
+    assert connector.disk is not None and set(connector.disk.ready_keys()) == set(keys)
