@@ -26,9 +26,29 @@ def main(argv: list[str] | None = None) -> int:
     copy.add_argument("--rounds", type=int, default=15)
     copy.add_argument("--device", default=None, help="engine device (default: cuda if present)")
     copy.add_argument("--out", type=Path, default=Path("bench/results"))
-    ttft = which.add_parser("ttft", help="TTFT of a kvtier hit in vLLM / the engine's own hit")
-    ttft.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
-    ttft.add_argument("--repeats", type=int, default=5, help="fresh prompts per length (median)")
+    ttft = which.add_parser(
+        "ttft",
+        help="TTFT of kvtier hits in vLLM; no regret: kvtier on / off, kvtier hit / own hit",
+        description="Engines with no connector, kvtier and ExampleConnector, alive together, "
+        "requests interleaved: TTFT of recompute, the engine's own prefix-cache hit (kvtier off "
+        "and on), a kvtier hit and an Example hit; the 0%-hit throughput with kvtier / without "
+        "in interleaved pairs. Prints each no-regret ratio with its goal and PASS/FAIL; writes "
+        "ttft-cpu.json and ttft-cpu.png (about 10 minutes; --quick about 2).",
+    )
+    ttft.add_argument("--quick", action="store_true",
+                      help="1024 and 1000 tokens, 3 repeats, 4 throughput pairs")  # fmt: skip
+    ttft.add_argument("--lengths", type=int, nargs="+",
+                      help="prompt lengths of every row (default 1024 2048 4096)")  # fmt: skip
+    ttft.add_argument("--unaligned", type=int, nargs="*",
+                      help="more lengths for the hit rows (default 1000 2000 4000)")  # fmt: skip
+    ttft.add_argument("--repeats", type=int, help="fresh prompts per length (default 5)")
+    ttft.add_argument("--chunk-tokens", type=int, default=64,
+                      help="kvtier's chunk (its block_size), a multiple of 32")  # fmt: skip
+    ttft.add_argument("--pairs", type=int, help="throughput pairs, at least (default 10)")
+    ttft.add_argument("--max-pairs", type=int,
+                      help="more pairs while the spread is above 2%% (default 40)")  # fmt: skip
+    ttft.add_argument("--model", default="bench", help="a local model's name or directory")
+    ttft.add_argument("--dtype", default="bfloat16")
     ttft.add_argument("--out", type=Path, default=Path("bench/results"))
     disk = which.add_parser(
         "disk",
@@ -78,7 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     elif args.bench == "ttft":
         from kvtier.bench import ttft as ttft_bench
 
-        ttft_bench.run(args.out, lengths=tuple(args.lengths), repeats=args.repeats)
+        sizes = ttft_bench.options(
+            args.quick, lengths=args.lengths, unaligned=args.unaligned, repeats=args.repeats,
+            pairs=args.pairs, max_pairs=args.max_pairs,
+        )  # fmt: skip
+        model = Path(args.model) if (Path(args.model) / "config.json").is_file() else args.model
+        ttft_bench.run(args.out, model=model, dtype=args.dtype, chunk_tokens=args.chunk_tokens,
+                       **sizes)  # fmt: skip
     elif args.bench == "disk":
         from kvtier.bench import disk as disk_bench
 

@@ -1,7 +1,7 @@
 """``kvtier bench disk``, TTFT part: a prompt served from files by a restarted engine, in vLLM.
 
-One in-process engine at a time (``ttft.on_engine``); one ``max_tokens=1`` request at a time, timed
-around ``LLM.generate``; a fresh prompt of ``tokens`` tokens per repetition:
+One in-process engine at a time (``ttft_engine.on_engine``); one ``max_tokens=1`` request at a
+time, timed around ``LLM.generate``; a fresh prompt of ``tokens`` tokens per repetition:
 
     recompute    no connector, the prompt never seen
     kvtier disk  engine A (kvtier with a disk tier) serves every prompt and drains: an idle engine
@@ -33,17 +33,16 @@ from tqdm import tqdm
 import kvtier
 from kvtier.bench import page_cache
 from kvtier.bench.report import median
-from kvtier.bench.ttft import (
+from kvtier.bench.ttft_engine import on_engine
+from kvtier.bench.ttft_setup import (
     CHUNK_TOKENS,
     ENGINE_ENV,
     ENGINE_ENV_DEFAULTS,
     HIT_FRACTION,
-    OtherLoad,
     Setup,
     Workload,
-    on_engine,
-    timed,
 )
+from kvtier.bench.ttft_timing import OtherLoad, timed
 from kvtier.models import make_prompt, model_path
 
 if TYPE_CHECKING:

@@ -1,90 +1,101 @@
-"""``kvtier bench ttft``'s report: the terminal tables and the PNG, from the result rows."""
+"""``kvtier bench ttft``'s terminal report, from the result rows and the document's meta:
+the TTFT medians, the no-regret ratios against their goals (PASS / FAIL), the other ratios,
+and warnings when other work disturbed the timings or a spread stayed above its goal."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-GOALS = {"kvtier_over_engine_hit": 1.1, "kvtier_over_example": 1.0, "throughput_ratio": 0.98}
-MEASURES = ("recompute", "engine_hit", "kvtier_hit", "example_hit")
-LABELS = dict(zip(MEASURES, ("recompute", "engine hit (floor)", "kvtier hit", "Example hit")))
+from kvtier.bench.ttft_ratios import INFO
+
+MEASURES = ("recompute", "engine_hit", "engine_hit_on", "kvtier_hit", "example_hit")
+LABELS = dict(zip(MEASURES, (
+    "recompute", "own hit, kvtier off", "own hit, kvtier on", "kvtier hit", "Example hit"
+)))  # fmt: skip
+UNALIGNED = "*"  # marks a length that is not a multiple of the chunk
+OTHER_RATIOS = {**INFO, "kvtier_over_recompute": "kvtier hit / recompute",
+                "example_over_engine_hit": "Example hit / own hit"}  # fmt: skip
 OTHER_LOAD_WARNING = 0.1  # cores taken by other work during a phase
-RATIOS = {
-    "kvtier_over_engine_hit": "kvtier / engine hit",
-    "example_over_engine_hit": "Example / engine hit",
-    "kvtier_over_recompute": "kvtier / recompute",
-    "kvtier_over_example": "kvtier / Example",
-}
 
 
 def print_tables(rows: list[dict[str, Any]], meta: dict[str, Any], console: Console) -> None:
-    ttft = Table(title="TTFT, median seconds (max_tokens=1)")
-    for column in ("tokens", *LABELS.values(), "kvtier chunks hit"):
-        ttft.add_column(column, justify="right")
-    for row in rows:
-        hits = f"{row['kvtier_hit_chunks']:.0f}/{row['full_chunks']}"
-        ttft.add_row(str(row["prompt_tokens"]), *(f"{row[f'{m}_s']:.3f}" for m in MEASURES), hits)
-    ratios = Table(title="TTFT ratios (goals: kvtier / engine hit <= 1.1, kvtier / Example < 1)")
-    for column in ("tokens", *RATIOS.values()):
-        ratios.add_column(column, justify="right")
-    for row in rows:
-        ratios.add_row(str(row["prompt_tokens"]), *(f"{row[key]:.3f}" for key in RATIOS))
-    t = meta["throughput"]
-    throughput = Table(title=f"0%-hit throughput, {t['prompts']} unique prompts of "
-                       f"{t['prompt_tokens']} tokens, {t['max_tokens']} tokens out")  # fmt: skip
-    for column in ("none, tokens/s", "kvtier, tokens/s", "kvtier / none", "goal"):
-        throughput.add_column(column, justify="right")
-    throughput.add_row(f"{t['baseline_tokens_per_s']:.0f}", f"{t['kvtier_tokens_per_s']:.0f}",
-                       f"{t['ratio']:.3f}", f">= {GOALS['throughput_ratio']}")  # fmt: skip
-    for table in (ttft, ratios, throughput):
+    for table in (_ttft(rows, meta), _no_regret(meta), _others(rows), _throughput(meta)):
         console.print(table)
+    console.print(f"{UNALIGNED} not a multiple of the chunk ({meta['chunk_tokens']} tokens)")
+    verdicts = meta["no_regret"]
+    failed = [v for v in verdicts if not v["pass"]]
+    colour = "red" if failed else "green"
+    console.print(f"[{colour}]no regret: {len(verdicts) - len(failed)} of {len(verdicts)} "
+                  f"ratios within their goals[/{colour}]")  # fmt: skip
+    for warning in _warnings(meta):
+        console.print(f"[yellow]warning: {warning}[/yellow]")
+
+
+def _ttft(rows: list[dict[str, Any]], meta: dict[str, Any]) -> Table:
+    table = Table(title=f"TTFT, median seconds of {meta['repeats']} fresh prompts "
+                  f"(max_tokens=1; chunk {meta['chunk_tokens']} tokens)")  # fmt: skip
+    for column in ("tokens", *LABELS.values(), "kvtier chunks / full"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        cells = [f"{row[f'{m}_s']:.4f}" if f"{m}_s" in row else "-" for m in MEASURES]
+        hits = f"{row['kvtier_hit_chunks']:.0f}/{row['full_chunks']}"
+        table.add_row(_tokens(row), *cells, hits)
+    return table
+
+
+def _no_regret(meta: dict[str, Any]) -> Table:
+    table = Table(title="No regret: ratios of paired measurements (median, 95% CI half-width)")
+    for column in ("ratio", "tokens", "value", "spread", "pairs", "goal", ""):
+        table.add_column(column, justify="left" if column == "ratio" else "right")
+    for v in meta["no_regret"]:
+        tokens = "-" if v["prompt_tokens"] is None else str(v["prompt_tokens"])
+        verdict = "[green]PASS[/green]" if v["pass"] else "[red]FAIL[/red]"
+        table.add_row(v["label"], tokens, f"{v['ratio']:.3f}", f"±{v['spread']:.1%}",
+                      str(v["pairs"]), v["goal"], verdict)  # fmt: skip
+    return table
+
+
+def _others(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="Other TTFT ratios (median of pairs)")
+    for column in ("tokens", *OTHER_RATIOS.values()):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(_tokens(row), *(f"{row[k]:.3f}" if k in row else "-" for k in OTHER_RATIOS))
+    return table
+
+
+def _throughput(meta: dict[str, Any]) -> Table:
+    t = meta["throughput"]
+    title = (f"0%-hit throughput: {t['pairs']} pairs, each {t['prompts']} never-seen prompts of "
+             f"{t['prompt_tokens']} tokens, {t['max_tokens']} out")  # fmt: skip
+    table = Table(title=title)
+    for column in ("none, tok/s", "kvtier, tok/s", "kvtier / none", "spread", "drain s"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        f"{t['baseline_tokens_per_s']:.0f}", f"{t['kvtier_tokens_per_s']:.0f}",
+        f"{t['ratio']:.3f}", f"±{t['spread']:.1%}", f"{t['kvtier_drain_s']:.4f}",
+    )  # fmt: skip
+    return table
+
+
+def _warnings(meta: dict[str, Any]) -> list[str]:
+    warnings = []
     disturbed = {k: v for k, v in meta["other_load_cores"].items() if (v or 0) > OTHER_LOAD_WARNING}
     if disturbed:
         phases = ", ".join(f"{phase} {cores:.2f}" for phase, cores in disturbed.items())
-        console.print(f"[yellow]warning: other work on this machine took cores during: {phases}; "
-                      "those timings are disturbed[/yellow]")  # fmt: skip
+        warnings.append(f"other work on this machine took cores during: {phases}; "
+                        "those timings are disturbed")  # fmt: skip
+    t = meta["throughput"]
+    if not t["precise"]:
+        warnings.append(
+            f"the throughput ratio's spread ±{t['spread']:.1%} is above its goal "
+            f"±{t['spread_goal']:.0%} after {t['pairs']} pairs (--max-pairs)"
+        )
+    return warnings
 
 
-def plot(rows: list[dict[str, Any]], throughput: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (ttft, ratios) = plt.subplots(1, 2, figsize=(12, 4.5))
-    ticks = (range(len(rows)), [f"{r['prompt_tokens']} tokens" for r in rows])
-    for i, measure in enumerate(MEASURES):
-        positions = [j + (i - 1.5) * 0.2 for j in range(len(rows))]
-        values = [r[f"{measure}_s"] for r in rows]
-        bars = ttft.bar(positions, values, 0.2, label=LABELS[measure])
-        ttft.bar_label(bars, [_seconds(v) for v in values], fontsize=7)
-    ttft.set_yscale("log")
-    ttft.set_xticks(*ticks)
-    ttft.set_ylabel("time to first token (log scale)")
-    ttft.set_title("TTFT, median of fresh prompts (max_tokens=1)")
-    ttft.legend(loc="upper left", fontsize=8)
-    for i, (key, label) in enumerate(list(RATIOS.items())[:2]):
-        positions = [j + (i - 0.5) * 0.38 for j in range(len(rows))]
-        bars = ratios.bar(positions, [r[key] for r in rows], 0.38, label=label)
-        ratios.bar_label(bars, fmt="%.2f", fontsize=8)
-    goal = GOALS["kvtier_over_engine_hit"]
-    ratios.axhline(goal, color="grey", linestyle="--", linewidth=1, label=f"goal {goal}")
-    ratios.axhline(1.0, color="black", linewidth=0.8)
-    top = max(max(r[key] for r in rows for key in list(RATIOS)[:2]), goal)
-    ratios.set_ylim(0, top * 1.35)  # room for the legend above the bars
-    ratios.set_xticks(*ticks)
-    ratios.set_ylabel("TTFT / engine prefix-cache hit")
-    ratios.set_title(f"hit TTFT over the floor; 0%-hit throughput kvtier / none "
-                     f"{throughput['ratio']:.3f}")  # fmt: skip
-    ratios.legend(loc="upper left", fontsize=8, ncol=3)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-
-
-def _seconds(value: float) -> str:
-    return f"{value:.2f} s" if value >= 1 else f"{value * 1e3:.0f} ms"
+def _tokens(row: dict[str, Any]) -> str:
+    return str(row["prompt_tokens"]) + ("" if row["aligned"] else UNALIGNED)

@@ -1,35 +1,59 @@
-"""``kvtier bench ttft`` end to end on the tiny model: every configuration runs, the kvtier hits
-are verified from kvtier's counters, and the JSON holds one row per prompt length."""
+"""``kvtier bench ttft`` end to end on the tiny model, its smallest sizes: the engines run side by
+side, every row is measured and verified (kvtier hits from kvtier's counters), and the JSON holds
+the no-regret ratios with their goals and verdicts, per length and for the throughput."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
+
 from kvtier.bench import ttft
+from kvtier.bench.ttft_ratios import GOALS
+from kvtier.bench.ttft_setup import Workload
 
 ROW_KEYS = {
-    "prompt_tokens", "recompute_s", "engine_hit_s", "kvtier_hit_s", "example_hit_s",
-    "kvtier_over_engine_hit", "example_over_engine_hit", "kvtier_over_recompute",
-    "kvtier_over_example", "kvtier_hit_verified", "kvtier_hit_chunks", "full_chunks",
+    "prompt_tokens", "aligned", "recompute_s", "engine_hit_s", "engine_hit_on_s", "kvtier_hit_s",
+    "kvtier_miss_s", "engine_hit_on_over_off", "kvtier_over_engine_hit",
+    "kvtier_miss_over_recompute", "kvtier_over_recompute", "kvtier_hit_verified",
+    "kvtier_hit_chunks", "full_chunks", "loadable_chunks", "kvtier_hit_cached_tokens",
 }  # fmt: skip
-THROUGHPUT_KEYS = {"baseline_tokens_per_s", "kvtier_tokens_per_s", "ratio", "ratios"}
+EXAMPLE_KEYS = {"example_hit_s", "example_over_engine_hit", "kvtier_over_example"}
+BOUNDS = {"engine_hit_on_over_off": 1.1, "kvtier_over_engine_hit": 1.0, "throughput_ratio": 0.98}
+VERDICT_KEYS = {"key", "label", "prompt_tokens", "ratio", "spread", "pairs", "goal", "pass"}
 
 
-def test_bench_ttft_writes_verified_rows(tiny_model: Path, tmp_path: Path) -> None:
-    workload = ttft.Workload(prompts=2, tokens=128, max_tokens=2, rounds=1)
-    ttft.run(tmp_path, lengths=(128, 256), repeats=1, model=tiny_model, dtype="float32",
-             workload=workload)  # fmt: skip
+def test_bench_ttft_writes_verified_no_regret_rows(tiny_model: Path, tmp_path: Path) -> None:
+    workload = Workload(prompts=2, tokens=128, max_tokens=2, pairs=2, max_pairs=2)
+    ttft.run(tmp_path, lengths=(128,), unaligned=(100,), repeats=2, model=tiny_model,
+             dtype="float32", chunk_tokens=32, workload=workload)  # fmt: skip
 
     document = json.loads((tmp_path / "ttft-cpu.json").read_text())
-    rows = document["rows"]
-    assert [row["prompt_tokens"] for row in rows] == [128, 256]
-    for row in rows:
+    assert document["chunk_tokens"] == 32
+    rows = {row["prompt_tokens"]: row for row in document["rows"]}
+    assert sorted(rows) == [100, 128]
+    assert rows[128]["aligned"] and not rows[100]["aligned"]
+    for row in rows.values():
         assert ROW_KEYS <= row.keys()
         assert row["kvtier_hit_verified"] is True
-        assert row["full_chunks"] == row["prompt_tokens"] // ttft.CHUNK_TOKENS
-        assert row["kvtier_hit_chunks"] >= 0.9 * row["full_chunks"]
-        assert all(row[f"{m}_s"] > 0 for m in ttft.MEASURES)
-    assert THROUGHPUT_KEYS <= document["throughput"].keys()
-    assert len(document["throughput"]["ratios"]) == 1
+        assert row["loadable_chunks"] == (row["prompt_tokens"] - 1) // 32
+        assert row["kvtier_hit_chunks"] >= 0.9 * row["loadable_chunks"]
+        assert row["kvtier_hit_cached_tokens"] >= 0.9 * row["loadable_chunks"] * 32
+        assert all(row[f"{m}_s"] > 0 for m in ("recompute", "engine_hit", "kvtier_hit"))
+    assert EXAMPLE_KEYS <= rows[128].keys() and not EXAMPLE_KEYS & rows[100].keys()
+
+    verdicts = {(v["key"], v["prompt_tokens"]): v for v in document["no_regret"]}
+    wanted = {(key, n) for key in GOALS if key != "throughput_ratio" for n in rows}
+    assert verdicts.keys() == wanted | {("throughput_ratio", None)}
+    for v in verdicts.values():
+        assert VERDICT_KEYS <= v.keys() and v["ratio"] > 0
+        bound = BOUNDS[v["key"]]
+        assert v["pass"] == (v["ratio"] >= bound if bound < 1 else v["ratio"] <= bound)
+    assert document["all_pass"] == all(v["pass"] for v in verdicts.values())
+    throughput = document["throughput"]
+    assert throughput["pairs"] == 2 and len(throughput["ratios"]) == 2
+    assert throughput["ratio"] == pytest.approx(
+        verdicts["throughput_ratio", None]["ratio"], abs=1e-3
+    )
     assert (tmp_path / "ttft-cpu.png").stat().st_size > 0
