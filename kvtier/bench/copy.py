@@ -6,7 +6,8 @@ engine blocks) on the machine's default device. Each job moves one request's wor
 out while the tier churns (every store evicts), through the real ``TransferWorker`` path. The bound
 is one ``dst.copy_(src)`` of the same number of bytes between two contiguous buffers on the same
 devices, timed just before each job; the figure is the median over rounds of bound time / job time
-(1.0 = as fast as a plain copy).
+(1.0 = as fast as a plain copy). On the CPU the bound runs on torch's threads (every core by
+default) and kvtier's jobs on its copy lanes (``handlers.copy_lanes``); both counts are recorded.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from kvtier.media import Medium
 from kvtier.scheduler import ChunkManager
 from kvtier.tiers.cpu import HostTier
 from kvtier.worker import TransferWorker, engine_host_handlers
+from kvtier.worker.handlers import copy_lanes
 
 LAYERS, KV_HEADS, HEAD_DIM, ENGINE_BLOCK = 8, 8, 64, 32
 CHUNK_TOKENS = (32, 64, 256)
@@ -70,7 +72,8 @@ def run(
                 }
             )
     progress.close()
-    meta = {"device": str(target), "tokens_per_job": tokens, "rounds": rounds, "goal": 0.8}
+    meta = {"device": str(target), "tokens_per_job": tokens, "rounds": rounds, "goal": 0.8,
+            "cpu_copy_lanes": copy_lanes(), "bound_threads": torch.get_num_threads()}  # fmt: skip
     write_json(out_dir / f"copy-{target.type}.json", "copy", rows, **meta)
     _plot(rows, out_dir / f"copy-{target.type}.png", target)
     _print(rows, console, target)

@@ -1,14 +1,42 @@
-"""Engine <-> host copies for CPU engine tensors.
+"""Engine <-> host copies for CPU engine tensors, split across copy lanes.
 
-Stores run on their own thread, in submission order, so they never delay the engine's step; the
-thread binds the device once, in the pool's initializer. Loads run inline, on the caller's thread:
-vLLM starts async loads after the step's forward, and a request waiting for its load makes the
-engine spin through empty steps that hold the GIL, so a load thread waited up to the GIL switch
-interval (5 ms) before each of its copies while the copy itself took 0.1 ms.
+A job's rows are cut into pieces of about equal bytes that the job's thread and its helper lanes
+(``copy_lanes.py``) claim one at a time, so two cores move bytes at once: one core reaches about
+half of a plain two-thread copy. The copies are numpy's (``np.take`` into host rows, fancy
+assignment into engine blocks): they release the GIL and start no threads.
 
-The copies are numpy's, which release the GIL and never enter OpenMP: vLLM's CPU worker binds
-OpenMP threads to cores, and a torch copy starting its own OpenMP team on one of our threads was
-seen to hang there once an engine had been re-created in the same process.
+Stores run on the handler's job thread, in submission order, so they never delay the engine's
+step; ``wait`` and ``wait_any`` block with the GIL released. Loads run inline: ``transfer_async``
+returns once the job's bytes are in the engine blocks (vLLM waits for them before the forward),
+and ``get_finished`` reports the job.
+
+Why the earlier two-lane pool stalled (a job thread per direction handing each job's views to a
+two-thread pool shared by both directions; torch copies, then numpy), found by replaying it in
+real vLLM, two in-process engines in one process:
+
+1. Another engine's late teardown. vLLM keeps ONE KV-connector agent and one set of process
+   groups per process. An in-process ``LLM`` still referenced while the next one is built (a
+   caller's ``as llm``, a failed test's traceback) is finalized later by the garbage collector, on
+   whichever thread allocates then, and its shutdown shuts the running engine's connector down
+   (kvtier's job pools and copy lanes, under the engine) and destroys its process groups.
+   Reproduced: the agent becomes None, the store pool is shut down, the next step fails. The
+   tests' harness now shuts each engine down itself. Nothing here can hang on it: a job never
+   waits for a helper lane that is gone, a store submitted after shutdown fails and is counted,
+   a shutdown run on a kvtier thread does not join that thread.
+2. The GIL. While requests wait for transfers the engine spins through empty steps, pure Python
+   that gives the GIL up only when the 5 ms switch interval forces it. Each hand-off of the old
+   pool (job to the job thread, views to the lanes, every copy call re-taking the GIL, the job
+   thread waking from its futures) then waited up to 5 ms: a 16-run store took 5-25 ms instead of
+   0.2-0.6 ms (measured), threads woken with work queued sat "in" ``SimpleQueue.get`` waiting for
+   the GIL (the stacks that looked stuck), and the tests' drain, bounded by 1000 steps then, gave
+   up with stores in flight (reproduced with the old code). Fewer hand-offs help; an engine that
+   blocks in ``wait_any`` on empty steps instead of spinning removes the wait.
+3. Not CPU affinity in-process: the engine's, OpenMP's and kvtier's threads all keep every core.
+   In vLLM's multi-process mode the rank's main thread is bound to one core (measured: core 0 with
+   TP=1 on two cores, one core per rank with TP=2) and threads it creates inherit that mask, so
+   the lanes are sized from it (``handlers.copy_lanes``): one core, one lane.
+4. torch copies made every lane thread an OpenMP master with a team of its own beside the
+   engine's, on two cores; numpy's do not.
 """
 
 from __future__ import annotations
@@ -16,28 +44,40 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection
+from functools import partial
 
 import numpy as np
 
 from kvtier.layout import KVLayout
 from kvtier.tiers.cpu import HostTier
 from kvtier.worker.base import TransferResult
+from kvtier.worker.copy_lanes import CopyLanes
 from kvtier.worker.engine_host import EngineHostHandler
 from kvtier.worker.job_thread import JobThread
 from kvtier.worker.plan import GroupCopy
+from kvtier.worker.segments import Segment, job_segments, segment_bytes, split_segments
 
 logger = logging.getLogger(__name__)
 
+MIN_PIECE_BYTES = 1 << 20  # below this a claim costs more than a second lane saves
+PIECES_PER_LANE = 8  # small enough pieces that lanes finish together
+
 
 class CpuCopyHandler(EngineHostHandler):
-    """``inline``: copy in ``transfer_async`` itself instead of on the handler's thread."""
+    """``inline``: copy in ``transfer_async`` itself instead of on the handler's job thread.
 
-    def __init__(self, layout: KVLayout, host: HostTier, store: bool, inline: bool) -> None:
+    ``lanes`` threads copy each job: the one running it and ``lanes - 1`` helpers.
+    """
+
+    def __init__(
+        self, layout: KVLayout, host: HostTier, store: bool, inline: bool, lanes: int
+    ) -> None:
         super().__init__(layout, host, store)
         # numpy views sharing the tensors' memory
         self._engine = [view.numpy() for view in layout.views]
         self._rows = [host.page_rows(i).numpy() for i in range(len(layout.views))]
         name = "kvtier-store" if store else "kvtier-load"
+        self._lanes = CopyLanes(name, max(lanes, 1) - 1, self.device)
         self._thread = None if inline else JobThread(name, self.device)
         self._inline_finished: list[TransferResult] = []  # the caller's thread only
 
@@ -58,17 +98,22 @@ class CpuCopyHandler(EngineHostHandler):
         return TransferResult(job_id, True, nbytes, time.perf_counter() - started)
 
     def _copy(self, plan: list[GroupCopy]) -> None:
-        for copy in plan:
-            for view in self.layout.groups[copy.group]:
-                engine = self._engine[view]  # (num_blocks, page_words)
-                rows = self._rows[view]  # (num_chunks * factor, page_words)
-                for first, start, end in self._runs(copy):
-                    host_run = rows[first : first + end - start]
-                    ids = copy.block_ids[start:end]
-                    if self.store:  # indices were range-checked when the job was planned
-                        np.take(engine, ids, axis=0, out=host_run, mode="clip")
-                    else:
-                        engine[ids] = host_run
+        """Copy every block of ``plan``, on this thread and the helper lanes; raise on a failure."""
+        segments = job_segments(plan, self.layout)
+        page_bytes = self.layout.page_bytes
+        total = segment_bytes(segments, page_bytes)
+        piece_bytes = max(MIN_PIECE_BYTES, -(-total // (self._lanes.lanes * PIECES_PER_LANE)))
+        pieces = split_segments(segments, page_bytes, piece_bytes)
+        self._lanes.run([partial(self._copy_segments, piece) for piece in pieces])
+
+    def _copy_segments(self, segments: list[Segment]) -> None:
+        for view, first, ids in segments:
+            engine = self._engine[view]  # (num_blocks, page_words)
+            host_run = self._rows[view][first : first + len(ids)]  # (len(ids), page_words)
+            if self.store:  # indices were range-checked when the job was planned
+                np.take(engine, ids, axis=0, out=host_run, mode="clip")
+            else:
+                engine[ids] = host_run
 
     def get_finished(self) -> list[TransferResult]:
         finished, self._inline_finished = self._inline_finished, []
@@ -78,6 +123,13 @@ class CpuCopyHandler(EngineHostHandler):
         if self._thread is not None:
             self._thread.wait(job_ids)
 
+    def wait_any(self, timeout: float) -> None:
+        """Block, the GIL released, until a store finished or none is queued (at most
+        ``timeout``): for an engine thread that would otherwise spin through empty steps."""
+        if self._thread is not None:
+            self._thread.wait_any(timeout)
+
     def shutdown(self) -> None:
         if self._thread is not None:
             self._thread.shutdown()
+        self._lanes.shutdown()

@@ -64,10 +64,6 @@ class EngineHostHandler(TransferHandler):
         check_range("host slot", host.slots, self.host.num_chunks)
         return plan_copy(engine, host, self.host.block_size_factor)
 
-    def _runs(self, copy: GroupCopy) -> list[tuple[int, int, int]]:
-        """``(first host row, start, end)`` per run: blocks ``start:end`` go to consecutive rows."""
-        return [(int(copy.host_rows[start]), start, end) for start, end in copy.runs]
-
 
 def check_range(what: str, ids: np.ndarray, limit: int) -> None:
     if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= limit):

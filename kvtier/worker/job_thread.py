@@ -31,12 +31,17 @@ def bind_thread(device: torch.device) -> None:
 class JobThread:
     def __init__(self, name: str, device: torch.device) -> None:
         self._pool = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=name, initializer=bind_thread, initargs=(device,)
+            max_workers=1, thread_name_prefix=name, initializer=self._start, initargs=(device,)
         )
+        self._idents: set[int] = set()  # the pool's thread, once started
         self._lock = threading.Lock()
         self._done = threading.Condition(self._lock)  # notified as each job finishes
         self._pending: dict[int, Future[None]] = {}  # guarded by _lock
         self._finished: list[TransferResult] = []  # guarded by _lock
+
+    def _start(self, device: torch.device) -> None:
+        bind_thread(device)
+        self._idents.add(threading.get_ident())
 
     def submit(self, job_id: int, run: Callable[[], TransferResult]) -> None:
         with self._lock:
@@ -72,7 +77,9 @@ class JobThread:
             self._done.wait_for(lambda: self._finished or not self._pending, timeout)
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Finish the queued jobs and stop the thread; from the job thread itself (a finalizer
+        the garbage collector ran there), stop it without waiting for itself."""
+        self._pool.shutdown(wait=threading.get_ident() not in self._idents)
 
 
 class ThreadedHandler(TransferHandler):

@@ -3,9 +3,16 @@
 Layout: groups 0 and 2 alias the same two layer buffers (as vLLM 0.32's hybrid models), group 1
 has its own. One transfer: group 0 aligned (2 whole chunks), group 1 empty, group 2 starting one
 block into a chunk and ending one block before a chunk's end (trimmed at both ends for factor 3).
+
+Pieces are forced down to one page here (``MIN_PIECE_BYTES``), so every job is split across the
+copy lanes (``LANES`` threads, 1 to 3) the way a large job is in an engine.
 """
 
 from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -15,9 +22,18 @@ from kvtier.addresses import EngineBlocks, HostChunks
 from kvtier.layout import KVLayout, build_layout
 from kvtier.media import Medium
 from kvtier.tiers.cpu import HostTier
-from kvtier.worker import TransferWorker, engine_host_handlers
+from kvtier.worker import TransferWorker, copy_cpu, engine_host_handlers, handlers
+from kvtier.worker.plan import GroupCopy
+from kvtier.worker.segments import Segment
 
 NUM_BLOCKS, NUM_CHUNKS = 24, 10
+LANES = [1, 2, 3]
+
+
+@pytest.fixture(autouse=True)
+def _one_page_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(copy_cpu, "MIN_PIECE_BYTES", 1)
+
 
 # (group, engine block id) -> (host slot, sub-block), written out per factor
 EXPECTED = {
@@ -60,17 +76,31 @@ def _engine() -> tuple[dict[str, torch.Tensor], list[list[str]]]:
     return caches, [["full.0", "full.1"], ["own.0"], ["swa.0", "swa.1"]]
 
 
-def _setup(factor: int) -> tuple[KVLayout, HostTier, TransferWorker]:
-    caches, groups = _engine()
-    layout = build_layout(caches, groups, NUM_BLOCKS)
-    host = HostTier(layout, NUM_CHUNKS, factor)
-    for buffer in host.buffers:
-        buffer.copy_(torch.randint(-(2**62), 2**62, buffer.shape))
-    worker = TransferWorker()
-    store, load = engine_host_handlers(layout, host)
-    worker.register_handler(Medium.ENGINE, Medium.CPU, store)
-    worker.register_handler(Medium.CPU, Medium.ENGINE, load)
-    return layout, host, worker
+Setup = Callable[..., tuple[KVLayout, HostTier, TransferWorker]]
+
+
+@pytest.fixture
+def setup() -> Iterator[Setup]:
+    """``setup(factor, lanes=2)``: the layout, a host tier of random bytes, a worker; the
+    workers' threads are shut down after the test."""
+    workers: list[TransferWorker] = []
+
+    def make(factor: int, lanes: int = 2) -> tuple[KVLayout, HostTier, TransferWorker]:
+        caches, groups = _engine()
+        layout = build_layout(caches, groups, NUM_BLOCKS)
+        host = HostTier(layout, NUM_CHUNKS, factor)
+        for buffer in host.buffers:
+            buffer.copy_(torch.randint(-(2**62), 2**62, buffer.shape))
+        worker = TransferWorker()
+        workers.append(worker)
+        store, load = engine_host_handlers(layout, host, lanes=lanes)
+        worker.register_handler(Medium.ENGINE, Medium.CPU, store)
+        worker.register_handler(Medium.CPU, Medium.ENGINE, load)
+        return layout, host, worker
+
+    yield make
+    for worker in workers:
+        worker.shutdown()
 
 
 def _sub_block(host: HostTier, view: int, slot: int, sub: int) -> torch.Tensor:
@@ -85,9 +115,10 @@ def _run(worker: TransferWorker, job_id: int, spec: tuple[EngineBlocks | HostChu
     return result.bytes
 
 
+@pytest.mark.parametrize("lanes", LANES)
 @pytest.mark.parametrize("factor", [1, 3])
-def test_store_copies_every_block_and_nothing_else(factor: int) -> None:
-    layout, host, worker = _setup(factor)
+def test_store_copies_every_block_and_nothing_else(factor: int, lanes: int, setup: Setup) -> None:
+    layout, host, worker = setup(factor, lanes)
     case = EXPECTED[factor]
     before = [b.clone() for b in host.buffers]
     nbytes = _run(worker, 1, (case["engine"], case["host"]))
@@ -108,9 +139,10 @@ def test_store_copies_every_block_and_nothing_else(factor: int) -> None:
     )
 
 
+@pytest.mark.parametrize("lanes", LANES)
 @pytest.mark.parametrize("factor", [1, 3])
-def test_load_copies_every_block_and_nothing_else(factor: int) -> None:
-    layout, host, worker = _setup(factor)
+def test_load_copies_every_block_and_nothing_else(factor: int, lanes: int, setup: Setup) -> None:
+    layout, host, worker = setup(factor, lanes)
     case = EXPECTED[factor]
     before = [v.clone() for v in layout.views]
     nbytes = _run(worker, 2, (case["host"], case["engine"]))
@@ -129,8 +161,9 @@ def test_load_copies_every_block_and_nothing_else(factor: int) -> None:
     )
 
 
-def test_round_trip_restores_the_engine_bytes() -> None:
-    layout, host, worker = _setup(3)
+@pytest.mark.parametrize("lanes", LANES)
+def test_round_trip_restores_the_engine_bytes(lanes: int, setup: Setup) -> None:
+    layout, host, worker = setup(3, lanes)
     case = EXPECTED[3]
     original = [v.clone() for v in layout.views]
     _run(worker, 1, (case["engine"], case["host"]))
@@ -142,19 +175,112 @@ def test_round_trip_restores_the_engine_bytes() -> None:
             assert torch.equal(layout.views[v][block], original[v][block])
 
 
-def test_jobs_of_one_direction_finish_in_submission_order() -> None:
-    layout, host, worker = _setup(1)
-    big = EngineBlocks(np.arange(10), (10, 0, 0), (0, 0, 0))
-    small = EngineBlocks(np.array([20]), (1, 0, 0), (0, 0, 0))
-    assert worker.transfer_async(1, (big, HostChunks(np.arange(10))))
-    assert worker.transfer_async(2, (small, HostChunks(np.array([0]))))
-    worker.wait([1, 2])
-    assert [r.job_id for r in worker.get_finished()] == [1, 2]
+@pytest.mark.parametrize("lanes", LANES)
+def test_jobs_of_one_direction_finish_in_submission_order(lanes: int, setup: Setup) -> None:
+    """Big multi-piece stores and one-block stores interleaved: reported in submission order,
+    each slot holding the last job's bytes; waiting for the last job waits for all."""
+    layout, host, worker = setup(1, lanes)
+    rng = np.random.default_rng(0)
+    jobs = []
+    for job_id in range(1, 21):
+        n = 10 if job_id % 2 else 1
+        blocks = rng.permutation(NUM_BLOCKS)[:n]
+        slots = rng.permutation(NUM_CHUNKS)[:n]
+        jobs.append((job_id, blocks, slots))
+        engine = EngineBlocks(blocks, (n, 0, 0), (0, 0, 0))
+        assert worker.transfer_async(job_id, (engine, HostChunks(slots)))
+    worker.wait([20])
+    assert [r.job_id for r in worker.get_finished()] == list(range(1, 21))
     assert worker.num_in_flight == 0
+    last_block: dict[int, int] = {}
+    for _, blocks, slots in jobs:
+        last_block.update(zip(slots.tolist(), blocks.tolist()))
+    for slot, block in last_block.items():
+        for view in layout.groups[0]:
+            assert torch.equal(_sub_block(host, view, slot, 0), layout.views[view][block])
 
 
-def test_bad_specs_are_refused_without_copying() -> None:
-    layout, host, worker = _setup(3)
+def test_a_load_has_finished_when_transfer_async_returns(setup: Setup) -> None:
+    """Loads are synchronous: the bytes are in the engine blocks and the job is reported by the
+    next get_finished, with no wait()."""
+    layout, host, worker = setup(3)
+    case = EXPECTED[3]
+    assert worker.transfer_async(7, (case["host"], case["engine"]))
+    for (group, block), (slot, sub) in case["map"].items():
+        for view in layout.groups[group]:
+            assert torch.equal(layout.views[view][block], _sub_block(host, view, slot, sub))
+    (result,) = worker.get_finished()
+    assert result.job_id == 7 and result.success
+
+
+def test_stores_run_off_the_caller_and_split_across_lanes(
+    monkeypatch: pytest.MonkeyPatch, setup: Setup
+) -> None:
+    """A store returns before its copy and is copied on the store thread and its lane."""
+    layout, host, worker = setup(1, lanes=2)
+    release = threading.Event()
+    threads: set[str] = set()
+    original = copy_cpu.CpuCopyHandler._copy_segments
+
+    def recorded(self: copy_cpu.CpuCopyHandler, segments: list[Segment]) -> None:
+        assert release.wait(10.0)  # held until the caller checked it was not waited for
+        threads.add(threading.current_thread().name)
+        original(self, segments)
+
+    monkeypatch.setattr(copy_cpu.CpuCopyHandler, "_copy_segments", recorded)
+    engine = EngineBlocks(np.arange(10), (10, 0, 0), (0, 0, 0))
+    assert worker.transfer_async(1, (engine, HostChunks(np.arange(10))))
+    assert worker.get_finished() == []  # still held: the store did not run on this thread
+    release.set()
+    worker.wait([1])
+    (result,) = worker.get_finished()
+    assert result.success
+    assert threading.current_thread().name not in threads
+    assert threads <= {"kvtier-store_0", "kvtier-store-lane1"}
+
+
+def test_after_shutdown_stores_are_refused_and_loads_still_copy(setup: Setup) -> None:
+    """vLLM may shut the connector down under a running engine (another engine's late teardown):
+    nothing waits for threads that are gone."""
+    layout, host, worker = setup(3, lanes=2)
+    case = EXPECTED[3]
+    worker.shutdown()
+    with pytest.raises(RuntimeError):  # the worker connector counts it as a failed store
+        worker.transfer_async(1, (case["engine"], case["host"]))
+    assert worker.transfer_async(2, (case["host"], case["engine"]))  # inline, on this thread
+    (result,) = worker.get_finished()
+    assert result.job_id == 2 and result.success
+
+
+def test_a_shutdown_on_the_store_thread_does_not_join_itself(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The garbage collector may run an engine's finalizer, and so this shutdown, on any thread."""
+    layout, host, worker = setup(1, lanes=2)
+    original = copy_cpu.CpuCopyHandler._copy
+
+    def shut_down_first(self: copy_cpu.CpuCopyHandler, plan: list[GroupCopy]) -> None:
+        self.shutdown()
+        original(self, plan)
+
+    monkeypatch.setattr(copy_cpu.CpuCopyHandler, "_copy", shut_down_first)
+    engine = EngineBlocks(np.arange(4), (4, 0, 0), (0, 0, 0))
+    assert worker.transfer_async(1, (engine, HostChunks(np.arange(4))))
+    worker.wait([1])
+    (result,) = worker.get_finished()
+    assert result.success
+
+
+def test_lanes_follow_the_cores_this_thread_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM binds a rank's threads to cores; the handlers' threads inherit that mask."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    assert handlers.copy_lanes() == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert handlers.copy_lanes() == handlers.MAX_COPY_LANES
+
+
+def test_bad_specs_are_refused_without_copying(setup: Setup) -> None:
+    layout, host, worker = setup(3)
     before = [b.clone() for b in host.buffers]
     engine = EngineBlocks(np.array([0, 1, 2]), (3, 0, 0), (0, 0, 0))
     assert not worker.transfer_async(1, (engine, HostChunks(np.array([0, 1]))))  # 1 chunk spanned
