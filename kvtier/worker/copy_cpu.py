@@ -29,8 +29,9 @@ real vLLM, two in-process engines in one process:
    thread waking from its futures) then waited up to 5 ms: a 16-run store took 5-25 ms instead of
    0.2-0.6 ms (measured), threads woken with work queued sat "in" ``SimpleQueue.get`` waiting for
    the GIL (the stacks that looked stuck), and the tests' drain, bounded by 1000 steps then, gave
-   up with stores in flight (reproduced with the old code). Fewer hand-offs help; an engine that
-   blocks in ``wait_any`` on empty steps instead of spinning removes the wait.
+   up with transfers in flight (reproduced once with the old code, 32 concurrent prompts). Fewer
+   hand-offs help; an engine that blocks in ``wait_any`` on empty steps instead of spinning
+   removes the wait.
 3. Not CPU affinity in-process: the engine's, OpenMP's and kvtier's threads all keep every core.
    In vLLM's multi-process mode the rank's main thread is bound to one core (measured: core 0 with
    TP=1 on two cores, one core per rank with TP=2) and threads it creates inherit that mask, so

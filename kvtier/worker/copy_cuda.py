@@ -99,22 +99,22 @@ class CudaCopyHandler(EngineHostHandler):
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
         ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
         ready.record(torch.cuda.current_stream(self.device))  # the engine's work so far
-        segments = job_segments(plan, self.layout)
-        batches = stage_batches(segments, self._page_bytes, self.stage_bytes)
         if self._thread is not None:
-            self._thread.submit(job_id, lambda: self._run(job_id, ready, batches, nbytes))
+            self._thread.submit(job_id, lambda: self._run(job_id, ready, plan, nbytes))
             return
         try:
-            result = self._run(job_id, ready, batches, nbytes)
+            result = self._run(job_id, ready, plan, nbytes)
         except Exception:
             logger.exception("kvtier: transfer job %d failed", job_id)
             result = TransferResult(job_id, False, 0, 0.0)
         self._finished.append(result)
 
     def _run(
-        self, job_id: int, ready: torch.cuda.Event, batches: list[Batch], nbytes: int
+        self, job_id: int, ready: torch.cuda.Event, plan: list[GroupCopy], nbytes: int
     ) -> TransferResult:
         started = time.perf_counter()
+        segments = job_segments(plan, self.layout)
+        batches = stage_batches(segments, self._page_bytes, self.stage_bytes)
         with torch.cuda.stream(self._stream):
             self._stream.wait_event(ready)
             for batch in batches:
