@@ -1,4 +1,5 @@
-"""The ``kvtier`` command: ``kvtier demo``, ``kvtier bench copy|ttft|disk``, ``kvtier inspect``."""
+"""The ``kvtier`` command: ``kvtier demo``, ``kvtier bench copy|ttft|disk|scheduler``,
+``kvtier inspect``."""
 
 from __future__ import annotations
 
@@ -68,6 +69,30 @@ def main(argv: list[str] | None = None) -> int:
     disk.add_argument("--device", default=None, help="engine device (default: cuda if present)")
     disk.add_argument("--out", type=Path, default=Path("bench/results"))
 
+    scheduler = which.add_parser(
+        "scheduler",
+        help="the scheduler half's cost per engine step / a bare loop over the new blocks",
+        description="Drive kvtier's scheduler half (no engine) with RUNNING requests of "
+        "--context-token contexts decoding, finishing and arriving (prefills with hits), and "
+        "time its calls each step against a bare loop over the step's new block ids; also, "
+        "unless --no-compare, with every request's whole table handed over each step.",
+    )
+    scheduler.add_argument(
+        "--running", type=int, nargs="+", default=[32, 256, 1024], help="running requests"
+    )
+    scheduler.add_argument("--steps", type=int, default=200, help="measured steps")
+    scheduler.add_argument("--warmup", type=int, default=64, help="steps before measuring")
+    scheduler.add_argument("--context", type=int, default=4096, help="prompt tokens")
+    scheduler.add_argument(
+        "--no-compare", action="store_true", help="skip the whole-table mode (the old cost)"
+    )
+    scheduler.add_argument(
+        "--adapter",
+        action="store_true",
+        help="also time vLLM's SchedulerOutput through the adapter (imports vLLM)",
+    )
+    scheduler.add_argument("--out", type=Path, default=Path("bench/results"))
+
     inspect = commands.add_parser(
         "inspect",
         help="what a disk tier's directory holds (reads only)",
@@ -111,6 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         disk_bench.run(
             args.out, args.dir, chunks=args.chunks, layers=args.layers, rounds=args.rounds,
             tokens=args.tokens, repeats=args.repeats, device=args.device,
+        )  # fmt: skip
+    elif args.bench == "scheduler":
+        from kvtier.bench import scheduler as scheduler_bench
+
+        scheduler_bench.run(
+            args.out, running=tuple(args.running), steps=args.steps, warmup=args.warmup,
+            context=args.context, compare=not args.no_compare, adapter=args.adapter,
         )  # fmt: skip
     return 0
 

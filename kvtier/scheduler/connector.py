@@ -20,7 +20,6 @@ chunks reach the disk as ``disk_writes.py`` decides.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from kvtier.config import KVTierConfig
 from kvtier.counters import KVTierStats, TierStats
@@ -32,19 +31,11 @@ from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.scheduler.load_planner import GroupSpec, LoadPlanner
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.request import RequestState
+from kvtier.scheduler.scheduled import ScheduledRequest, forget_blocks, take_blocks
 from kvtier.scheduler.store_planner import NULL_BLOCK, StorePlanner
 from kvtier.step_plan import StepPlan, WorkerReport
 
 __all__ = ["NULL_BLOCK", "GroupSpec", "ScheduledRequest", "SchedulerConnector"]
-
-
-@dataclass(frozen=True)
-class ScheduledRequest:
-    """A request the engine runs this step: its blocks per group, tokens computed after it."""
-
-    req_id: str
-    block_ids: Sequence[Sequence[int]]
-    num_computed_tokens: int
 
 
 class SchedulerConnector:
@@ -127,7 +118,11 @@ class SchedulerConnector:
         preempted: Iterable[str] = (),
         forward: bool = True,
     ) -> StepPlan:
-        """This step's loads (from ``on_alloc``), stores of the chunks it completes, flushes."""
+        """This step's loads (from ``on_alloc``), stores of the chunks it completes, flushes.
+
+        Costs what changed this step (the requests' new blocks, the chunks they complete), never
+        the requests' whole tables: see ``scheduled.py``.
+        """
         scheduled = list(scheduled)
         flush: set[int] = set()
         for req_id in preempted:  # its blocks went back to the pool: finish what reads them
@@ -135,18 +130,17 @@ class SchedulerConnector:
             self.stats.preemptions += 1
             if state is not None:
                 flush.update(state.store_jobs)
-                state.block_ids = [[] for _ in self.groups]
-                state.planned = [0] * len(self.groups)
+                forget_blocks(state)
+        # a store still reading a block the engine writes this step (a block newly handed to a
+        # request, or a load's destination) must finish before the forward
+        for load in self._plan.loads:
+            flush.update(self._jobs.reading(load.dst.block_ids.tolist()))
+        windows = [group.sliding_window for group in self.groups]
         for request in scheduled:
             state = self.requests.get(request.req_id)
-            if state is None:
-                continue
-            state.block_ids = [list(ids) for ids in request.block_ids]
-            # a block table only grows (a preempted request starts over): the tail is new, and
-            # a store still reading one of those blocks must finish before the engine writes it
-            for g, ids in enumerate(state.block_ids):
-                flush.update(self._jobs.reading(ids[state.planned[g] :]))
-                state.planned[g] = len(ids)
+            for ids in take_blocks(state, request, windows, self.block_tokens):
+                if ids:
+                    flush.update(self._jobs.reading(ids))
         for request in scheduled:
             state = self.requests.get(request.req_id)
             if state is not None:

@@ -15,6 +15,12 @@ class RequestState:
     ``block_hashes`` is the engine's own list (one hash per full engine block), which grows as
     tokens are appended; keys are derived from it lazily. ``stored_upto[g]``: chunks of group ``g``
     below it are stored, loaded or skipped, never offered again.
+
+    ``block_ids[g]`` is kept up to date incrementally (the engine's new blocks appended each step,
+    the whole table only when the engine hands it over again), so a step's work is proportional
+    to what changed, never to the request's length. ``dropped[g]``: blocks of group ``g`` below
+    it may have left a sliding window (the engine may have freed them although ``block_ids`` still
+    names them): they are never read.
     """
 
     req_id: str
@@ -22,8 +28,9 @@ class RequestState:
     num_groups: int
     keys: list[list[ChunkKey]] = field(init=False)
     stored_upto: list[int] = field(init=False)
-    block_ids: list[list[int]] = field(init=False)  # per group, as the engine last allocated
-    planned: list[int] = field(init=False)  # per group: blocks build_plan has already seen
+    block_ids: list[list[int]] = field(init=False)  # per group, as the engine allocated them
+    planned: list[int] = field(init=False)  # per group: leading blocks build_plan has seen
+    dropped: list[int] = field(init=False)  # per group: leading blocks never to read (window)
     lookup_start: int = 0  # chunk index where the last lookup started (the local hit)
     lookup_end: int = 0  # full prompt chunks at the last lookup; 0 once counted
     num_computed_tokens: int = 0  # the engine's local hit at the last lookup
@@ -39,17 +46,28 @@ class RequestState:
         self.stored_upto = [0] * self.num_groups
         self.block_ids = [[] for _ in range(self.num_groups)]
         self.planned = [0] * self.num_groups
+        self.dropped = [0] * self.num_groups
 
     @property
     def idle(self) -> bool:
         return not self.store_jobs and not self.load_jobs
 
     def group_keys(self, maker: ChunkKeyMaker, group: int, num_chunks: int) -> list[ChunkKey]:
-        """Keys of the first ``num_chunks`` chunks of ``group`` (computed once, then cached)."""
+        """Keys of the first ``num_chunks`` chunks of ``group`` (computed once, then cached).
+
+        A copy: O(num_chunks), for lookups and loads; a step's stores use ``chunk_keys``.
+        """
+        return self.chunk_keys(maker, group, num_chunks)[:num_chunks]
+
+    def chunk_keys(self, maker: ChunkKeyMaker, group: int, num_chunks: int) -> list[ChunkKey]:
+        """The cached keys of ``group``, at least its first ``num_chunks`` (read-only; no copy).
+
+        Computes only the keys not cached yet: O(new chunks), whatever the request's length.
+        """
         keys = self.keys[group]
         have = len(keys)
         if have < num_chunks:
             start = have * maker.block_size_factor
             end = num_chunks * maker.block_size_factor
             keys += maker.keys(self.block_hashes[start:end], group)
-        return keys[:num_chunks]
+        return keys

@@ -1,9 +1,12 @@
 """Which chunks a step completed, which of them fit in the host tier, and the jobs storing them.
 
 A chunk is offered once, when the step that computes its last token is planned; chunks whose
-blocks a sliding window already dropped (vLLM's null block) are never offered. When a busy step
-cannot fit all its chunks (the others are pinned by loads or still being stored), the earliest
-chunks of the prompt, the most reused, are kept.
+blocks a sliding window already dropped (vLLM's null block, or below ``RequestState.dropped``)
+are never offered. When a busy step cannot fit all its chunks (the others are pinned by loads or
+still being stored), the earliest chunks of the prompt, the most reused, are kept.
+
+A step's work is proportional to the chunks it completes: the keys, blocks and runs of the new
+chunks only, never a request's whole table.
 """
 
 from __future__ import annotations
@@ -49,12 +52,15 @@ class StorePlanner:
     def plan(self, state: RequestState, num_computed_tokens: int) -> list[StoreJob]:
         """Store jobs for ``state``'s full chunks computed up to ``num_computed_tokens``."""
         full = min(num_computed_tokens // self.chunk_tokens, len(state.block_hashes) // self.factor)
+        if full <= min(state.stored_upto):  # no new chunk (most decode steps)
+            return []
         runs: list[list[tuple[int, int, int]]] = []  # per group: (group, first chunk, end chunk)
         offered: list[ChunkKey] = []
         for g in range(state.num_groups):
-            keys = state.group_keys(self.keys, g, full) if full > state.stored_upto[g] else []
-            chunks = [c for c in range(state.stored_upto[g], full) if self._computed(state, g, c)]
-            state.stored_upto[g] = max(state.stored_upto[g], full)
+            first = state.stored_upto[g]
+            keys = state.chunk_keys(self.keys, g, full) if full > first else []
+            chunks = [c for c in range(first, full) if self._computed(state, g, c)]
+            state.stored_upto[g] = max(first, full)
             offered += [keys[c] for c in chunks]
             runs.append([(g, c, c + 1) for c in chunks])
         if not offered:
@@ -88,7 +94,11 @@ class StorePlanner:
         return None
 
     def _computed(self, state: RequestState, group: int, chunk: int) -> bool:
-        blocks = state.block_ids[group][chunk * self.factor : (chunk + 1) * self.factor]
+        """Whether every block of ``chunk`` is allocated and still held (not left a window)."""
+        first = chunk * self.factor
+        if first < state.dropped[group]:
+            return False
+        blocks = state.block_ids[group][first : first + self.factor]
         return len(blocks) == self.factor and NULL_BLOCK not in blocks
 
     def _store_job(

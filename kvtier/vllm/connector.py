@@ -33,10 +33,11 @@ from kvtier.config import KVTierConfig
 from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
 from kvtier.layout import Placement, host_num_chunks, placement_bytes_per_block
 from kvtier.scheduler.base import EventKind
-from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
+from kvtier.scheduler.connector import GroupSpec, SchedulerConnector
 from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.tiers.disk_format import HEADER_BYTES
 from kvtier.vllm.metadata import KVTierConnectorStats, KVTierMetadata, KVTierWorkerMetadata
+from kvtier.vllm.schedule import scheduled_requests
 from kvtier.worker.connector import DiskSettings, WorkerConnector
 
 if TYPE_CHECKING:
@@ -153,25 +154,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             self.scheduler.on_alloc(request.request_id, blocks.get_block_ids(), num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        manager = self._kv_cache_manager
-        assert manager is not None, "kvtier: vLLM did not bind its KV cache manager"
-        scheduled = [
-            ScheduledRequest(
-                new.req_id,
-                manager.get_block_ids(new.req_id),
-                new.num_computed_tokens + scheduler_output.num_scheduled_tokens[new.req_id],
-            )
-            for new in scheduler_output.scheduled_new_reqs
-        ]
-        cached = scheduler_output.scheduled_cached_reqs
-        scheduled += [
-            ScheduledRequest(
-                req_id,
-                manager.get_block_ids(req_id),
-                computed + scheduler_output.num_scheduled_tokens[req_id],
-            )
-            for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=True)
-        ]
+        # each request's blocks allocated this step, never its whole table: flat per-step cost
+        scheduled = scheduled_requests(scheduler_output)
         plan = self.scheduler.build_plan(
             scheduled,
             scheduler_output.preempted_req_ids or (),

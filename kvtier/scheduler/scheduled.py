@@ -1,0 +1,96 @@
+"""What the engine runs each step, and how it updates the block tables the scheduler half keeps.
+
+    ScheduledRequest                                 a request this step runs: its new blocks
+    take_blocks(state, request, windows, tokens) -> the blocks newly handed to the request
+    forget_blocks(state)                             a preempted request's blocks went back
+
+A running request's table only grows: each step appends the blocks the engine allocated to it,
+so a step costs what changed, never the request's length. The whole table comes again only when
+the engine hands it over anew (a request scheduled for the first time or resumed after a
+preemption). A sliding window frees blocks in place without saying so; a step's first token
+tells which ones it may have freed, and those are never read (``RequestState.dropped``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from kvtier.scheduler.request import RequestState
+
+
+class ScheduledRequest(NamedTuple):
+    """A request the engine runs this step.
+
+    ``block_ids``: per group, the request's whole block table; with ``appended``, only the blocks
+    the engine allocated to it this step (None: none), appended to the table kvtier holds.
+    ``num_computed_tokens``: tokens computed once this step's ``num_new_tokens`` are. The step's
+    first token (``num_computed_tokens - num_new_tokens``) bounds what a sliding window of an
+    appended table may have dropped; the default 0 is the cautious answer (drops the most).
+    """
+
+    req_id: str
+    block_ids: Sequence[Sequence[int]] | None
+    num_computed_tokens: int
+    num_new_tokens: int = 0
+    appended: bool = False
+
+
+def take_blocks(
+    state: RequestState | None,
+    request: ScheduledRequest,
+    windows: Sequence[int | None],
+    block_tokens: int,
+) -> list[Sequence[int]]:
+    """Bring ``state``'s table up to date with ``request``; per group, the blocks new to it.
+
+    New: appended blocks, blocks of a whole table beyond those already seen (``planned``), and
+    seen ones that changed; the engine may write them this step, so a store still reading one
+    must finish first. O(new blocks) for an appended table. A request kvtier does not track
+    (``state`` None) has no table: its new blocks are returned all the same.
+    """
+    if request.block_ids is None:
+        new: Sequence[Sequence[int]] = [() for _ in windows]
+    else:
+        new = request.block_ids
+    if state is None:
+        return list(new)
+    if not request.appended:
+        return [_replace(state, g, ids) for g, ids in enumerate(new)]
+    fresh: list[Sequence[int]] = []
+    for g, ids in enumerate(new):
+        table = state.block_ids[g]
+        unseen = table[state.planned[g] :] if state.planned[g] < len(table) else ()
+        table += ids
+        state.planned[g] = len(table)
+        fresh.append([*unseen, *ids] if unseen else ids)
+    first_token = request.num_computed_tokens - request.num_new_tokens
+    for g, window in enumerate(windows):
+        if window is not None:  # blocks wholly before the step's window may be freed already
+            dropped = max(0, first_token - window + 1) // block_tokens
+            state.dropped[g] = max(state.dropped[g], dropped)
+    return fresh
+
+
+def _replace(state: RequestState, group: int, ids: Sequence[int]) -> list[int]:
+    """The whole table of ``group`` replaces the one kvtier holds; the blocks new to it.
+
+    The engine's table shows the blocks a sliding window dropped (its null block), so
+    ``dropped`` starts over.
+    """
+    old, seen = state.block_ids[group], state.planned[group]
+    table = list(ids)
+    fresh = [block for block, was in zip(table, old[:seen]) if block != was]
+    fresh += table[seen:]
+    state.block_ids[group] = table
+    state.planned[group] = len(table)
+    state.dropped[group] = 0
+    return fresh
+
+
+def forget_blocks(state: RequestState) -> None:
+    """``state``'s request was preempted: the engine took its blocks back; it starts over."""
+    for g in range(state.num_groups):
+        state.block_ids[g] = []
+        state.planned[g] = 0
+        state.dropped[g] = 0
