@@ -8,29 +8,43 @@ is one ``dst.copy_(src)`` of the same number of bytes between two contiguous buf
 devices, timed just before each job; the figure is the median over rounds of bound time / job time
 (1.0 = as fast as a plain copy). On the CPU the bound runs on torch's threads (every core by
 default) and kvtier's jobs on its copy lanes (``handlers.copy_lanes``); both counts are recorded.
+
+The bound's OpenMP threads are parked between copies (``OMP_WAIT_POLICY=passive``, set when this
+command loads torch): libgomp's default keeps them spinning for ~16 ms after every copy, on the
+cores the job timed next needs, and a two-lane job then measured ~0.65 of the bound instead of
+~0.9. Parked threads do not slow the bound itself (5.3 ms per 64 MiB, 5.4-5.7 ms spinning).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-from rich.console import Console
-from rich.table import Table
-from tqdm import tqdm
+_TORCH_FIRST = "torch" in sys.modules  # then libgomp has read its settings already
+if not _TORCH_FIRST:
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
-from kvtier.addresses import EngineBlocks, HostChunks, TransferSpec
-from kvtier.bench.report import median, time_call, write_json
-from kvtier.layout import KVLayout, build_layout
-from kvtier.media import Medium
-from kvtier.scheduler import ChunkManager
-from kvtier.tiers.cpu import HostTier
-from kvtier.worker import TransferWorker, engine_host_handlers
-from kvtier.worker.handlers import copy_lanes
+import numpy as np  # noqa: E402  (after the OpenMP wait policy is set)
+import torch  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from kvtier.addresses import EngineBlocks, HostChunks, TransferSpec  # noqa: E402
+from kvtier.bench.report import median, time_call, write_json  # noqa: E402
+from kvtier.layout import KVLayout, build_layout  # noqa: E402
+from kvtier.media import Medium  # noqa: E402
+from kvtier.scheduler import ChunkManager  # noqa: E402
+from kvtier.tiers.cpu import HostTier  # noqa: E402
+from kvtier.worker import TransferWorker, engine_host_handlers  # noqa: E402
+from kvtier.worker.handlers import copy_lanes  # noqa: E402
+
+# what the bound's OpenMP threads do between copies, recorded with the figures
+OMP_WAIT_POLICY = "unknown (torch loaded first)" if _TORCH_FIRST else os.environ["OMP_WAIT_POLICY"]
 
 LAYERS, KV_HEADS, HEAD_DIM, ENGINE_BLOCK = 8, 8, 64, 32
 CHUNK_TOKENS = (32, 64, 256)
@@ -73,7 +87,8 @@ def run(
             )
     progress.close()
     meta = {"device": str(target), "tokens_per_job": tokens, "rounds": rounds, "goal": 0.8,
-            "cpu_copy_lanes": copy_lanes(), "bound_threads": torch.get_num_threads()}  # fmt: skip
+            "cpu_copy_lanes": copy_lanes(), "bound_threads": torch.get_num_threads(),
+            "omp_wait_policy": OMP_WAIT_POLICY}  # fmt: skip
     write_json(out_dir / f"copy-{target.type}.json", "copy", rows, **meta)
     _plot(rows, out_dir / f"copy-{target.type}.png", target)
     _print(rows, console, target)
