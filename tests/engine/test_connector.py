@@ -47,8 +47,8 @@ def test_second_pass_comes_from_kvtier_and_equals_reference(
         stats = kvtier.stats(llm)
         assert stats.cpu.hit_chunks - first >= 0.9 * full_chunks(token_prompts, chunk)
         assert stats.cpu.failed_loads == 0
-        vllm_stats = connector(llm).get_kv_connector_stats()  # what vLLM's stat loggers read
-        assert vllm_stats is not None and vllm_stats.reduce()["hit_chunks"] == stats.cpu.hit_chunks
+        # vLLM's stat loggers got each step's changes (test_observability.py): none are left
+        assert connector(llm).get_kv_connector_stats() is None
         connector(llm).scheduler.check_integrity()
         assert connector(llm).scheduler.manager.num_pinned == 0
 

