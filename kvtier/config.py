@@ -7,6 +7,8 @@ Extra-config keys (names follow vLLM's native offloading where it has them)::
     block_size         None        tokens per chunk, a multiple of the engine block size
     eviction_policy    "lru"       lru | arc
     store_threshold    1           store a chunk once it was looked up this many times
+    min_async_load_tokens 256      an asynchronous load (from disk) must add at least this many
+                                   tokens, else the engine computes them: it costs a step
     hash_algo          "xxh3_128"  sha256 | xxh3_128
     disk               None        {"path": str, "bytes": size, "write_through": bool = False}
     redis              None        {"url": "redis://..." (or rediss://, unix://), "timeout_s": 1.0}
@@ -104,6 +106,7 @@ class KVTierConfig:
     block_size: int | None = None
     eviction_policy: str = "lru"
     store_threshold: int = 1
+    min_async_load_tokens: int = 256
     hash_algo: str = "xxh3_128"
     disk: DiskConfig | None = None
     redis: RedisConfig | None = None
@@ -114,6 +117,7 @@ class KVTierConfig:
             _positive_int(self.block_size, "block_size")
         _choice(EVICTION_POLICIES)(self.eviction_policy, "eviction_policy")
         _positive_int(self.store_threshold, "store_threshold")
+        _positive_int(self.min_async_load_tokens, "min_async_load_tokens")
         _choice(HASH_ALGOS)(self.hash_algo, "hash_algo")
 
     @classmethod
@@ -139,6 +143,7 @@ class KVTierConfig:
                 raw, "", "eviction_policy", _choice(EVICTION_POLICIES), "lru"
             ),
             store_threshold=_optional(raw, "", "store_threshold", _positive_int, 1),
+            min_async_load_tokens=_optional(raw, "", "min_async_load_tokens", _positive_int, 256),
             hash_algo=_optional(raw, "", "hash_algo", _choice(HASH_ALGOS), "xxh3_128"),
             disk=_optional(raw, "", "disk", DiskConfig.from_mapping, None),
             redis=_optional(raw, "", "redis", RedisConfig.from_mapping, None),

@@ -175,6 +175,28 @@ class ChunkKeyMaker:
         """``fingerprint.digest()``, computed once."""
         return self._digest
 
+    def tail_key(
+        self, last_block_hash: BlockHash, tail_tokens: Sequence[int], group: int
+    ) -> ChunkKey:
+        """The key of a prompt's tail: its blocks after its last full chunk, up to its end.
+
+        Keyed by the chained hash of the prompt's last full engine block (which covers the whole
+        prefix, cache salt and adapter included) and the ids of the tokens after it (fewer than a
+        block), in a hash domain of its own: a tail never shares a key with a full chunk, nor
+        with the tail of another prompt.
+        """
+        _check_group(group)
+        data = (
+            self._digest
+            + b"t"
+            + _block_hash_bytes(last_block_hash)
+            + len(tail_tokens).to_bytes(8, "big")
+            + np.asarray(tail_tokens, dtype="<i8").tobytes()
+            + group.to_bytes(GROUP_BYTES, "big")
+        )
+        chunk_hash = self._hasher(data)[:CHUNK_HASH_BYTES]
+        return ChunkKey(self._digest + chunk_hash + group.to_bytes(GROUP_BYTES, "big"))
+
     def keys(
         self, block_hashes: Sequence[BlockHash], group: int, start_block: int = 0
     ) -> list[ChunkKey]:

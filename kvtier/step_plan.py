@@ -16,10 +16,14 @@ from kvtier.keys import ChunkKey
 
 @dataclass(frozen=True)
 class LoadJob:
+    """``sync``: the engine runs the request in this very step, so the load must be done before
+    the forward (vLLM then starts loads before it); otherwise the request waits for the load."""
+
     job_id: int
     req_id: str
     src: HostChunks | DiskChunks
     dst: EngineBlocks
+    sync: bool = False
 
 
 @dataclass(frozen=True)

@@ -25,17 +25,19 @@ from collections.abc import Iterable, Sequence
 
 from kvtier.config import KVTierConfig
 from kvtier.counters import KVTierStats, TierStats
-from kvtier.keys import ChunkKeyMaker
+from kvtier.keys import ChunkKey, ChunkKeyMaker
 from kvtier.scheduler.base import TierEvent
 from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.scheduler.disk_writes import DiskWrites
+from kvtier.scheduler.hit_policy import HitPolicy, HitRequest, choose_hit
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
-from kvtier.scheduler.load_planner import GroupSpec, LoadPlanner
+from kvtier.scheduler.load_planner import GroupSpec, HitRun, LoadPlanner
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.provenance import JobLog, Provenance, provenance
 from kvtier.scheduler.request import RequestState
 from kvtier.scheduler.scheduled import ScheduledRequest, forget_blocks, take_blocks
 from kvtier.scheduler.store_planner import NULL_BLOCK, StorePlanner
+from kvtier.scheduler.tail_store import TailStore
 from kvtier.step_plan import StepPlan, WorkerReport
 
 __all__ = ["NULL_BLOCK", "GroupSpec", "ScheduledRequest", "SchedulerConnector"]
@@ -59,6 +61,7 @@ class SchedulerConnector:
         self.factor = key_maker.block_size_factor
         self.chunk_tokens = self.block_tokens * self.factor
         self.num_workers = num_workers
+        self._policy = HitPolicy(self.chunk_tokens, len(groups) == 1, config.min_async_load_tokens)
         self.keys = key_maker
         self.manager = ChunkManager(num_chunks, config.eviction_policy, config.store_threshold)
         self.stats = KVTierStats()
@@ -67,6 +70,9 @@ class SchedulerConnector:
         self._jobs = JobTable(num_workers)
         self._stores = StorePlanner(
             self.manager, self._jobs, self.keys, self.block_tokens, self.stats.cpu
+        )
+        self._tails = TailStore(
+            self.manager, self._stores, self._jobs, self.block_tokens, self.factor, self.stats.cpu
         )
         self._loads = LoadPlanner(
             self.groups, self.keys, self.block_tokens, self.manager, disk, self._jobs, self.stats
@@ -85,11 +91,19 @@ class SchedulerConnector:
     # ---- lookup and load -------------------------------------------------------------------
 
     def lookup(
-        self, req_id: str, block_hashes: Sequence[bytes], num_computed_tokens: int
+        self,
+        req_id: str,
+        block_hashes: Sequence[bytes],
+        num_computed_tokens: int,
+        num_tokens: int | None = None,
+        tail_tokens: Sequence[int] | None = None,
     ) -> int | None:
-        """Tokens beyond ``num_computed_tokens`` loadable from kvtier, in whole chunks.
+        """Tokens beyond ``num_computed_tokens`` worth loading from kvtier; None asks the engine
+        to try again next step (the next chunk's store is in flight, and worth waiting for).
 
-        None asks the engine to try again next step: the next chunk's store is still in flight.
+        ``num_tokens`` is the request's length and ``tail_tokens`` its tokens after its last full
+        block (None: the tokens do not name the KV, e.g. multimodal input: no tail). Which hit
+        is worth loading, and whether synchronously (``loads_async``): ``hit_policy.py``.
         """
         state = self.requests.get(req_id)
         if state is None:
@@ -98,13 +112,41 @@ class SchedulerConnector:
         full = len(block_hashes) // self.factor
         state.num_computed_tokens = num_computed_tokens
         state.lookup_start, state.lookup_end = first, max(first, full)
-        if full <= first or state.load_jobs:
+        state.load_async = False
+        if state.load_jobs:
             return 0
-        end, retry = self._loads.hit_end(state, first, full)
-        hit = max(0, end * self.chunk_tokens - num_computed_tokens)
-        if hit == 0 and retry:
+        tail = self._tail_key(state, num_tokens, tail_tokens)
+        if full <= first and tail is None:
+            return 0
+        run = self._loads.hit_run(state, first, full) if full > first else HitRun(first, first)
+        tail_ready = tail is not None and self.manager.lookup([tail]).ready == 1
+        hit = choose_hit(
+            run, HitRequest(num_computed_tokens, num_tokens, first, full), self._policy, tail_ready
+        )
+        state.load_async = hit.load_async
+        return hit.tokens
+
+    def _tail_key(
+        self, state: RequestState, num_tokens: int | None, tail_tokens: Sequence[int] | None
+    ) -> ChunkKey | None:
+        """The key of the request's tail, when it has one kvtier can keep (one group, a full
+        block before it, tokens after its last full chunk); remembered for its store."""
+        hashes = state.block_hashes
+        if num_tokens is None or tail_tokens is None or not hashes or len(self.groups) != 1:
             return None
-        return hit
+        if num_tokens <= len(hashes) // self.factor * self.chunk_tokens:
+            return None  # ends on a chunk boundary: no tail
+        if len(tail_tokens) != num_tokens - len(hashes) * self.block_tokens:
+            return None
+        if state.tail_key is None or state.tail_end != num_tokens:
+            state.tail_key = self.keys.tail_key(hashes[-1], tail_tokens, 0)
+            state.tail_end, state.tail_done = num_tokens, False
+        return state.tail_key
+
+    def loads_async(self, req_id: str) -> bool:
+        """Whether the last ``lookup`` of ``req_id`` answered a hit that makes the request wait."""
+        state = self.requests.get(req_id)
+        return state is not None and state.load_async
 
     def on_alloc(
         self, req_id: str, block_ids: Sequence[Sequence[int]], num_external_tokens: int
@@ -149,6 +191,10 @@ class SchedulerConnector:
             state = self.requests.get(request.req_id)
             if state is not None:
                 self._plan.stores += self._stores.plan(state, request.num_computed_tokens)
+        for request in scheduled:  # prompt tails last: a full chunk is worth more than a tail
+            state = self.requests.get(request.req_id)
+            if state is not None:
+                self._plan.stores += self._tails.plan(state, request.num_computed_tokens)
         evicted = self._stores.take_evicted()
         if self._writes is not None:
             self._writes.evicted(evicted)
@@ -195,7 +241,7 @@ class SchedulerConnector:
         cpu.stored_chunks += len(job.keys)
         cpu.stored_bytes += outcome.bytes
         cpu.store_seconds += outcome.seconds
-        if self._writes is not None:
+        if self._writes is not None and not job.host_only:
             self._writes.stored(job.keys)
 
     def _complete_load(self, job: Job) -> None:
@@ -214,7 +260,8 @@ class SchedulerConnector:
             # dirty again; one stored later is dirty as it completes (the disk no longer holds it)
             self._writes.stored([key for key in dropped if self.manager.is_ready(key)])
         else:
-            self.manager.complete_load(job.keys)
+            if job.pinned:
+                self.manager.complete_load(job.keys)
             if outcome.failed:
                 removed = self.manager.remove(bad)
                 if self._writes is not None:
@@ -279,7 +326,7 @@ class SchedulerConnector:
 
     def check_integrity(self) -> None:
         self.manager.check_integrity()
-        pinned = sum(len(job.keys) for job in self._jobs if job.kind is JobKind.LOAD or job.pinned)
+        pinned = sum(len(job.keys) for job in self._jobs if job.pinned)
         assert self.manager.num_pinned == pinned, (self.manager.num_pinned, pinned)
         if self.disk is not None:
             self.disk.check_integrity()

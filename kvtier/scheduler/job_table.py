@@ -32,7 +32,8 @@ class Job:
     kind: JobKind
     blocks: list[int] = field(default_factory=list)  # engine blocks a store reads
     outcome: JobOutcome = field(default_factory=JobOutcome)  # summed over the ranks so far
-    pinned: bool = False  # a disk write holding pins on its host chunks
+    pinned: bool = False  # holds pins on its host chunks (an asynchronous load, a disk write)
+    host_only: bool = False  # a store never written to disk (a prompt's tail)
 
     @property
     def store(self) -> bool:
@@ -72,7 +73,7 @@ class JobTable:
         if job.outcome.ranks < self.num_workers:
             return None
         del self._jobs[job_id]
-        for block in job.blocks:
+        for block in set(job.blocks):  # block ids are unique per group only: they may repeat
             readers = self._readers[block]
             readers.discard(job_id)
             if not readers:

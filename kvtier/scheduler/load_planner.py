@@ -1,7 +1,7 @@
 """Which chunks a request can load, and from which tier: the load half of the scheduler.
 
-    hit_end(state, first, full) -> (end, retry)   chunks first..end are loadable (retry: the
-                                                  next one's store is in flight)
+    hit_run(state, first, full) -> HitRun         the loadable chunks from ``first``: in the
+                                                  host tier, across tiers, store in flight?
     plan(state, num_external_tokens) -> [LoadJob] pin the hit and make its load jobs
 
 A hit is a run of chunks in the host tier followed by a run on disk, in every full-attention group;
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,6 +26,15 @@ from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.request import RequestState
 from kvtier.scheduler.store_planner import NULL_BLOCK
 from kvtier.step_plan import LoadJob
+
+
+class HitRun(NamedTuple):
+    """Chunks ``first..host_end`` are in the host tier and ``first..end`` across the tiers;
+    ``retry``: the run stops at a chunk whose store is in flight."""
+
+    host_end: int
+    end: int
+    retry: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,31 +66,39 @@ class LoadPlanner:
         self.jobs = jobs
         self.stats = stats
 
-    def hit_end(self, state: RequestState, first: int, full: int) -> tuple[int, bool]:
-        """Where the loadable run of chunks from chunk ``first`` ends (at most ``full``), and
-        whether to retry a shorter hit later (the next chunk's store is in flight)."""
+    def hit_run(self, state: RequestState, first: int, full: int) -> HitRun:
+        """The loadable run of chunks from chunk ``first`` (at most to ``full``): where its part
+        in the host tier ends, where it ends across the tiers, and whether it stops at a chunk
+        whose store is in flight (it may be longer on a later step)."""
         if self.manager.capacity == 0 and self.disk is None:
-            return first, False
-        end, retry = full, False
+            return HitRun(first, first, False)
+        end, host_end, retry = full, full, False
         for g, spec in enumerate(self.groups):
             if spec.sliding_window is None:
                 keys = state.group_keys(self.keys, g, full)[first:end]
                 found = self.manager.lookup(keys)
+                host_end = min(host_end, first + found.ready)
                 end = first + found.ready + self._on_disk(keys[found.ready :])
                 retry = retry or found.retry_later
-        while end > first and not self._window_ready(state, end):
+        host_end = min(host_end, end)
+        while end > first and not self._window_ready(state, end, disk=True):
             end -= 1
-        return end, retry
+        host_end = min(host_end, end)
+        while host_end > first and not self._window_ready(state, host_end, disk=False):
+            host_end -= 1
+        return HitRun(host_end, end, retry)
 
-    def _window_ready(self, state: RequestState, end: int) -> bool:
-        """Whether every sliding-window group holds the chunks its window needs at chunk ``end``."""
+    def _window_ready(self, state: RequestState, end: int, disk: bool) -> bool:
+        """Whether every sliding-window group holds the chunks its window needs at chunk ``end``
+        (in the host tier, or also on disk)."""
         for g, spec in enumerate(self.groups):
             if spec.sliding_window is None:
                 continue
             first_token = max(0, end * self.chunk_tokens - spec.sliding_window)
             keys = state.group_keys(self.keys, g, end)[first_token // self.chunk_tokens : end]
             in_host = self.manager.lookup(keys).ready
-            if in_host + self._on_disk(keys[in_host:]) < len(keys):
+            on_disk = self._on_disk(keys[in_host:]) if disk else 0
+            if in_host + on_disk < len(keys):
                 return False
         return True
 
@@ -103,10 +121,11 @@ class LoadPlanner:
         counted: tuple[int, int] | None = None  # (host, disk) chunks of the first full group
         host_end = start  # where the host part of the first full group ends, in tokens
         for g, spec in enumerate(self.groups):
-            first, last = start // self.block_tokens, end // self.block_tokens
+            # a hit capped before the prompt's last token ends inside a block: load all of it
+            first, last = start // self.block_tokens, -(-end // self.block_tokens)
             if num_external_tokens == 0:
                 first = last
-            chunk_keys = state.group_keys(self.keys, g, -(-last // self.factor))
+            chunk_keys = state.load_keys(self.keys, g, -(-last // self.factor))
             blocks = state.block_ids[g]
             if spec.sliding_window is not None:  # only the window's chunks were looked up
                 window = max(0, end - spec.sliding_window) // self.chunk_tokens * self.factor
@@ -128,7 +147,10 @@ class LoadPlanner:
                 counted = (in_host, on_disk)
                 host_end = min(end, max(start, split * self.block_tokens))
             # chunks loaded from disk are stored in the host tier again, once loaded
-            state.stored_upto[g] = max(state.stored_upto[g], split // self.factor)
+            full = len(state.block_hashes) // self.factor  # a tail is not a chunk to store
+            state.stored_upto[g] = max(state.stored_upto[g], min(split // self.factor, full))
+            if split // self.factor > full:
+                state.tail_done = True  # loaded: never stored again
         self._count_lookup(state, *(counted or (0, 0)))
         if num_external_tokens:
             in_host_tokens = host_end - start if counted is not None else num_external_tokens
@@ -137,19 +159,27 @@ class LoadPlanner:
             )
         loads = []
         if host.keys:
+            sync = not state.load_async
             slots = HostChunks(np.array(self.manager.prepare_load(host.keys).slots, np.int64))
-            loads.append(self._load(state, Job(state.req_id, host.keys, JobKind.LOAD), slots, host))
+            if sync:  # read before this step's forward, so before its stores write any slot:
+                self.manager.complete_load(host.keys)  # this step's stores may evict them
+            job = Job(state.req_id, host.keys, JobKind.LOAD, pinned=not sync)
+            loads.append(self._load(state, job, slots, host, sync))
         if disk.keys:
             assert self.disk is not None, "kvtier: a disk hit without a disk tier"
             self.disk.prepare_load(disk.keys)
             job = Job(state.req_id, disk.keys, JobKind.DISK_LOAD)
-            loads.append(self._load(state, job, DiskChunks(tuple(disk.keys)), disk))
+            chunks = DiskChunks(tuple(disk.keys))
+            loads.append(self._load(state, job, chunks, disk, sync=not state.load_async))
         return loads
 
     def _count_lookup(self, state: RequestState, in_host: int, on_disk: int) -> None:
         if not state.lookup_end:  # count each lookup once: vLLM calls this again after a load
             return
         looked = state.lookup_end - state.lookup_start
+        # full chunks only: a prompt's tail loaded after them is not a chunk looked up
+        in_host = min(in_host, looked)
+        on_disk = min(on_disk, looked - in_host)
         self.stats.lookups += 1
         self.stats.cpu.hit_chunks += in_host
         self.stats.cpu.miss_chunks += looked - in_host
@@ -159,14 +189,19 @@ class LoadPlanner:
         state.lookup_start = state.lookup_end = 0
 
     def _load(
-        self, state: RequestState, job: Job, src: HostChunks | DiskChunks, parts: _LoadParts
+        self,
+        state: RequestState,
+        job: Job,
+        src: HostChunks | DiskChunks,
+        parts: _LoadParts,
+        sync: bool,
     ) -> LoadJob:
         job_id = self.jobs.add(job)
         blocks = EngineBlocks(
             np.array(parts.ids, dtype=np.int64), tuple(parts.sizes), tuple(parts.starts)
         )
         state.load_jobs.add(job_id)
-        return LoadJob(job_id, state.req_id, src, blocks)
+        return LoadJob(job_id, state.req_id, src, blocks, sync)
 
 
 class _LoadParts:

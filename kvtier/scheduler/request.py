@@ -34,6 +34,12 @@ class RequestState:
     lookup_start: int = 0  # chunk index where the last lookup started (the local hit)
     lookup_end: int = 0  # full prompt chunks at the last lookup; 0 once counted
     num_computed_tokens: int = 0  # the engine's local hit at the last lookup
+    load_async: bool = False  # the last lookup's hit is loaded while the request waits
+    # the prompt's tail (its blocks after the last full chunk, to ``tail_end`` tokens): kept in
+    # the host tier so a hit at any length leaves the engine only the last token to compute
+    tail_key: ChunkKey | None = None
+    tail_end: int = 0
+    tail_done: bool = False  # stored, loaded or given up: never offered again
     # provenance of the prompt's KV: tokens each kvtier tier loads ("cpu", "disk", ...), summing
     # to the engine's num_external_tokens; set when the load is planned
     loaded_tokens: dict[str, int] = field(default_factory=dict)
@@ -51,6 +57,14 @@ class RequestState:
     @property
     def idle(self) -> bool:
         return not self.store_jobs and not self.load_jobs
+
+    def load_keys(self, maker: ChunkKeyMaker, group: int, num_chunks: int) -> list[ChunkKey]:
+        """Keys of the first ``num_chunks`` chunks to load: the full chunks, then the tail."""
+        full = len(self.block_hashes) // maker.block_size_factor
+        keys = self.group_keys(maker, group, min(num_chunks, full))
+        if num_chunks > full and self.tail_key is not None:
+            return [*keys, self.tail_key]
+        return keys
 
     def group_keys(self, maker: ChunkKeyMaker, group: int, num_chunks: int) -> list[ChunkKey]:
         """Keys of the first ``num_chunks`` chunks of ``group`` (computed once, then cached).

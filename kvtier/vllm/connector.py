@@ -61,6 +61,7 @@ class KVTierConnector(ConnectorObservability, KVConnectorBase_V1, SupportsHMA):
         transfer = vllm_config.kv_transfer_config
         assert transfer is not None
         engine_block = vllm_config.cache_config.block_size
+        self._engine_block = engine_block
         self.config = KVTierConfig.from_extra_config(
             transfer.kv_connector_extra_config, engine_block
         )
@@ -141,8 +142,23 @@ class KVTierConnector(ConnectorObservability, KVConnectorBase_V1, SupportsHMA):
     ) -> tuple[int | None, bool]:
         if getattr(request, "skip_reading_prefix_cache", False):
             return 0, False
-        hit = self.scheduler.lookup(request.request_id, request.block_hashes, num_computed_tokens)
-        return hit, bool(hit)
+        req_id = request.request_id
+        hit = self.scheduler.lookup(
+            req_id, request.block_hashes, num_computed_tokens, request.num_tokens,
+            self._tail_tokens(request),
+        )  # fmt: skip
+        if hit is None:
+            return None, False
+        # a hit in host memory loads before this step's forward (no step spent waiting for it)
+        return hit, hit > 0 and self.scheduler.loads_async(req_id)
+
+    def _tail_tokens(self, request: Request) -> list[int] | None:
+        """The request's tokens after its last full block, when they alone name its KV (not so
+        with images or prompt embeddings: their KV depends on more than the token ids)."""
+        if request.mm_features or request.prompt_embeds is not None:
+            return None
+        full = len(request.block_hashes) * self._engine_block
+        return list(request.all_token_ids[full : request.num_tokens])
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -254,11 +270,25 @@ class KVTierConnector(ConnectorObservability, KVConnectorBase_V1, SupportsHMA):
             logger.info(self._scheduler.stats.log_line())
 
 
+# the group kinds whose blocks only leave a request as vLLM says (full attention), or drop out of
+# a sliding window behind the request's first token: others (chunked local attention, RSWA,
+# circular buffers, Mamba's copy-on-write) free or rewrite blocks in place, unseen by kvtier
+_SUPPORTED_SPECS = (
+    "FullAttentionSpec", "MLAAttentionSpec", "SinkFullAttentionSpec", "SlidingWindowSpec",
+    "SlidingWindowMLASpec",
+)  # fmt: skip
+
+
 def _group_spec(spec: Any) -> GroupSpec:
-    window = getattr(spec, "sliding_window", None)
-    kind = type(spec).__name__
-    if "Mamba" in kind or not hasattr(spec, "block_size"):
-        raise ValueError(f"kvtier: KV cache groups of kind {kind} are not supported")
+    inner = list(getattr(spec, "kv_cache_specs", {}).values()) or [spec]  # uniform-type groups
+    for layer_spec in inner:
+        kind = type(layer_spec).__name__
+        if kind not in _SUPPORTED_SPECS:
+            raise ValueError(
+                f"kvtier: KV cache groups of kind {kind} are not supported "
+                f"(supported: {', '.join(_SUPPORTED_SPECS)})"
+            )
+    window = getattr(inner[0], "sliding_window", None)
     return GroupSpec(block_tokens=spec.block_size, sliding_window=window)
 
 

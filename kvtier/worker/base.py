@@ -36,5 +36,9 @@ class TransferHandler(ABC):
     @abstractmethod
     def wait(self, job_ids: Collection[int]) -> None: ...
 
+    def wait_any(self, timeout: float) -> None:
+        """Block, the GIL released, until a job finished or none is in flight, at most
+        ``timeout``: for an engine step with nothing to compute. Default: return at once."""
+
     def shutdown(self) -> None:
         """Release threads or streams; jobs in flight finish first."""

@@ -47,10 +47,11 @@ def test_32_concurrent_prompts_sharing_prefixes(tiny_model: Path, reference: Any
         assert kvtier.stats(llm).cpu.hit_chunks > 0
 
 
-def test_request_aborted_while_waiting_for_its_load(tiny_model: Path, reference: Any) -> None:
-    token_prompts = prompts(tiny_model, [400], seed=31)
-    expected = reference(tiny_model, token_prompts)
-    with engine(tiny_model, kv_transfer_config=kvtier_transfer()) as llm:
+def test_request_aborted_while_waiting_for_its_load(hybrid_model: Path, reference: Any) -> None:
+    """A hybrid model's hit (two groups) loads while the request waits: abort it then."""
+    token_prompts = prompts(hybrid_model, [400], seed=31)
+    expected = reference(hybrid_model, token_prompts)
+    with engine(hybrid_model, kv_transfer_config=kvtier_transfer()) as llm:
         assert generate(llm, token_prompts) == expected
         settle(llm)
         llm.reset_prefix_cache()

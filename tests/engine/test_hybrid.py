@@ -16,6 +16,8 @@ from kvtier.scheduler.connector import NULL_BLOCK, SchedulerConnector
 from kvtier.step_plan import StepPlan
 
 LENGTHS = [300, 200, 450, 130]  # all longer than the 64-token sliding window
+# these tests check the transfers of two groups, not when loading pays: load every hit
+LOAD_ALL = {"min_async_load_tokens": 1}
 
 
 @pytest.fixture
@@ -39,7 +41,9 @@ def test_hybrid_model_reset_and_regenerate(
 ) -> None:
     token_prompts = prompts(hybrid_model, LENGTHS, seed=51)
     expected = reference(hybrid_model, token_prompts)
-    with engine(hybrid_model, kv_transfer_config=kvtier_transfer(block_size=chunk)) as llm:
+    with engine(
+        hybrid_model, kv_transfer_config=kvtier_transfer(block_size=chunk, **LOAD_ALL)
+    ) as llm:
         scheduler = connector(llm).scheduler
         assert [g.sliding_window for g in scheduler.groups].count(None) == 1  # two groups
         assert generate(llm, token_prompts) == expected
@@ -73,10 +77,12 @@ def test_hybrid_model_from_disk_then_from_both_tiers(
     expected = reference(hybrid_model, token_prompts)
     wanted = full_chunks(token_prompts, 64)
     disk = {"path": str(tmp_path / "tier"), "bytes": "256MiB"}
-    with engine(hybrid_model, kv_transfer_config=kvtier_transfer(block_size=64, disk=disk)) as llm:
+    with engine(
+        hybrid_model, kv_transfer_config=kvtier_transfer(block_size=64, disk=disk, **LOAD_ALL)
+    ) as llm:
         assert generate(llm, token_prompts) == expected
         settle(llm)
-    small = kvtier_transfer(block_size=64, disk=disk, cpu_bytes_to_use="1MiB")
+    small = kvtier_transfer(block_size=64, disk=disk, cpu_bytes_to_use="1MiB", **LOAD_ALL)
     with engine(hybrid_model, kv_transfer_config=small) as llm:
         assert generate(llm, token_prompts) == expected  # a new engine: all from disk
         settle(llm)

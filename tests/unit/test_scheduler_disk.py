@@ -30,7 +30,9 @@ def _connector(
     write_through: bool = False,
 ) -> SchedulerConnector:
     budget = disk_chunks * FILE * ranks
-    config = KVTierConfig(cpu_bytes_to_use=1, disk=DiskConfig(str(root), budget, write_through))
+    disk_config = DiskConfig(str(root), budget, write_through)
+    # hits of a few 4-token blocks: any asynchronous load is worth it here
+    config = KVTierConfig(cpu_bytes_to_use=1, min_async_load_tokens=1, disk=disk_config)
     disk = DiskIndex(root, budget, ranks, FINGERPRINT.digest(), FILE * ranks)
     return SchedulerConnector(
         config, [GroupSpec(4)], host_chunks, ranks, ChunkKeyMaker(FINGERPRINT, factor), disk
