@@ -78,8 +78,10 @@ class CpuCopyHandler(EngineHostHandler):
         self._engine = [view.numpy() for view in layout.views]
         self._rows = [host.page_rows(i).numpy() for i in range(len(layout.views))]
         name = "kvtier-store" if store else "kvtier-load"
-        self._lanes = CopyLanes(name, max(lanes, 1) - 1, self.device)
-        self._thread = None if inline else JobThread(name, self.device)
+        # a store on a thread is background work (it never holds up a step); inline, it is not
+        background = store and not inline
+        self._lanes = CopyLanes(name, max(lanes, 1) - 1, self.device, background=background)
+        self._thread = None if inline else JobThread(name, self.device, background=background)
         self._inline_finished: list[TransferResult] = []  # the caller's thread only
 
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:

@@ -1,6 +1,7 @@
 """Copy lanes: helper threads that take pieces of one job beside the thread that runs it.
 
-    CopyLanes(name, helpers, device)   start ``helpers`` threads; each binds ``device`` once
+    CopyLanes(name, helpers, device, background)  start ``helpers`` threads; each binds
+                                       ``device`` once (``bind_thread``)
     run(pieces)                        run every piece on the calling thread and the helpers;
                                        returns once all finished, re-raising the first error
     shutdown()                         stop the helpers; ``run`` then works on the caller alone
@@ -40,7 +41,9 @@ class _Job:
 
 
 class CopyLanes:
-    def __init__(self, name: str, helpers: int, device: torch.device) -> None:
+    def __init__(
+        self, name: str, helpers: int, device: torch.device, background: bool = False
+    ) -> None:
         if helpers < 0:
             raise ValueError(f"kvtier: copy lanes need >= 0 helpers, got {helpers}")
         self._lock = threading.Lock()
@@ -50,7 +53,10 @@ class CopyLanes:
         self._closed = False
         self._threads = [
             threading.Thread(
-                target=self._helper, args=(device,), name=f"{name}-lane{i + 1}", daemon=True
+                target=self._helper,
+                args=(device, background),
+                name=f"{name}-lane{i + 1}",
+                daemon=True,
             )
             for i in range(helpers)
         ]
@@ -108,8 +114,8 @@ class CopyLanes:
                 if not job.running:
                     self._idle.notify_all()
 
-    def _helper(self, device: torch.device) -> None:
-        bind_thread(device)
+    def _helper(self, device: torch.device, background: bool) -> None:
+        bind_thread(device, background)
         while True:
             with self._lock:
                 while not self._closed and (self._job is None or self._job.exhausted()):
