@@ -75,7 +75,7 @@ def test_stats_payloads_add_up_to_the_totals(tiny_model: Path) -> None:
         _provenance(llm, token_prompts)
         settle(llm)
         totals = kvtier.stats(llm)
-    assert len(payloads) > 2
+    assert len(payloads) >= 2  # one per pass at least: the sum must be of several payloads
     summed: Payload = {}
     for payload in payloads:
         summed = merge(summed, payload) if summed else payload
