@@ -5,10 +5,11 @@ A job's rows are cut into pieces of about equal bytes that the job's thread and 
 half of a plain two-thread copy. The copies are numpy's (``np.take`` into host rows, fancy
 assignment into engine blocks): they release the GIL and start no threads.
 
-Stores run on the handler's job thread, in submission order, so they never delay the engine's
-step; ``wait`` and ``wait_any`` block with the GIL released. Loads run inline: ``transfer_async``
-returns once the job's bytes are in the engine blocks (vLLM waits for them before the forward),
-and ``get_finished`` reports the job.
+Loads run inline: ``transfer_async`` returns once the job's bytes are in the engine blocks (vLLM
+waits for them before the forward), and ``get_finished`` reports the job. Stores run inline too by
+default, right after the step's forward (``handlers.engine_host_handlers`` says why); with
+``inline=False`` they run on the handler's job thread, in submission order, and ``wait`` and
+``wait_any`` block with the GIL released.
 
 Why the earlier two-lane pool stalled (a job thread per direction handing each job's views to a
 two-thread pool shared by both directions; torch copies, then numpy), found by replaying it in
