@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 
 from kvtier.config import KVTierConfig
 from kvtier.counters import KVTierStats, TierStats
-from kvtier.keys import ChunkKey, ChunkKeyMaker
+from kvtier.keys import ChunkKeyMaker
 from kvtier.scheduler.base import TierEvent
 from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.scheduler.disk_writes import DiskWrites
@@ -71,9 +71,7 @@ class SchedulerConnector:
         self._stores = StorePlanner(
             self.manager, self._jobs, self.keys, self.block_tokens, self.stats.cpu
         )
-        self._tails = TailStore(
-            self.manager, self._stores, self._jobs, self.block_tokens, self.factor, self.stats.cpu
-        )
+        self._tails = TailStore(self._stores, self._jobs, self.keys, self.block_tokens)
         self._loads = LoadPlanner(
             self.groups, self.keys, self.block_tokens, self.manager, disk, self._jobs, self.stats
         )
@@ -115,7 +113,7 @@ class SchedulerConnector:
         state.load_async = False
         if state.load_jobs:
             return 0
-        tail = self._tail_key(state, num_tokens, tail_tokens)
+        tail = self._tails.key(state, num_tokens, tail_tokens) if len(self.groups) == 1 else None
         if full <= first and tail is None:
             return 0
         run = self._loads.hit_run(state, first, full) if full > first else HitRun(first, first)
@@ -125,23 +123,6 @@ class SchedulerConnector:
         )
         state.load_async = hit.load_async
         return hit.tokens
-
-    def _tail_key(
-        self, state: RequestState, num_tokens: int | None, tail_tokens: Sequence[int] | None
-    ) -> ChunkKey | None:
-        """The key of the request's tail, when it has one kvtier can keep (one group, a full
-        block before it, tokens after its last full chunk); remembered for its store."""
-        hashes = state.block_hashes
-        if num_tokens is None or tail_tokens is None or not hashes or len(self.groups) != 1:
-            return None
-        if num_tokens <= len(hashes) // self.factor * self.chunk_tokens:
-            return None  # ends on a chunk boundary: no tail
-        if len(tail_tokens) != num_tokens - len(hashes) * self.block_tokens:
-            return None
-        if state.tail_key is None or state.tail_end != num_tokens:
-            state.tail_key = self.keys.tail_key(hashes[-1], tail_tokens, 0)
-            state.tail_end, state.tail_done = num_tokens, False
-        return state.tail_key
 
     def loads_async(self, req_id: str) -> bool:
         """Whether the last ``lookup`` of ``req_id`` answered a hit that makes the request wait."""

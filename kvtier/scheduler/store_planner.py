@@ -65,11 +65,9 @@ class StorePlanner:
             runs.append([(g, c, c + 1) for c in chunks])
         if not offered:
             return []
-        plan = self._prepare_store(offered)
+        plan = self.reserve(offered)
         if plan is None:
             return []
-        self.stats.evicted_chunks += len(plan.evicted)
-        self.evicted += zip(plan.evicted, plan.evicted_slots)  # type: ignore[arg-type]
         slot_of = dict(zip(plan.keys, plan.slots, strict=True))
         for group_runs in runs:  # keep the chunks prepare_store took, merge neighbours
             kept = [r for r in group_runs if state.keys[r[0]][r[1]] in slot_of]
@@ -79,8 +77,9 @@ class StorePlanner:
             for i in range(max(map(len, runs), default=0))
         ]
 
-    def _prepare_store(self, offered: list[ChunkKey]) -> StorePlan | None:
-        """Reserve slots for as long a prefix of ``offered`` as there is room for.
+    def reserve(self, offered: list[ChunkKey]) -> StorePlan | None:
+        """Reserve slots for as long a prefix of ``offered`` as there is room for; the chunks
+        evicted for them go to ``take_evicted`` (and the counters), the others are skipped.
 
         Chunks pinned by loads or still being stored cannot be evicted, so a busy step may not
         fit all of them; the earliest chunks of a prompt are the most reused, so keep those.
@@ -89,6 +88,8 @@ class StorePlanner:
             plan = self.manager.prepare_store(offered[:count])
             if plan is not None:
                 self.stats.skipped_stores += len(offered) - count
+                self.stats.evicted_chunks += len(plan.evicted)
+                self.evicted += zip(plan.evicted, plan.evicted_slots)  # type: ignore[arg-type]
                 return plan
         self.stats.skipped_stores += len(offered)
         return None

@@ -1,5 +1,6 @@
 """Storing a prompt's tail: its blocks after its last full chunk, the last one partly filled.
 
+    key(state, num_tokens, tail_tokens) -> ChunkKey | None   the request's tail, if it has one
     plan(state, num_computed_tokens) -> [StoreJob]   the tail's store, once the prompt is computed
 
 A tail is kept in the host tier only (never written to disk, never flushed at shutdown): it lets a
@@ -11,12 +12,13 @@ attention reads them. Its key (``ChunkKeyMaker.tail_key``) names the prefix and 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from kvtier.addresses import EngineBlocks, HostChunks
-from kvtier.counters import TierStats
+from kvtier.keys import ChunkKey, ChunkKeyMaker
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
-from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.request import RequestState
 from kvtier.scheduler.store_planner import NULL_BLOCK, StorePlanner
 from kvtier.step_plan import StoreJob
@@ -24,20 +26,32 @@ from kvtier.step_plan import StoreJob
 
 class TailStore:
     def __init__(
-        self,
-        manager: ChunkManager,
-        stores: StorePlanner,
-        jobs: JobTable,
-        block_tokens: int,
-        factor: int,
-        stats: TierStats,
+        self, stores: StorePlanner, jobs: JobTable, keys: ChunkKeyMaker, block_tokens: int
     ) -> None:
-        self.manager = manager
-        self.stores = stores  # its evictions go with the step's others (disk write-back)
+        self.stores = stores  # reserves the slot: evictions go with the step's others
         self.jobs = jobs
+        self.keys = keys
+        self.factor = keys.block_size_factor
         self.block_tokens = block_tokens
-        self.factor = factor
-        self.stats = stats
+        self.chunk_tokens = block_tokens * self.factor
+
+    def key(
+        self, state: RequestState, num_tokens: int | None, tail_tokens: Sequence[int] | None
+    ) -> ChunkKey | None:
+        """The key of the request's tail, when it has one kvtier can keep (a full block before
+        it, tokens after its last full chunk, tokens that name its KV); remembered in ``state``
+        for its store. The caller checks the model has a single KV cache group."""
+        hashes = state.block_hashes
+        if num_tokens is None or tail_tokens is None or not hashes:
+            return None
+        if num_tokens <= len(hashes) // self.factor * self.chunk_tokens:
+            return None  # ends on a chunk boundary: no tail
+        if len(tail_tokens) != num_tokens - len(hashes) * self.block_tokens:
+            return None
+        if state.tail_key is None or state.tail_end != num_tokens:
+            state.tail_key = self.keys.tail_key(hashes[-1], tail_tokens, 0)
+            state.tail_end, state.tail_done = num_tokens, False
+        return state.tail_key
 
     def plan(self, state: RequestState, num_computed_tokens: int) -> list[StoreJob]:
         """The store of ``state``'s tail once the engine computed it (offered once)."""
@@ -50,12 +64,9 @@ class TailStore:
         blocks = state.block_ids[0][first:end]
         if len(blocks) != end - first or NULL_BLOCK in blocks:
             return []
-        plan = self.manager.prepare_store([key])
+        plan = self.stores.reserve([key])
         if plan is None or not plan.keys:
-            self.stats.skipped_stores += plan is None
             return []
-        self.stats.evicted_chunks += len(plan.evicted)
-        self.stores.evicted += zip(plan.evicted, plan.evicted_slots)  # type: ignore[arg-type]
         job_id = self.jobs.add(Job(state.req_id, [key], JobKind.STORE, blocks, host_only=True))
         state.store_jobs.add(job_id)
         engine = EngineBlocks(np.array(blocks, dtype=np.int64), (len(blocks),), (first,))
