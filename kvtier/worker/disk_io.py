@@ -133,8 +133,8 @@ class DiskWriteHandler(ThreadedHandler):
     def __init__(self, host: HostTier, tier: DiskTier) -> None:
         self.host = host
         self.tier = tier
-        # host memory only; background work, as stores
-        self._thread = JobThread("kvtier-disk-write", torch.device("cpu"), background=True)
+        # host memory only; at normal priority: a pinned write holds its host chunks until done
+        self._thread = JobThread("kvtier-disk-write", torch.device("cpu"))
         self._rows = [buffer.numpy() for buffer in host.buffers]  # (num_chunks, chunk words)
         self.write_errors = 0
 

@@ -29,11 +29,10 @@ BACKGROUND_NICE = 19  # the lowest CPU priority: a background copy takes what co
 def bind_thread(device: torch.device, background: bool = False) -> None:
     """Thread-pool initializer: bind the worker's device once per thread (vLLM PR #39548).
 
-    ``background``: this thread's copies never hold up the engine (host-tier stores, disk
-    writes): on the CPU it runs at the lowest priority, so a store copied while the next step
-    computes takes only the cycles the engine's compute threads leave (measured: a 64 MiB store
-    on two lanes beside the next request's forward made the engine's own prefix hit at 4k tokens
-    1.3x slower). It still runs at once on an idle core, as when the engine waits for it.
+    ``background``: this thread's copies never hold up the engine (threaded host-tier stores):
+    on the CPU it runs at the lowest priority, taking the cycles the engine's compute threads
+    leave; it still runs at once on an idle core, as when the engine waits for it. Not for a
+    thread whose jobs hold pins others wait on (disk writes: a slow one blocks eviction).
     """
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -1,4 +1,4 @@
-"""Background copies (host-tier stores, disk writes) yield the CPU to the engine's compute:
+"""Background copies (host-tier stores on a thread) yield the CPU to the engine's compute:
 their threads run at the lowest priority; a load, which a request waits for, does not."""
 
 from __future__ import annotations
