@@ -1,0 +1,72 @@
+"""The proxy's ASGI app: OpenAI-compatible routes onto a ``Router``.
+
+POST /v1/completions, POST /v1/chat/completions   prefill then decode; streamed or not,
+                                                  as the client asked
+GET  /v1/models                                   a decode engine's
+GET  /health                                      200 / 503, see ``kvtier.proxy.health``
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from kvtier.proxy.config import ProxyConfig
+from kvtier.proxy.router import Router
+
+logger = logging.getLogger(__name__)
+
+
+def build_app(
+    prefill: Sequence[str],
+    decode: Sequence[str],
+    *,
+    timeout_s: float = 300.0,
+    connect_timeout_s: float = 5.0,
+    backoff_s: float = 2.0,
+) -> FastAPI:
+    """The app for these engines (see ``ProxyConfig``; a bad URL raises ``ValueError``).
+
+    Its ``Router`` is ``app.state.router``; the engines' connection pools close when the app's
+    lifespan ends."""
+    config = ProxyConfig(tuple(prefill), tuple(decode), timeout_s, connect_timeout_s, backoff_s)
+    router = Router(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        logger.info("kvtier proxy: prefill %s; decode %s",
+                    ", ".join(config.prefill), ", ".join(config.decode))  # fmt: skip
+        try:
+            yield
+        finally:
+            await router.aclose()
+
+    app = FastAPI(title="kvtier proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)  # fmt: skip
+    app.state.router = router
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await router.complete("/v1/completions", await request.body(), _auth(request))
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await router.complete("/v1/chat/completions", await request.body(), _auth(request))
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        return await router.models(_auth(request))
+
+    @app.get("/health")
+    async def health() -> Response:
+        return await router.health()
+
+    return app
+
+
+def _auth(request: Request) -> str | None:
+    return request.headers.get("authorization")

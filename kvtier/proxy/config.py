@@ -1,0 +1,55 @@
+"""The proxy's settings, checked once: engine URLs per side and its time limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    """Which engines serve each side, and how long the proxy waits for them.
+
+    URLs are normalized at construction (``host:port`` gains ``http://``, a trailing ``/`` goes);
+    a bad one raises ``ValueError`` naming its side.
+    """
+
+    prefill: tuple[str, ...]
+    decode: tuple[str, ...]
+    timeout_s: float = 300.0  # a whole request, prefill and decode (the stream included)
+    connect_timeout_s: float = 5.0  # one connection attempt; also each /health probe
+    backoff_s: float = 2.0  # an engine that could not be connected to is skipped this long
+
+    def __post_init__(self) -> None:
+        for side in ("prefill", "decode"):
+            object.__setattr__(self, side, _engine_urls(side, getattr(self, side)))
+        for key in ("timeout_s", "connect_timeout_s", "backoff_s"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
+
+
+def _engine_urls(side: str, urls: tuple[str, ...]) -> tuple[str, ...]:
+    if not urls:
+        raise ValueError(f"{side}: give at least one engine URL")
+    normalized = tuple(_engine_url(side, url) for url in urls)
+    for url in normalized:
+        if normalized.count(url) > 1:
+            raise ValueError(f"{side}: {url} is given twice")
+    return normalized
+
+
+def _engine_url(side: str, url: str) -> str:
+    """``http://host:port`` for ``url``, which may lack the scheme; nothing after the port."""
+    full = url if "://" in url else f"http://{url}"
+    parts = urlsplit(full.rstrip("/"))
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{side}: {url!r} is not an http(s)://host:port URL")
+    if parts.path or parts.query or parts.fragment:
+        raise ValueError(
+            f"{side}: {url!r} has a path; give the engine's root, e.g. http://host:8100"
+        )
+    try:
+        parts.port  # noqa: B018 (raises for a port that is not a number)
+    except ValueError:
+        raise ValueError(f"{side}: {url!r} has a bad port") from None
+    return f"{parts.scheme}://{parts.netloc}"

@@ -1,0 +1,186 @@
+"""Fake vLLM engines for the proxy's tests, served on ephemeral ports in the test's event loop.
+
+    FakeEngine(name)   records each request (path, JSON body, headers) and answers like vLLM:
+                       a request with ``do_remote_decode`` (a prefill) gets JSON offering its KV
+                       in ``kv_transfer_params``; any other (a decode) gets JSON, or SSE ending in
+                       ``data: [DONE]`` when ``stream`` is true, echoing the ``kv_transfer_params``
+                       it got. Hooks make it wait, fail or die mid-stream.
+    serving(*apps)     each app on 127.0.0.1:<free port> for the ``async with``; yields the URLs
+    closed_url()       a URL whose port is bound but not listening: connections are refused
+    proxied(p, d)      the proxy for those URLs, served: a client of it and its Router
+    run(scenario)      ``asyncio.run`` bounded by ``LIMIT_S``
+
+Every wait is bounded: ``WAIT_S`` for one condition, ``LIMIT_S`` for a whole scenario.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from typing import Any, NamedTuple
+
+import httpx
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.responses import Response
+
+from kvtier.proxy import build_app
+from kvtier.proxy.router import Router
+
+LIMIT_S = 30.0  # a whole scenario
+WAIT_S = 10.0  # one wait on a condition inside a scenario
+
+Hook = Callable[[], Awaitable[None]]
+
+
+class Received(NamedTuple):
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+class FakeEngine:
+    """One fake engine. Set the attributes before requests arrive."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.received: list[Received] = []
+        self.offer = True  # a prefill answers with kv_transfer_params offering its KV
+        self.error_status: int | None = None  # answer every completion with this error
+        self.health_status = 200
+        self.before_answer: Hook | None = None  # awaited before a completion is answered
+        self.after_first_chunk: Hook | None = None  # awaited in a stream after its first event
+        self.stream_closed = asyncio.Event()  # a stream's generator ended (finished or aborted)
+        self.app = self._app()
+
+    def _app(self) -> FastAPI:
+        app = FastAPI()
+        app.post("/v1/completions")(self._complete)
+        app.post("/v1/chat/completions")(self._complete)
+        app.get("/v1/models")(self._models)
+        app.get("/health")(self._health)
+        return app
+
+    async def _complete(self, request: Request) -> Response:
+        body = await request.json()
+        self.received.append(Received(request.url.path, body, dict(request.headers)))
+        if self.before_answer is not None:
+            await self.before_answer()
+        if self.error_status is not None:
+            error = {"message": f"{self.name} refuses", "type": "BadRequestError", "code": 400}
+            return JSONResponse({"error": error}, self.error_status)
+        params = body.get("kv_transfer_params") or {}
+        if params.get("do_remote_decode"):
+            return JSONResponse(self._prefilled(body, len(self.received)))
+        chat = request.url.path.endswith("/chat/completions")
+        if body.get("stream"):
+            return StreamingResponse(self._events(body, chat), media_type="text/event-stream")
+        text = "".join(_token(i) for i in range(body["max_tokens"]))
+        choice = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+        return JSONResponse(
+            {"engine": self.name, "choices": [choice], "kv_transfer_params": params or None}
+        )
+
+    def _prefilled(self, body: dict[str, Any], number: int) -> dict[str, Any]:
+        answer: dict[str, Any] = {"engine": self.name, "choices": [{"text": _token(0)}]}
+        if self.offer:
+            answer["kv_transfer_params"] = {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_engine_id": self.name,
+                "remote_request_id": f"{self.name}-{number}",
+                "remote_block_ids": [[1, 2, 3]],
+                "remote_host": "127.0.0.1",
+                "remote_port": 5600,
+            }
+        return answer
+
+    async def _events(self, body: dict[str, Any], chat: bool) -> AsyncIterator[str]:
+        params = body.get("kv_transfer_params")
+        try:
+            for i in range(body["max_tokens"]):
+                piece = {"delta": {"content": _token(i)}} if chat else {"text": _token(i)}
+                event = {"engine": self.name, "choices": [piece], "kv_transfer_params": params}
+                yield f"data: {json.dumps(event)}\n\n"
+                if i == 0 and self.after_first_chunk is not None:
+                    await self.after_first_chunk()
+            yield "data: [DONE]\n\n"
+        finally:
+            self.stream_closed.set()
+
+    async def _models(self) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "fake-model", "by": self.name}]})
+
+    async def _health(self) -> Response:
+        return Response(status_code=self.health_status)
+
+
+def _token(i: int) -> str:
+    return f"t{i} "
+
+
+def stream_texts(sse: str) -> list[str]:
+    """The texts of a completion stream's events (chat deltas or completion texts)."""
+    texts = []
+    for line in sse.splitlines():
+        if line.startswith("data: {"):
+            choice = json.loads(line.removeprefix("data: "))["choices"][0]
+            texts.append(choice["delta"]["content"] if "delta" in choice else choice["text"])
+    return texts
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:  # the test process keeps its signal handlers
+        yield
+
+
+@contextlib.asynccontextmanager
+async def serving(*apps: Any) -> AsyncIterator[list[str]]:
+    """Each app served on its own port. The sockets listen before this yields, so a request
+    sent at once waits in the backlog until its server accepts it."""
+    servers, tasks, urls = [], [], []
+    for app in apps:
+        # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on such sockets (else each answer's
+        # body waits ~40 ms behind its headers: Nagle against the client's delayed ACK)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        config = uvicorn.Config(
+            app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=1
+        )
+        servers.append(_Server(config))
+        tasks.append(asyncio.create_task(servers[-1].serve(sockets=[sock])))
+        urls.append(f"http://127.0.0.1:{sock.getsockname()[1]}")
+    try:
+        yield urls
+    finally:
+        for server in servers:
+            server.should_exit = True
+        await asyncio.wait_for(asyncio.gather(*tasks), WAIT_S)
+
+
+@contextlib.contextmanager
+def closed_url() -> Iterator[str]:
+    """A local URL nobody listens on, for the ``with`` (the port stays taken, never open)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def run(scenario: Coroutine[Any, Any, None]) -> None:
+    asyncio.run(asyncio.wait_for(scenario, LIMIT_S))
+
+
+@contextlib.asynccontextmanager
+async def proxied(
+    prefill: list[str], decode: list[str], **limits: float
+) -> AsyncIterator[tuple[httpx.AsyncClient, Router]]:
+    """The proxy for these engine URLs, served, with a client of it and its ``Router``."""
+    app = build_app(prefill, decode, **limits)
+    async with serving(app) as [url], httpx.AsyncClient(base_url=url, timeout=WAIT_S) as client:
+        yield client, app.state.router
