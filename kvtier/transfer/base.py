@@ -1,0 +1,81 @@
+"""What both ends of a prefill->decode transfer share: errors, identities, rows and their order.
+
+TransferError                 every failure of a pull, with what failed in its message
+PeerIdentity                  the fields that must match between the two ranks
+BlockRows                     one rank's engine KV memory as (view, block) byte rows
+request_rows(groups, ids)     the canonical row order of a request, the same at both ends
+row_bytes(page_bytes, rows)   bytes of those rows
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class TransferError(Exception):
+    """A pull failed; ``str(e)`` names the peer and what failed (refused, reset, timeout, ...)."""
+
+
+@dataclass(frozen=True)
+class PeerIdentity:
+    """What must match between the two ranks of a transfer (model, dtype, layout, tp, blocks)."""
+
+    fields: tuple[tuple[str, str], ...]
+
+    def __post_init__(self) -> None:
+        names = [name for name, _ in self.fields]
+        if len(set(names)) != len(names):
+            raise ValueError(f"PeerIdentity: a field is named twice in {names}")
+
+    def differences(self, other: PeerIdentity) -> list[str]:
+        """``["model 'a' != 'b'", ...]``: this side's value first; empty when equal."""
+        mine, theirs = dict(self.fields), dict(other.fields)
+        names = [n for n, _ in self.fields] + [n for n, _ in other.fields if n not in mine]
+        return [
+            f"{name} {_shown(mine.get(name))} != {_shown(theirs.get(name))}"
+            for name in names
+            if mine.get(name) != theirs.get(name)
+        ]
+
+
+def _shown(value: str | None) -> str:
+    return "(missing)" if value is None else repr(value)
+
+
+class BlockRows(Protocol):
+    """One rank's engine KV memory, addressed as rows ``(view, block)`` of ``page_bytes[view]``.
+
+    ``read_rows`` returns byte views to send, valid until the calling thread's next
+    ``read_rows``; ``write_rows`` returns writable byte views to receive into, and ``commit`` of
+    the same rows, on the same thread, makes what was received part of the engine's memory (it is
+    called only once the data's checksum verified). ``bind_thread`` is called once at the start
+    of every transfer thread (a CUDA implementation binds its captured device there).
+    """
+
+    page_bytes: tuple[int, ...]  # bytes of one block's row in each view
+    groups: tuple[tuple[int, ...], ...]  # view indices per KV cache group
+
+    def read_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]: ...
+
+    def write_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]: ...
+
+    def commit(self, rows: Sequence[tuple[int, int]]) -> None: ...
+
+    def bind_thread(self) -> None: ...
+
+
+def request_rows(
+    groups: tuple[tuple[int, ...], ...], block_ids: Sequence[Sequence[int]]
+) -> list[tuple[int, int]]:
+    """The rows of a request in the order both ends use: per group, per view, per block."""
+    if len(block_ids) != len(groups):
+        raise ValueError(f"{len(block_ids)} lists of block ids for {len(groups)} groups")
+    return [
+        (view, block) for views, ids in zip(groups, block_ids) for view in views for block in ids
+    ]
+
+
+def row_bytes(page_bytes: Sequence[int], rows: Sequence[tuple[int, int]]) -> int:
+    return sum(page_bytes[view] for view, _ in rows)
