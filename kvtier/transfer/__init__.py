@@ -26,5 +26,19 @@ verified before the receiving rows are committed.
 from __future__ import annotations
 
 from kvtier.transfer.base import BlockRows, PeerIdentity, TransferError, request_rows
+from kvtier.transfer.client import TransferClient
+from kvtier.transfer.rows_cpu import CpuBlockRows
+from kvtier.transfer.rows_cuda import CudaBlockRows
+from kvtier.transfer.server import ServerCounters, TransferServer
 
-__all__ = ["BlockRows", "PeerIdentity", "TransferError", "request_rows"]
+__all__ = [
+    "BlockRows",
+    "CpuBlockRows",
+    "CudaBlockRows",
+    "PeerIdentity",
+    "ServerCounters",
+    "TransferClient",
+    "TransferError",
+    "TransferServer",
+    "request_rows",
+]

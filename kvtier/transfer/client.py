@@ -1,0 +1,261 @@
+"""``TransferClient``: the decode rank's side; pulls a prefill request's rows into its own."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import socket
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import xxhash
+
+from kvtier.transfer import auth, wire
+from kvtier.transfer.base import BlockRows, PeerIdentity, TransferError, request_rows
+from kvtier.transfer.pool import ConnectionPool
+
+log = logging.getLogger(__name__)
+
+HELPERS_PER_CONNECTION = 4  # helper threads per extra connection, for concurrent pulls
+
+
+@dataclass
+class _Part:
+    """Rows ``[start, stop)`` of a pull, ``nbytes`` long, received into ``views``."""
+
+    start: int
+    stop: int
+    nbytes: int
+    views: list[memoryview] = field(default_factory=list)
+
+
+class TransferClient:
+    """Pulls offered requests from ``TransferServer``s into this rank's rows.
+
+    ``pull`` may be called from several threads at once, to the same peer or others. Each peer
+    has a pool of authenticated connections reused across pulls; a pull splits its rows over up to
+    ``connections`` of them, the calling thread serving one part and helper threads (bound with
+    ``rows.bind_thread``) the others. ``timeout_s`` bounds every socket operation; it should exceed
+    the server's ``offer_wait_s``.
+    """
+
+    def __init__(
+        self,
+        rows: BlockRows,
+        identity: PeerIdentity,
+        secret: bytes,
+        *,
+        timeout_s: float = 10.0,
+        connections: int = 2,
+    ) -> None:
+        if connections < 1:
+            raise ValueError(f"connections must be >= 1, got {connections}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self._rows = rows
+        self._identity = identity
+        self._secret = auth.check_secret(secret)
+        self._timeout_s = timeout_s
+        self._connections = connections
+        self._lock = threading.Lock()
+        self._pools: dict[tuple[str, int], ConnectionPool] = {}
+        self._closed = False
+        self._helpers = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(1, (connections - 1) * HELPERS_PER_CONNECTION),
+            thread_name_prefix="kvtier-pull",
+            initializer=rows.bind_thread,
+        )
+
+    def pull(
+        self,
+        host: str,
+        port: int,
+        remote_req_id: str,
+        remote_block_ids: Sequence[Sequence[int]],
+        local_block_ids: Sequence[Sequence[int]],
+    ) -> int:
+        """Receive the remote request's rows into the local blocks; returns the bytes received.
+
+        Rows are committed only once every part's checksum verified. Raises ``TransferError`` on
+        any failure (the local blocks' contents are then undefined), ``ValueError`` when a group's
+        remote and local lists differ in length. Always tells the server to release the offer.
+        """
+        _check_lengths(remote_block_ids, local_block_ids, len(self._rows.groups))
+        rows = request_rows(self._rows.groups, local_block_ids)
+        pool = self._pool(host, port)
+        parts = _split(rows, self._rows.page_bytes, self._connections)
+        remote = [list(map(int, ids)) for ids in remote_block_ids]
+        errors: list[TransferError] = []
+        ok = False
+        try:
+            if parts:
+                views = self._rows.write_rows(rows)
+                for part in parts:
+                    part.views = views[part.start : part.stop]
+                errors = self._pull_parts(pool, remote_req_id, remote, parts)
+            ok = not errors
+        finally:
+            self._release(pool, remote_req_id, ok)
+        if errors:
+            raise errors[0]
+        self._rows.commit(rows)
+        return sum(part.nbytes for part in parts)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            pools = list(self._pools.values())
+        for pool in pools:
+            pool.close()
+        self._helpers.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> TransferClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _pool(self, host: str, port: int) -> ConnectionPool:
+        with self._lock:
+            if self._closed:
+                raise TransferError("transfer client is closed")
+            pool = self._pools.get((host, port))
+            if pool is None:
+                pool = ConnectionPool(host, port, self._connect, max_idle=4 * self._connections)
+                self._pools[(host, port)] = pool
+            return pool
+
+    def _connect(self, host: str, port: int) -> socket.socket:
+        peer = f"peer {host}:{port}"
+        try:
+            sock = socket.create_connection((host, port), timeout=self._timeout_s)
+        except OSError as e:
+            raise TransferError(f"{peer}: cannot connect: {e}") from None
+        try:
+            wire.tune_socket(sock)
+            auth.open_handshake(sock, self._secret, self._identity)
+        except auth.HandshakeFailed as e:
+            sock.close()
+            separator = " " if e.reason.startswith("refused") else ": "
+            raise TransferError(f"{peer}{separator}{e.reason}") from None
+        except (OSError, wire.FrameError) as e:
+            sock.close()
+            raise TransferError(f"{peer}: handshake failed: {_describe(e)}") from None
+        return sock
+
+    def _pull_parts(
+        self, pool: ConnectionPool, req_id: str, remote: list[list[int]], parts: list[_Part]
+    ) -> list[TransferError]:
+        """Runs every part (the first in this thread); returns once none is still receiving."""
+        try:
+            futures = [
+                self._helpers.submit(self._pull_part, pool, req_id, remote, part)
+                for part in parts[1:]
+            ]
+        except RuntimeError:  # shut down
+            raise TransferError("transfer client is closed") from None
+        errors: list[TransferError] = []
+        try:
+            self._pull_part(pool, req_id, remote, parts[0])
+        except TransferError as e:
+            errors.append(e)
+        finally:
+            concurrent.futures.wait(futures)  # never return while a helper writes into the rows
+        for future in futures:
+            try:
+                future.result()
+            except TransferError as e:
+                errors.append(e)
+        return errors
+
+    def _pull_part(
+        self, pool: ConnectionPool, req_id: str, remote: list[list[int]], part: _Part
+    ) -> None:
+        sock = pool.checkout()
+        peer = f"peer {pool.host}:{pool.port}"
+        reusable = False
+        try:
+            pull = wire.Pull(req_id, remote, part.start, part.stop, part.nbytes)
+            sock.sendall(wire.encode_control(pull))
+            header = wire.recv_header(sock)
+            if header.kind == wire.Kind.REFUSAL:
+                refusal = wire.recv_control(sock, header)
+                assert isinstance(refusal, wire.Refusal)
+                reusable = True
+                raise TransferError(f"{peer} refused: {refusal.reason}")
+            if header.kind != wire.Kind.DATA:
+                raise wire.FrameError(f"expected DATA, got {header.kind.name}")
+            if header.length != part.nbytes + wire.DIGEST_BYTES:
+                raise TransferError(
+                    f"{peer}: length mismatch for request {req_id!r}: "
+                    f"{header.length - wire.DIGEST_BYTES} bytes sent, {part.nbytes} expected"
+                )
+            hasher = xxhash.xxh3_64()
+            wire.recv_rows(sock, part.views, hasher)
+            digest = bytearray(wire.DIGEST_BYTES)
+            wire.recv_exact_into(sock, memoryview(digest))
+            reusable = True
+            if digest != hasher.digest():
+                raise TransferError(
+                    f"{peer}: checksum mismatch for request {req_id!r} "
+                    f"(rows {part.start}..{part.stop})"
+                )
+        except (OSError, wire.FrameError) as e:
+            raise TransferError(f"{peer}: pull of {req_id!r} failed: {_describe(e)}") from None
+        finally:
+            if reusable:
+                pool.checkin(sock)
+            else:
+                sock.close()
+
+    def _release(self, pool: ConnectionPool, req_id: str, ok: bool) -> None:
+        """Best effort: an offer that is not released expires at its deadline on the server.
+        After a failed pull only an idle connection is used (the peer may be unreachable)."""
+        try:
+            sock = pool.take_idle() or (pool.checkout() if ok else None)
+        except TransferError as e:
+            log.info("kvtier transfer: cannot release %r: %s", req_id, e)
+            return
+        if sock is None:
+            return
+        try:
+            wire.send_control(sock, wire.Release(req_id, ok))
+        except OSError as e:
+            sock.close()
+            log.info("kvtier transfer: cannot release %r: %s", req_id, e)
+        else:
+            pool.checkin(sock)
+
+
+def _check_lengths(
+    remote: Sequence[Sequence[int]], local: Sequence[Sequence[int]], groups: int
+) -> None:
+    if len(remote) != groups or len(local) != groups:
+        raise ValueError(
+            f"remote_block_ids has {len(remote)} groups, local_block_ids {len(local)}; "
+            f"the layout has {groups}"
+        )
+    for g, (r, lo) in enumerate(zip(remote, local)):
+        if len(r) != len(lo):
+            raise ValueError(f"group {g}: {len(r)} remote_block_ids but {len(lo)} local_block_ids")
+
+
+def _split(rows: list[tuple[int, int]], page_bytes: tuple[int, ...], n: int) -> list[_Part]:
+    """Contiguous parts of about equal bytes, at most ``n``, none empty."""
+    sizes = [page_bytes[view] for view, _ in rows]
+    total = sum(sizes)
+    parts: list[_Part] = []
+    start = done = 0
+    for i, size in enumerate(sizes):
+        done += size
+        if done * min(n, len(rows)) >= total * (len(parts) + 1) or i == len(rows) - 1:
+            parts.append(_Part(start, i + 1, sum(sizes[start : i + 1])))
+            start = i + 1
+    return parts
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, TimeoutError):
+        return "timed out"
+    return str(e) or type(e).__name__

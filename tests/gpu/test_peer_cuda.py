@@ -1,0 +1,127 @@
+"""Pulls into and out of CUDA engine memory through ``CudaBlockRows`` (needs CUDA).
+
+Layout: FlashAttention's ``(2, num_blocks, block_size, kv_heads, head_size)``, so each layer is
+two views (K and V); two groups of one layer each. Both ranks' rows are staged through pinned
+host buffers; the server's and client's threads bind the device captured at construction.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from kvtier.layout import build_layout
+from kvtier.transfer import (
+    CpuBlockRows,
+    CudaBlockRows,
+    PeerIdentity,
+    TransferClient,
+    TransferServer,
+)
+
+pytestmark = pytest.mark.gpu
+
+NUM_BLOCKS = 24
+SECRET = b"kvtier-gpu-test-secret-0123456789"
+IDENTITY = PeerIdentity((("model", "gpu-test"), ("tp_size", "1"), ("tp_rank", "0")))
+REMOTE, LOCAL = [[1, 5, 9, 2], [3, 4]], [[20, 0, 7, 8], [11, 23]]
+
+
+class RecordingRows(CudaBlockRows):
+    """Records, per call, the thread and the current CUDA device it ran on."""
+
+    def __init__(self, views: Sequence[torch.Tensor], groups: Sequence[Sequence[int]]) -> None:
+        super().__init__(views, groups)
+        self.calls: list[tuple[str, str, int]] = []
+
+    def _record(self, what: str) -> None:
+        self.calls.append((what, threading.current_thread().name, torch.cuda.current_device()))
+
+    def bind_thread(self) -> None:
+        super().bind_thread()
+        self._record("bind")
+
+    def read_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
+        self._record("read")
+        return super().read_rows(rows)
+
+    def write_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
+        self._record("write")
+        return super().write_rows(rows)
+
+
+def _caches(device: str, seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        name: torch.randn(2, NUM_BLOCKS, 16, 2, 64, generator=generator).to(device, torch.bfloat16)
+        for name in ("full.0", "swa.0")
+    }
+
+
+def _rows(caches: dict[str, torch.Tensor], cls: type = RecordingRows) -> CudaBlockRows:
+    layout = build_layout(caches, [["full.0"], ["swa.0"]], NUM_BLOCKS)
+    return cls(layout.views, layout.groups)  # type: ignore[no-any-return]
+
+
+def _pull(src_rows: object, dst_rows: object, connections: int = 2) -> int:
+    with (
+        TransferServer(src_rows, IDENTITY, SECRET) as server,
+        TransferClient(  # type: ignore[arg-type]
+            dst_rows,
+            IDENTITY,
+            SECRET,
+            connections=connections,  # type: ignore[arg-type]
+        ) as client,
+    ):
+        server.offer("req", REMOTE, time.monotonic() + 30)
+        return client.pull(*server.address, "req", REMOTE, LOCAL)
+
+
+def _assert_copied(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor]) -> None:
+    for name, (remote, local) in zip(("full.0", "swa.0"), zip(REMOTE, LOCAL)):
+        a, b = src[name][:, remote].cpu(), dst[name][:, local].cpu()
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+@pytest.mark.parametrize("connections", [1, 2])
+def test_cuda_to_cuda_round_trip(connections: int) -> None:
+    src, dst = _caches("cuda", 1), _caches("cuda", 2)
+    received = _pull(_rows(src), _rows(dst), connections)
+    assert received == 6 * 2 * 16 * 2 * 64 * 2
+    _assert_copied(src, dst)
+
+
+def test_cpu_prefill_to_cuda_decode() -> None:
+    src, dst = _caches("cpu", 1), _caches("cuda", 2)
+    layout = build_layout(src, [["full.0"], ["swa.0"]], NUM_BLOCKS)
+    _pull(CpuBlockRows(layout.views, layout.groups), _rows(dst))
+    _assert_copied(src, dst)
+
+
+def test_threads_bind_the_captured_device() -> None:
+    index = torch.cuda.device_count() - 1  # not 0 when there are two devices
+    torch.cuda.set_device(0)
+    src, dst = _caches(f"cuda:{index}", 1), _caches(f"cuda:{index}", 2)
+    src_rows, dst_rows = _rows(src), _rows(dst)
+    _pull(src_rows, dst_rows)
+    _assert_copied(src, dst)
+    server_calls = [c for c in src_rows.calls if c[1] == "kvtier-transfer-conn"]  # type: ignore[attr-defined]
+    assert {c[0] for c in server_calls} == {"bind", "read"}
+    assert all(device == index for _, _, device in server_calls)
+    helpers = [c for c in dst_rows.calls if c[1].startswith("kvtier-pull")]  # type: ignore[attr-defined]
+    assert helpers and all(device == index for _, _, device in helpers)
+    assert torch.cuda.current_device() == 0  # the caller's thread was left alone
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices"
+)
+def test_a_rank_on_the_second_device() -> None:
+    src, dst = _caches("cuda:0", 1), _caches("cuda:1", 2)
+    _pull(_rows(src), _rows(dst))
+    _assert_copied(src, dst)
+    assert all(t.device.index == 1 for t in dst.values())

@@ -1,0 +1,106 @@
+"""Pulls between two CPU engines over real loopback sockets: the rows arrive byte-exact.
+
+Scenario shape: the prefill engine offers a finished request's blocks (per group), the decode
+engine pulls them into other block ids, the server reports the offer done once released.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from peer_setup import GROUPS, NUM_BLOCKS, deadline, peers, same_blocks, wait_done
+
+from kvtier.transfer import PeerIdentity, request_rows
+from kvtier.transfer.client import _split
+
+
+def test_request_rows_are_per_group_per_view_per_block() -> None:
+    assert request_rows(((0, 1), (2,)), [[5, 3], [7]]) == [(0, 5), (0, 3), (1, 5), (1, 3), (2, 7)]
+    assert request_rows(((0, 1), (2,)), [[], [7]]) == [(2, 7)]
+    with pytest.raises(ValueError, match="2 groups"):
+        request_rows(((0, 1), (2,)), [[1]])
+
+
+def test_identity_differences_name_each_field() -> None:
+    mine = PeerIdentity((("model", "a"), ("tp_size", "2"), ("dtype", "bf16")))
+    theirs = PeerIdentity((("model", "b"), ("tp_size", "4"), ("dtype", "bf16"), ("rank", "0")))
+    assert mine.differences(theirs) == ["model 'a' != 'b'", "tp_size '2' != '4'",
+                                        "rank (missing) != '0'"]  # fmt: skip
+    assert mine.differences(mine) == []
+    with pytest.raises(ValueError, match="twice"):
+        PeerIdentity((("model", "a"), ("model", "b")))
+
+
+@pytest.mark.parametrize("connections", [1, 2])
+def test_pull_copies_random_rows_exactly(connections: int) -> None:
+    rng = random.Random(connections)
+    with peers(connections=connections) as (prefill, server, decode, client):
+        for round_ in range(3):
+            remote = [rng.sample(range(NUM_BLOCKS), 5), rng.sample(range(NUM_BLOCKS), 3)]
+            local = [rng.sample(range(NUM_BLOCKS), 5), rng.sample(range(NUM_BLOCKS), 3)]
+            server.offer(f"req-{round_}", remote, deadline())
+            received = client.pull(*server.address, f"req-{round_}", remote, local)
+            assert received == 5 * (512 + 512) + 3 * 256
+            assert same_blocks(prefill, remote, decode, local)
+            assert decode.rows.commits[-1] == request_rows(GROUPS, local)
+        assert wait_done(server, 3) == [("req-0", True), ("req-1", True), ("req-2", True)]
+        counters = server.counters
+        assert counters.pulls == 3 * connections and counters.refused == counters.errors == 0
+        assert counters.connections == connections  # the pooled connections were reused
+
+
+def test_pull_of_part_of_an_offer_and_an_empty_group() -> None:
+    with peers() as (prefill, server, decode, client):
+        server.offer("req", [[1, 2, 3, 4], [5, 6]], deadline())
+        assert client.pull(*server.address, "req", [[2, 4], []], [[10, 11], []]) == 2 * 1024
+        assert same_blocks(prefill, [[2, 4], []], decode, [[10, 11], []])
+        assert wait_done(server, 1) == [("req", True)]
+
+
+def test_concurrent_pulls_from_threads() -> None:
+    requests = {
+        f"req-{i}": ([[i, (i + 1) % NUM_BLOCKS], [i]], [[i, 15 - i], [i]]) for i in range(8)
+    }
+    with peers(connections=2) as (prefill, server, decode, client):
+        for req_id, (remote, _) in requests.items():
+            server.offer(req_id, remote, deadline())
+        with ThreadPoolExecutor(4) as pool:
+            futures = [
+                pool.submit(client.pull, *server.address, req_id, remote, local)
+                for req_id, (remote, local) in requests.items()
+            ]
+            assert all(f.result(timeout=10) == 2 * 1024 + 256 for f in futures)
+        for remote, local in requests.values():
+            assert same_blocks(prefill, remote, decode, local)
+        assert wait_done(server, 8) == sorted((req_id, True) for req_id in requests)
+
+
+def test_transfer_threads_bind_once_when_they_start() -> None:
+    with peers(connections=2) as (_, server, decode, client):
+        server.offer("req", [[1, 2], [3]], deadline())
+        client.pull(*server.address, "req", [[1, 2], [3]], [[4, 5], [6]])
+        server_rows = server._rows
+        bound = server_rows.bound_threads  # type: ignore[attr-defined]
+        assert bound == ["kvtier-transfer-conn"] * 2  # one per connection, not per pull
+        assert any(name.startswith("kvtier-pull") for name in decode.rows.bound_threads)
+        assert threading.current_thread().name not in decode.rows.bound_threads
+
+
+def test_mismatched_lengths_are_a_value_error_naming_the_group() -> None:
+    with peers() as (_, server, _decode, client):
+        with pytest.raises(ValueError, match="group 1: 2 remote_block_ids but 1 local"):
+            client.pull(*server.address, "req", [[1], [2, 3]], [[1], [2]])
+        with pytest.raises(ValueError, match="layout has 2"):
+            client.pull(*server.address, "req", [[1]], [[1]])
+
+
+def test_rows_split_into_balanced_contiguous_parts() -> None:
+    rows = [(0, b) for b in range(5)] + [(1, b) for b in range(5)]
+    parts = _split(rows, (100, 300), 2)
+    assert [(p.start, p.stop, p.nbytes) for p in parts] == [(0, 7, 1100), (7, 10, 900)]
+    assert [(p.start, p.stop) for p in _split(rows[:1], (100, 300), 4)] == [(0, 1)]
+    assert [p.nbytes for p in _split(rows, (100, 300), 3)] == [800, 600, 600]
+    assert _split([], (100,), 2) == []
