@@ -55,3 +55,18 @@ class DiskChunks(TransferSpec):
     medium: ClassVar[Medium] = Medium.DISK
     keys: tuple[ChunkKey, ...]
     staged: bool = False
+
+
+@dataclass(frozen=True)
+class PeerBlocks(TransferSpec):
+    """A prefill engine's blocks of one finished request, pulled by the decode engine.
+
+    ``endpoints[rank]`` is the (host, port) of the prefill rank that worker rank ``rank`` pulls
+    from; ``block_ids[g]`` are the prefill engine's blocks of group ``g``, paired one to one with
+    the destination's blocks of that group.
+    """
+
+    medium: ClassVar[Medium] = Medium.PEER
+    endpoints: tuple[tuple[str, int], ...]
+    req_id: str
+    block_ids: tuple[tuple[int, ...], ...]

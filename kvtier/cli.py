@@ -69,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     disk.add_argument("--device", default=None, help="engine device (default: cuda if present)")
     disk.add_argument("--out", type=Path, default=Path("bench/results"))
 
+    transfer = which.add_parser(
+        "transfer",
+        help="prefill→decode throughput on loopback / a raw TCP stream of the same bytes",
+    )
+    transfer.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
+    transfer.add_argument("--out", type=Path, default=Path("bench/results"))
     scheduler = which.add_parser(
         "scheduler",
         help="the scheduler half's cost per engine step / a bare loop over the new blocks",
@@ -105,6 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("model", help="a model directory or name, as vllm serve takes it")
     serve.add_argument("vllm_args", nargs=argparse.REMAINDER, help="--kvtier JSON; vLLM's args")
 
+    proxy = commands.add_parser(
+        "proxy",
+        help="an OpenAI-compatible front for prefill→decode: prefill engines, then decode engines",
+        description="Send each request to a prefill engine (max_tokens=1, do_remote_decode), then "
+        "to a decode engine with the prefill engine's kv_transfer_params, and return or stream "
+        "the decode engine's answer. Several URLs per side are balanced (least in flight); an "
+        "engine that is down is skipped. Listens on 127.0.0.1 unless --host is given.",
+    )
+    _add_proxy_arguments(proxy)
+
     inspect = commands.add_parser(
         "inspect",
         help="what a disk tier's directory holds (reads only)",
@@ -120,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     args = parser.parse_args(argv)
+    if args.command == "proxy":
+        from kvtier.proxy.cli import run as run_proxy
+
+        return run_proxy(args)
     if args.command == "serve":
         return _serve(args.model, args.vllm_args)
     if args.command == "inspect":
@@ -151,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
             args.out, args.dir, chunks=args.chunks, layers=args.layers, rounds=args.rounds,
             tokens=args.tokens, repeats=args.repeats, device=args.device,
         )  # fmt: skip
+    elif args.bench == "transfer":
+        from kvtier.bench import transfer as transfer_bench
+
+        transfer_bench.run(args.out, quick=args.quick)
     elif args.bench == "scheduler":
         from kvtier.bench import scheduler as scheduler_bench
 
@@ -159,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
             context=args.context, compare=not args.no_compare, adapter=args.adapter,
         )  # fmt: skip
     return 0
+
+
+def _add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvtier.proxy.cli import add_arguments
+
+    add_arguments(parser)
 
 
 def _serve(model: str, vllm_args: list[str]) -> int:

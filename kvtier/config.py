@@ -12,6 +12,9 @@ Extra-config keys (names follow vLLM's native offloading where it has them)::
     hash_algo          "xxh3_128"  sha256 | xxh3_128
     disk               None        {"path": str, "bytes": size, "write_through": bool = False}
     redis              None        {"url": "redis://..." (or rediss://, unix://), "timeout_s": 1.0}
+    transfer           None        prefill→decode (kv_role kv_producer / kv_consumer): see
+                                   ``TransferConfig``; its ``secret`` (or the environment
+                                   variable KVTIER_TRANSFER_SECRET) is required for those roles
 
 An optional key set to ``None`` counts as absent. Every error is a ``ValueError`` starting with
 ``kvtier: `` that names the key (dotted for nested keys: ``disk.bytes``) and what is accepted.
@@ -21,8 +24,9 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, TypeVar
 
 from kvtier.sizes import ACCEPTED_SIZE_FORMS, parse_size
@@ -30,7 +34,7 @@ from kvtier.sizes import ACCEPTED_SIZE_FORMS, parse_size
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-__all__ = ["DiskConfig", "KVTierConfig", "RedisConfig", "parse_size"]
+__all__ = ["DiskConfig", "KVTierConfig", "RedisConfig", "TransferConfig", "parse_size"]
 
 T = TypeVar("T")
 Parser = Callable[[object, str], T]
@@ -38,6 +42,9 @@ Parser = Callable[[object, str], T]
 EVICTION_POLICIES = ("lru", "arc")
 HASH_ALGOS = ("sha256", "xxh3_128")
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+LOAD_FAILURE_POLICIES = ("recompute", "fail")
+SECRET_ENV = "KVTIER_TRANSFER_SECRET"
+MIN_SECRET_BYTES = 16  # the transfer engine's HMAC key (kvtier.transfer.auth checks it too)
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,78 @@ class RedisConfig:
 
 
 @dataclass(frozen=True)
+class TransferConfig:
+    """Prefill→decode over TCP (extra-config key ``transfer``), for kv_producer/kv_consumer.
+
+    A prefill engine's worker rank i listens on ``host``:``port`` + i (``port`` 0: an ephemeral
+    port each) and is reached at ``advertise_host`` (default ``host``); a decode engine's rank i
+    pulls from it. ``secret`` authenticates every connection (HMAC challenge-response); absent,
+    it is read from the environment variable KVTIER_TRANSFER_SECRET. ``timeout_s`` bounds every
+    pull's socket operations; ``hold_s`` is how long a prefill engine keeps a finished request's
+    blocks for a decode engine that has not pulled them. ``connections`` per rank pair.
+    ``load_failure_policy``: a failed pull is recomputed (``recompute``) or fails the request
+    (``fail``), vLLM's ``kv_load_failure_policy``.
+    """
+
+    secret: str | None = None
+    host: str = "127.0.0.1"
+    advertise_host: str | None = None
+    port: int = 0
+    timeout_s: float = 10.0
+    hold_s: float = 60.0
+    connections: int = 2
+    load_failure_policy: str = "recompute"
+
+    def __post_init__(self) -> None:
+        if self.secret is not None:
+            _non_empty_str(self.secret, "transfer.secret")
+        _non_empty_str(self.host, "transfer.host")
+        if self.advertise_host is not None:
+            _non_empty_str(self.advertise_host, "transfer.advertise_host")
+        _port(self.port, "transfer.port")
+        _positive_float(self.timeout_s, "transfer.timeout_s")
+        _positive_float(self.hold_s, "transfer.hold_s")
+        _positive_int(self.connections, "transfer.connections")
+        _choice(LOAD_FAILURE_POLICIES)(self.load_failure_policy, "transfer.load_failure_policy")
+
+    @classmethod
+    def from_mapping(cls, raw: object, key: str = "transfer") -> TransferConfig:
+        raw = _mapping(raw, key, _keys(cls))
+        return cls(
+            secret=_optional(raw, key, "secret", _non_empty_str, None),
+            host=_optional(raw, key, "host", _non_empty_str, "127.0.0.1"),
+            advertise_host=_optional(raw, key, "advertise_host", _non_empty_str, None),
+            port=_optional(raw, key, "port", _port, 0),
+            timeout_s=_optional(raw, key, "timeout_s", _positive_float, 10.0),
+            hold_s=_optional(raw, key, "hold_s", _positive_float, 60.0),
+            connections=_optional(raw, key, "connections", _positive_int, 2),
+            load_failure_policy=_optional(
+                raw, key, "load_failure_policy", _choice(LOAD_FAILURE_POLICIES), "recompute"
+            ),
+        )
+
+    def secret_bytes(self) -> bytes:
+        """The shared secret: the config's, else KVTIER_TRANSFER_SECRET; ValueError if neither."""
+        secret = self.secret or os.environ.get(SECRET_ENV)
+        if not secret:
+            raise ValueError(
+                f"kvtier: 'transfer.secret' (or the environment variable {SECRET_ENV}) is "
+                "required for kv_role kv_producer and kv_consumer: the prefill and decode "
+                "engines must share it"
+            )
+        if len(secret.encode()) < MIN_SECRET_BYTES:
+            raise ValueError(
+                f"kvtier: 'transfer.secret' (or {SECRET_ENV}) must be at least "
+                f"{MIN_SECRET_BYTES} bytes, got {len(secret.encode())}"
+            )
+        return secret.encode()
+
+    @property
+    def reach_host(self) -> str:
+        return self.advertise_host or self.host
+
+
+@dataclass(frozen=True)
 class KVTierConfig:
     """Everything kvtier reads from ``kv_connector_extra_config``, validated at construction.
 
@@ -110,6 +189,7 @@ class KVTierConfig:
     hash_algo: str = "xxh3_128"
     disk: DiskConfig | None = None
     redis: RedisConfig | None = None
+    transfer: TransferConfig = field(default_factory=lambda: TransferConfig())
 
     def __post_init__(self) -> None:
         _positive_int(self.cpu_bytes_to_use, "cpu_bytes_to_use")
@@ -147,6 +227,7 @@ class KVTierConfig:
             hash_algo=_optional(raw, "", "hash_algo", _choice(HASH_ALGOS), "xxh3_128"),
             disk=_optional(raw, "", "disk", DiskConfig.from_mapping, None),
             redis=_optional(raw, "", "redis", RedisConfig.from_mapping, None),
+            transfer=_optional(raw, "", "transfer", TransferConfig.from_mapping, TransferConfig()),
         )
         config.block_size_factor(engine_block_size)
         return config
@@ -194,6 +275,12 @@ def _positive_float(value: object, key: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"kvtier: {key!r} must be a positive number, got {value!r}")
     return float(value)
+
+
+def _port(value: object, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 65536:
+        raise ValueError(f"kvtier: {key!r} must be a port 0..65535 (0: ephemeral), got {value!r}")
+    return value
 
 
 def _bool(value: object, key: str) -> bool:

@@ -1,11 +1,15 @@
 """``kvtier serve MODEL [vLLM serve args]``: vLLM's OpenAI server with kvtier as its KV connector.
 
     kvtier serve ./models/tiny --kvtier '{"cpu_bytes_to_use": "4GiB"}' --port 8000
+    kvtier serve ./models/tiny --kv-role kv_producer --port 8100    # prefill→decode: prefill
+    kvtier serve ./models/tiny --kv-role kv_consumer --port 8200    # ... and decode
 
 What it adds to ``vllm serve`` (every other argument goes to vLLM unchanged):
 
 - ``--kv-transfer-config`` loading ``KVTierConnector`` from ``kvtier.vllm``, with ``--kvtier JSON``
-  as its ``kv_connector_extra_config`` over ``DEFAULT_EXTRA``; checked before vLLM starts, so a
+  as its ``kv_connector_extra_config`` over ``DEFAULT_EXTRA``, and ``--kv-role ROLE`` as its
+  ``kv_role`` (``kv_both``; ``kv_producer``/``kv_consumer`` for prefill→decode, with the shared
+  secret in ``transfer.secret`` or KVTIER_TRANSFER_SECRET); checked before vLLM starts, so a
   wrong key fails at once, named. A ``--kv-transfer-config`` of one's own is passed through.
 - ``--host 127.0.0.1`` unless ``--host`` is given (vLLM listens on every interface by default).
 - on a machine without an accelerator, ``--gpu-memory-utilization 0.5`` unless given (there it is
@@ -28,24 +32,33 @@ from kvtier.config import KVTierConfig
 
 DEFAULT_EXTRA: dict[str, object] = {"cpu_bytes_to_use": "1GiB"}
 DEFAULT_HOST = "127.0.0.1"
+KV_ROLES = ("kv_both", "kv_producer", "kv_consumer")
 CPU_MEMORY_UTILIZATION = "0.5"
 
 
 def vllm_serve_args(
-    model: str, args: Sequence[str], kvtier_json: str | None, cpu_only: bool
+    model: str,
+    args: Sequence[str],
+    kvtier_json: str | None,
+    cpu_only: bool,
+    kv_role: str | None = None,
 ) -> list[str]:
     """The arguments of ``vllm serve`` for ``kvtier serve MODEL ARGS --kvtier JSON``.
 
-    Raises ``ValueError`` for JSON that is not an object, a kvtier config vLLM would refuse, or
-    ``--kvtier`` beside a ``--kv-transfer-config`` of one's own.
+    Raises ``ValueError`` for JSON that is not an object, a kvtier config vLLM would refuse, an
+    unknown ``kv_role``, or ``--kvtier``/``--kv-role`` beside a ``--kv-transfer-config`` of one's
+    own.
     """
     out = [model, *args]
     given = {_flag(arg) for arg in args}
     if "--kv-transfer-config" in given:
-        if kvtier_json is not None:
-            raise ValueError("kvtier serve: --kvtier and --kv-transfer-config exclude each other")
+        if kvtier_json is not None or kv_role is not None:
+            raise ValueError(
+                "kvtier serve: --kvtier and --kv-role exclude --kv-transfer-config (put them in it)"
+            )
     else:
-        out += ["--kv-transfer-config", json.dumps(kv_transfer_config(kvtier_json))]
+        config = kv_transfer_config(kvtier_json, kv_role or "kv_both")
+        out += ["--kv-transfer-config", json.dumps(config)]
     if "--host" not in given:
         out += ["--host", DEFAULT_HOST]
     if cpu_only and "--gpu-memory-utilization" not in given:
@@ -53,8 +66,12 @@ def vllm_serve_args(
     return out
 
 
-def kv_transfer_config(kvtier_json: str | None) -> dict[str, object]:
+def kv_transfer_config(kvtier_json: str | None, kv_role: str = "kv_both") -> dict[str, object]:
     """vLLM's ``kv_transfer_config`` for kvtier, its extra config ``kvtier_json`` over defaults."""
+    if kv_role not in KV_ROLES:
+        raise ValueError(
+            f"kvtier serve: --kv-role must be one of {', '.join(KV_ROLES)}; got {kv_role!r}"
+        )
     extra = dict(DEFAULT_EXTRA)
     if kvtier_json is not None:
         try:
@@ -64,27 +81,32 @@ def kv_transfer_config(kvtier_json: str | None) -> dict[str, object]:
         if not isinstance(given, dict):
             raise ValueError("kvtier serve: --kvtier must be a JSON object, e.g. '{\"disk\": ...}'")
         extra.update(given)
-    KVTierConfig.from_extra_config(extra, 1)  # every key and value (the chunk size: by vLLM)
+    config = KVTierConfig.from_extra_config(extra, 1)  # every key, value (the chunk size: vLLM)
+    if kv_role != "kv_both":
+        config.transfer.secret_bytes()  # the roles need the shared secret
     return {
         "kv_connector": "KVTierConnector",
         "kv_connector_module_path": "kvtier.vllm",
-        "kv_role": "kv_both",
+        "kv_role": kv_role,
         "kv_connector_extra_config": extra,
     }
 
 
-def split_kvtier_option(args: Sequence[str]) -> tuple[str | None, list[str]]:
-    """``--kvtier JSON`` (or ``--kvtier=JSON``) taken out of ``args``: (JSON, the rest)."""
+def split_kvtier_option(
+    args: Sequence[str], option: str = "--kvtier"
+) -> tuple[str | None, list[str]]:
+    """``--kvtier JSON`` (or ``--kvtier=JSON``; any ``option``) taken out of ``args``:
+    (its value, the rest)."""
     found: str | None = None
     rest: list[str] = []
     items = iter(args)
     for arg in items:
-        if arg == "--kvtier":
+        if arg == option:
             found = next(items, None)
             if found is None:
-                raise ValueError("kvtier serve: --kvtier needs a JSON object")
-        elif arg.startswith("--kvtier="):
-            found = arg.removeprefix("--kvtier=")
+                raise ValueError(f"kvtier serve: {option} needs a value")
+        elif arg.startswith(option + "="):
+            found = arg.removeprefix(option + "=")
         else:
             rest.append(arg)
     return found, rest
@@ -93,9 +115,12 @@ def split_kvtier_option(args: Sequence[str]) -> tuple[str | None, list[str]]:
 def run(model: str, args: Sequence[str]) -> int:
     """Start vLLM's OpenAI server in this process; returns when it stops."""
     kvtier_json, rest = split_kvtier_option(args)
+    kv_role, rest = split_kvtier_option(rest, "--kv-role")
     from vllm.platforms import current_platform
 
-    serve_args = vllm_serve_args(model, rest, kvtier_json, cpu_only=current_platform.is_cpu())
+    serve_args = vllm_serve_args(
+        model, rest, kvtier_json, cpu_only=current_platform.is_cpu(), kv_role=kv_role
+    )
     _answer_vllm_version()
     from vllm.entrypoints.cli.main import main as vllm_main
 

@@ -1,7 +1,8 @@
 """What crosses between the two halves each step: plain, picklable data, never tensors.
 
 Scheduler -> workers: ``StepPlan`` (this step's loads and stores, which earlier stores to finish
-before the forward, which finished requests the scheduler holds for their stores).
+before the forward, which finished requests the scheduler holds for their stores, and which it
+offers to a decode engine).
 Workers -> scheduler: ``WorkerReport`` (jobs finished on this rank), summed over ranks by
 ``merge`` before the scheduler sees it: a job is done when ``world_size`` ranks reported it.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks
+from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks, PeerBlocks
 from kvtier.keys import ChunkKey
 
 
@@ -21,9 +22,19 @@ class LoadJob:
 
     job_id: int
     req_id: str
-    src: HostChunks | DiskChunks
+    src: HostChunks | DiskChunks | PeerBlocks
     dst: EngineBlocks
     sync: bool = False
+
+
+@dataclass(frozen=True)
+class PeerOffer:
+    """A finished prefill request whose blocks (per group) a decode engine may pull for
+    ``hold_s`` seconds from when the workers receive the offer (prefill→decode)."""
+
+    req_id: str
+    block_ids: tuple[tuple[int, ...], ...]
+    hold_s: float
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,7 @@ class StepPlan:
     disk_writes: list[DiskWriteJob] = field(default_factory=list)  # run before the stores
     flush: list[int] = field(default_factory=list)  # store jobs to finish before the forward
     held: list[str] = field(default_factory=list)  # finished requests kept for their stores
+    offers: list[PeerOffer] = field(default_factory=list)  # finished requests kept for a decode
     num_chunks: int = 0  # the host tier's size as the scheduler manages it
     disk_room: int = 0  # bytes (all ranks) the disk tier may still take: a shutdown flush's bound
     forward: bool = True  # the step computes tokens (False: the engine only waits, e.g. for loads)

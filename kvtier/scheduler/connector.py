@@ -7,6 +7,7 @@ Engine-independent: the vLLM adapter turns its calls into these, with plain data
     build_plan(scheduled, preempted)            -> StepPlan         this step's loads and stores
     on_report(report)                                               count ranks; finish jobs
     request_finished(req)                       -> bool             True: hold blocks for stores
+    peer_lookup / peer_finished / peer_released                     prefill→decode (``peer.py``)
     provenance(req, prompt_tokens)              -> Provenance|None  where its prompt's KV came from
     drop_host_chunks()                          -> bool             forget the host tier's chunks
 
@@ -21,8 +22,12 @@ chunks reach the disk as ``disk_writes.py`` decides.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
+import numpy as np
+
+from kvtier.addresses import EngineBlocks
 from kvtier.config import KVTierConfig
 from kvtier.counters import KVTierStats, TierStats
 from kvtier.keys import ChunkKeyMaker
@@ -33,12 +38,13 @@ from kvtier.scheduler.hit_policy import HitPolicy, HitRequest, choose_hit
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.scheduler.load_planner import GroupSpec, HitRun, LoadPlanner
 from kvtier.scheduler.manager import ChunkManager
+from kvtier.scheduler.peer import PeerConsumer, PeerProducer
 from kvtier.scheduler.provenance import JobLog, Provenance, provenance
 from kvtier.scheduler.request import RequestState
 from kvtier.scheduler.scheduled import ScheduledRequest, forget_blocks, take_blocks
 from kvtier.scheduler.store_planner import NULL_BLOCK, StorePlanner
 from kvtier.scheduler.tail_store import TailStore
-from kvtier.step_plan import StepPlan, WorkerReport
+from kvtier.step_plan import JobOutcome, LoadJob, StepPlan, WorkerReport
 
 __all__ = ["NULL_BLOCK", "GroupSpec", "ScheduledRequest", "SchedulerConnector"]
 
@@ -52,6 +58,8 @@ class SchedulerConnector:
         num_workers: int,
         key_maker: ChunkKeyMaker,
         disk: DiskIndex | None = None,
+        producer: PeerProducer | None = None,
+        consumer: PeerConsumer | None = None,
     ) -> None:
         block_tokens = {g.block_tokens for g in groups}
         if len(block_tokens) != 1:
@@ -79,6 +87,9 @@ class SchedulerConnector:
         self._events: list[TierEvent] = []
         self.disk = disk
         self._writes: DiskWrites | None = None
+        self.producer, self.consumer = producer, consumer
+        if consumer is not None:
+            self.stats.tiers["peer"] = TierStats()
         if disk is not None:
             self.stats.tiers["disk"] = TierStats()
             write_through = config.disk is not None and config.disk.write_through
@@ -135,7 +146,74 @@ class SchedulerConnector:
         """The engine allocated ``block_ids`` (per group, whole request): plan the hit's load."""
         state = self.requests[req_id]
         state.block_ids = [list(ids) for ids in block_ids]
+        if state.peer_params is not None:
+            self._plan.loads.append(self._peer_load(state, num_external_tokens))
+            return
         self._plan.loads += self._loads.plan(state, num_external_tokens)
+
+    # ---- prefill→decode --------------------------------------------------------------------
+
+    def peer_lookup(
+        self,
+        req_id: str,
+        block_hashes: Sequence[bytes],
+        params: Mapping[str, Any] | None,
+        num_prompt_tokens: int,
+        num_computed_tokens: int,
+    ) -> int:
+        """Tokens a decode request pulls from its prefill engine beyond the engine's own hit,
+        asynchronously (0: not a pull; kv_consumer only). The pull is planned by ``on_alloc``."""
+        if self.consumer is None or not self.consumer.wants_pull(params):
+            return 0
+        tokens = self.consumer.lookup(params, num_prompt_tokens, num_computed_tokens)
+        state = self.requests.get(req_id)
+        if state is None:
+            state = self.requests[req_id] = RequestState(req_id, block_hashes, len(self.groups))
+        state.num_computed_tokens = num_computed_tokens
+        state.peer_params = params
+        state.load_async = True
+        self.stats.lookups += 1
+        return tokens
+
+    def _peer_load(self, state: RequestState, num_external_tokens: int) -> LoadJob:
+        assert self.consumer is not None and state.peer_params is not None
+        load = self.consumer.pair(
+            state.peer_params, state.block_ids, state.num_computed_tokens, num_external_tokens
+        )
+        state.peer_params = None  # one pull per request
+        flat = np.fromiter((b for group in load.local for b in group), dtype=np.int64)
+        dst = EngineBlocks(flat, tuple(len(group) for group in load.local), load.first_blocks)
+        job_id = self._jobs.add(Job(state.req_id, [], JobKind.PEER_LOAD))
+        state.load_jobs.add(job_id)
+        state.loaded_tokens = {"peer": num_external_tokens}
+        return LoadJob(job_id, state.req_id, load.src, dst)
+
+    def peer_finished(
+        self,
+        req_id: str,
+        params: Mapping[str, Any] | None,
+        block_ids: Sequence[Sequence[int]],
+        num_computed_tokens: int,
+        completed: bool,
+    ) -> dict[str, Any] | None:
+        """A prefill request finished (kv_producer): offer its blocks to a decode engine.
+
+        Returns the params the decode engine needs (None: not offered). Call before
+        ``request_finished``, which then holds the blocks until the workers release them.
+        """
+        if self.producer is None:
+            return None
+        offer, peer_params = self.producer.finished(
+            req_id, params, block_ids, num_computed_tokens, completed
+        )
+        if offer is not None:
+            self._plan.offers.append(offer)
+        return peer_params
+
+    def peer_released(self, req_ids: Iterable[str]) -> None:
+        """vLLM's ``finished_sending``: every rank released these requests' blocks."""
+        if self.producer is not None:
+            self.producer.released(req_ids)
 
     # ---- each step -------------------------------------------------------------------------
 
@@ -227,6 +305,9 @@ class SchedulerConnector:
 
     def _complete_load(self, job: Job) -> None:
         outcome = job.outcome
+        if job.kind is JobKind.PEER_LOAD:
+            self._complete_peer_load(outcome)
+            return
         from_disk = job.kind is JobKind.DISK_LOAD
         stats = self.stats.tiers["disk" if from_disk else "cpu"]
         # a failed load drops what it read (all, or the chunks found bad): the engine's retry
@@ -256,22 +337,33 @@ class SchedulerConnector:
         stats.loaded_bytes += outcome.bytes
         stats.load_seconds += outcome.seconds
 
+    def _complete_peer_load(self, outcome: JobOutcome) -> None:
+        stats = self.stats.tiers["peer"]
+        if outcome.failed:
+            stats.failed_loads += 1
+            return
+        stats.loaded_chunks += 1  # one pull: the request's prompt
+        stats.loaded_bytes += outcome.bytes
+        stats.load_seconds += outcome.seconds
+
     def request_finished(self, req_id: str) -> bool:
-        """The request ended. True: keep its blocks until the workers report its stores done.
+        """The request ended. True: keep its blocks until the workers release them: its stores
+        are done, and a decode engine pulled them (or stopped being waited for) if they were
+        offered (``peer_finished``, called before).
 
         Its provenance is gone after this call: ask ``provenance`` before.
         """
         self.job_log.forget(req_id)
+        offered = any(offer.req_id == req_id for offer in self._plan.offers)
         state = self.requests.get(req_id)
-        if state is None:
-            return False
-        state.finished = True
-        if state.store_jobs:
+        storing = state is not None and bool(state.store_jobs)
+        if offered or storing:
             self._plan.held.append(req_id)
-            return True
-        if state.idle:
-            del self.requests[req_id]
-        return False
+        if state is not None:
+            state.finished = True
+            if state.idle:
+                del self.requests[req_id]
+        return offered or storing
 
     def provenance(self, req_id: str, prompt_tokens: int) -> Provenance | None:
         """Where the KV of ``req_id``'s ``prompt_tokens`` came from (None: never looked up)."""
@@ -298,8 +390,10 @@ class SchedulerConnector:
 
     @property
     def has_pending_work(self) -> bool:
-        """Transfers in flight, or chunks to write to disk once the engine is idle."""
-        return bool(self._jobs) or (self._writes is not None and self._writes.pending)
+        """Transfers in flight, chunks to write to disk once the engine is idle, or finished
+        requests held for a decode engine."""
+        writes = self._writes is not None and self._writes.pending
+        return bool(self._jobs) or writes or (self.producer is not None and self.producer.pending)
 
     def take_events(self) -> list[TierEvent]:
         """Chunks stored in or removed from the host tier since the last call."""

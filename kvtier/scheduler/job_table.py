@@ -23,6 +23,7 @@ class JobKind(Enum):
     STORE = "store"  # engine -> host tier
     DISK_LOAD = "disk load"  # disk -> engine
     DISK_WRITE = "disk write"  # host tier -> disk (no request; the host chunks pinned or staged)
+    PEER_LOAD = "peer load"  # a prefill engine's blocks -> engine (prefill→decode)
 
 
 @dataclass

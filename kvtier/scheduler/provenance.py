@@ -27,8 +27,9 @@ JOB_TIERS = {
     JobKind.STORE: "cpu",
     JobKind.DISK_LOAD: "disk",
     JobKind.DISK_WRITE: "disk",
+    JobKind.PEER_LOAD: "peer",
 }
-LOAD_KINDS = (JobKind.LOAD, JobKind.DISK_LOAD)
+LOAD_KINDS = (JobKind.LOAD, JobKind.DISK_LOAD, JobKind.PEER_LOAD)
 
 
 @dataclass

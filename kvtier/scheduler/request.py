@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvtier.keys import ChunkKey, ChunkKeyMaker
 
@@ -43,6 +44,8 @@ class RequestState:
     # provenance of the prompt's KV: tokens each kvtier tier loads ("cpu", "disk", ...), summing
     # to the engine's num_external_tokens; set when the load is planned
     loaded_tokens: dict[str, int] = field(default_factory=dict)
+    # prefill→decode: the params of a pull from a prefill engine, until it is planned
+    peer_params: Mapping[str, Any] | None = None
     store_jobs: set[int] = field(default_factory=set)
     load_jobs: set[int] = field(default_factory=set)  # one per tier it loads from
     finished: bool = False

@@ -36,6 +36,7 @@ from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.tiers.disk_format import HEADER_BYTES
 from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
 from kvtier.vllm.observability import ConnectorObservability
+from kvtier.vllm.peer import PeerTransfer, identity, peer_role, scheduler_peers, worker_settings
 from kvtier.vllm.schedule import scheduled_requests
 from kvtier.worker.connector import DiskSettings, WorkerConnector
 
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class KVTierConnector(ConnectorObservability, KVConnectorBase_V1, SupportsHMA):
+class KVTierConnector(ConnectorObservability, PeerTransfer, KVConnectorBase_V1, SupportsHMA):
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:
@@ -66,6 +67,7 @@ class KVTierConnector(ConnectorObservability, KVConnectorBase_V1, SupportsHMA):
             transfer.kv_connector_extra_config, engine_block
         )
         factor = self.config.block_size_factor(engine_block)
+        self._kv_role = peer_role(vllm_config, self.config)
         parallel = vllm_config.parallel_config
         world_size = parallel.world_size
         groups = kv_cache_config.kv_cache_groups
@@ -73,11 +75,13 @@ class KVTierConnector(ConnectorObservability, KVConnectorBase_V1, SupportsHMA):
         self._scheduler: SchedulerConnector | None = None
         self._worker: WorkerConnector | None = None
         if role == KVConnectorRole.SCHEDULER:
-            if transfer.kv_load_failure_policy != "recompute":
+            policy = self.config.transfer.load_failure_policy
+            if transfer.kv_load_failure_policy != policy:
                 # kvtier is a cache: a load that fails is a miss, recomputed, never a failed
-                # request (vLLM's default for connectors is to fail the request)
-                logger.info("kvtier: kv_load_failure_policy set to 'recompute'")
-                transfer.kv_load_failure_policy = "recompute"
+                # request (vLLM's default for connectors is to fail the request), unless a
+                # decode engine asks a failed pull to fail (transfer.load_failure_policy)
+                logger.info("kvtier: kv_load_failure_policy set to %r", policy)
+                transfer.kv_load_failure_policy = policy  # type: ignore[assignment]
             placements = [
                 Placement(t.size, tuple(t.layers)) for t in kv_cache_config.kv_cache_tensors
             ]
@@ -96,6 +100,9 @@ class KVTierConnector(ConnectorObservability, KVConnectorBase_V1, SupportsHMA):
                     Path(self.config.disk.path), self.config.disk.bytes, world_size,
                     fingerprint.digest(), chunk_file * world_size,
                 )  # fmt: skip
+            peers = scheduler_peers(
+                vllm_config, self.config, self._kv_role, engine_block, len(groups)
+            )
             self._scheduler = SchedulerConnector(
                 self.config,
                 [_group_spec(g.kv_cache_spec) for g in groups],
@@ -103,6 +110,7 @@ class KVTierConnector(ConnectorObservability, KVConnectorBase_V1, SupportsHMA):
                 world_size,
                 ChunkKeyMaker(fingerprint, factor, self.config.hash_algo),
                 disk,
+                *peers,
             )
             logger.info(
                 "kvtier: host tier of %d chunks of %d tokens, %d KV cache group(s), %d rank(s)",
@@ -142,6 +150,9 @@ class KVTierConnector(ConnectorObservability, KVConnectorBase_V1, SupportsHMA):
     ) -> tuple[int | None, bool]:
         if getattr(request, "skip_reading_prefix_cache", False):
             return 0, False
+        pull = self._peer_lookup(request, num_computed_tokens)
+        if pull is not None:  # a decode engine's prompt, from its prefill engine
+            return pull
         req_id = request.request_id
         hit = self.scheduler.lookup(
             req_id, request.block_hashes, num_computed_tokens, request.num_tokens,
@@ -165,6 +176,7 @@ class KVTierConnector(ConnectorObservability, KVConnectorBase_V1, SupportsHMA):
     ) -> None:
         if request.request_id in self.scheduler.requests:
             self.scheduler.on_alloc(request.request_id, blocks.get_block_ids(), num_external_tokens)
+            self._peer_allocated(request)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         # each request's blocks allocated this step, never its whole table: flat per-step cost
@@ -181,6 +193,8 @@ class KVTierConnector(ConnectorObservability, KVConnectorBase_V1, SupportsHMA):
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, KVTierWorkerMetadata):
             self.scheduler.on_report(meta.report)
+        if connector_output.finished_sending:
+            self.scheduler.peer_released(connector_output.finished_sending)
 
     def has_pending_push_work(self) -> bool:
         # keeps the engine stepping while transfers run, or while an idle engine writes to disk
@@ -208,6 +222,22 @@ class KVTierConnector(ConnectorObservability, KVConnectorBase_V1, SupportsHMA):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         layers = [[name for name in group if name in kv_caches] for group in self._group_layers]
         self.worker.register(kv_caches, layers, self._num_blocks, self._disk_settings())
+        if self._kv_role != "kv_both":
+            self._start_peer()
+
+    def _start_peer(self) -> None:
+        """Prefill→decode: a prefill rank listens (its address goes to the scheduler through
+        vLLM's handshake metadata), a decode rank gets a puller."""
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        assert self.worker.layout is not None
+        rank = get_tensor_model_parallel_rank()
+        views = ",".join(f"{b}B" for b in self.worker.layout.page_bytes)
+        layout = f"views=[{views}] groups={[list(g) for g in self.worker.layout.groups]}"
+        settings = worker_settings(self.config, identity(self._vllm_config, layout, rank), rank)
+        address = self.worker.start_peer(self._kv_role == "kv_producer", settings)
+        if address is not None:
+            self._peer_address = (rank, *address)
 
     def _disk_settings(self) -> DiskSettings | None:
         """This rank's disk tier: its files are named by its rank, its layout fingerprinted."""

@@ -4,7 +4,7 @@
     build_kv_connector_stats(data)       vLLM's stat loggers rebuild those from the payload
     build_prom_metrics(...)              kvtier's series on /metrics (``prometheus.py``)
     get_external_cache_hit_sources(...)  kvtier's tokens per vLLM cache-hit source (``sources.py``)
-    request_finished[_all_groups](...)   hold blocks for stores; provenance as kv_transfer_params
+    _finished(request, params)           hold blocks for stores; provenance as kv_transfer_params
     reset_cache()                        reset_prefix_cache(reset_connector=True): the host tier
 
 Scheduler-side calls only (the worker connectors answer None): vLLM makes them in the engine's
@@ -124,23 +124,18 @@ class ConnectorObservability:
         state = self._scheduler.requests.get(request.request_id) if self._scheduler else None
         return hit_sources(state.loaded_tokens if state else {}, num_external_tokens)
 
-    def request_finished(
-        self, request: Request, block_ids: list[int]
+    def _finished(
+        self, request: Request, params: dict[str, Any] | None = None
     ) -> tuple[bool, dict[str, Any] | None]:
-        return self._finished(request)
-
-    def request_finished_all_groups(
-        self, request: Request, block_ids: tuple[list[int], ...]
-    ) -> tuple[bool, dict[str, Any] | None]:
-        return self._finished(request)
-
-    def _finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
-        """True: keep the blocks until the stores drained. The params, ``{"kvtier": {...}}``,
-        reach the client as the completion's ``kv_transfer_params``."""
+        """True: keep the blocks until the workers release them (stores drained, a decode
+        engine's pull). The params, ``{"kvtier": {...}}`` added to ``params``, reach the client
+        as the completion's ``kv_transfer_params``."""
         assert self._scheduler is not None, "kvtier: request_finished on a worker connector"
         found = self._scheduler.provenance(request.request_id, request.num_prompt_tokens)
         hold = self._scheduler.request_finished(request.request_id)
-        return hold, None if found is None else found.as_params()
+        if found is not None:
+            params = {**(params or {}), **found.as_params()}
+        return hold, params
 
     def reset_cache(self) -> bool | None:
         """Forget the host tier's chunks (vLLM: ``reset_prefix_cache(reset_connector=True)``).

@@ -41,6 +41,13 @@ from kvtier.tiers.disk import DiskTier
 from kvtier.worker.base import TransferHandler
 from kvtier.worker.disk_io import DiskLoadHandler, DiskWriteHandler
 from kvtier.worker.handlers import engine_host_handlers
+from kvtier.worker.peer import (
+    PeerLoadHandler,
+    PeerServing,
+    PeerSettings,
+    peer_load_handler,
+    start_serving,
+)
 from kvtier.worker.transfer_worker import TransferWorker
 
 logger = logging.getLogger(__name__)
@@ -113,6 +120,8 @@ class WorkerConnector:
         self._store: TransferHandler | None = None  # engine -> host tier
         self._disk_load: DiskLoadHandler | None = None
         self._disk_write: DiskWriteHandler | None = None
+        self._serving: PeerServing | None = None  # a prefill rank's offers (kv_producer)
+        self._peer_load: PeerLoadHandler | None = None  # a decode rank's pulls (kv_consumer)
         self.counters = RankCounters()
 
     def register(
@@ -152,6 +161,17 @@ class WorkerConnector:
         self.transfers.register_handler(Medium.DISK, Medium.ENGINE, self._disk_load)
         self.transfers.register_handler(Medium.CPU, Medium.DISK, self._disk_write)
 
+    def start_peer(self, producer: bool, settings: PeerSettings) -> tuple[str, int] | None:
+        """Prefill→decode: a prefill rank (``producer``) listens and returns the address decode
+        engines reach it at; a decode rank pulls its requests' prompts (returns None)."""
+        assert self.layout is not None, "kvtier: start_peer before register"
+        if producer:
+            self._serving, address = start_serving(self.layout, settings)
+            return address
+        self._peer_load = peer_load_handler(self.layout, settings)
+        self.transfers.register_handler(Medium.PEER, Medium.ENGINE, self._peer_load)
+        return None
+
     # ---- each step -------------------------------------------------------------------------
 
     def begin_step(self, plan: StepPlan) -> None:
@@ -161,6 +181,9 @@ class WorkerConnector:
         self._disk_room = plan.disk_room
         self._forward = plan.forward
         self._held.update(plan.held)
+        if plan.offers:
+            assert self._serving is not None, "kvtier: an offer to a worker that does not serve"
+            self._serving.offer(plan.offers)
         if self.host is not None and plan.num_chunks > self.host.num_chunks:
             raise RuntimeError(
                 f"kvtier: the scheduler manages {plan.num_chunks} host chunks but this rank "
@@ -273,7 +296,11 @@ class WorkerConnector:
         if not self._forward:
             self._wait_idle()
         self._poll()
-        sending = {req for req in self._held if req not in self._req_stores}
+        offered: set[str] = set()
+        if self._serving is not None:
+            self._serving.take_released()
+            offered = self._serving.pending
+        sending = {req for req in self._held if req not in self._req_stores and req not in offered}
         self._held -= sending
         recving = {req for req, _ in self._finished_loads}
         failed = {req for req, ok in self._finished_loads if not ok}
@@ -285,6 +312,8 @@ class WorkerConnector:
         one finishes, at most ``IDLE_WAIT_S``. Returning at once, to an engine loop that spins
         through empty steps holding the GIL, starved the copy threads: a 4k-token disk load took
         seconds instead of ~0.1 s, a host store 5–25 ms instead of 0.5 ms."""
+        if self._req_loads and self._peer_load is not None:
+            self._peer_load.wait_any(IDLE_WAIT_S)  # a decode engine waiting for its prompts
         if self._req_loads and self._disk_load is not None:
             self._disk_load.wait_any(IDLE_WAIT_S)
         elif self._req_stores and self._store is not None:
@@ -293,6 +322,10 @@ class WorkerConnector:
             job.engine is None for job in self._in_flight.values()
         ):
             self._disk_write.wait_any(IDLE_WAIT_S)
+        elif self._serving is not None and self._serving.pending and not self._in_flight:
+            # only offers wait (the decode engines' pulls run on the listener's threads): an
+            # idle engine steps at most every IDLE_WAIT_S rather than spin against them
+            time.sleep(IDLE_WAIT_S)
 
     def take_failed_blocks(self) -> set[int]:
         blocks, self._failed_blocks = self._failed_blocks, set()
@@ -304,6 +337,8 @@ class WorkerConnector:
 
     def shutdown(self) -> None:
         self.transfers.shutdown()
+        if self._serving is not None:
+            self._serving.close()
         if self.disk is not None and self.host is not None:
             try:
                 self._flush_to_disk(self.disk, self.host)

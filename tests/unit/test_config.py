@@ -192,6 +192,14 @@ BAD_EXTRA: list[tuple[dict[str, object], str]] = [
     ({"redis": {"url": "http://h:6379"}}, r"'redis\.url'.*redis://"),
     ({"redis": {"url": "127.0.0.1:6379"}}, r"'redis\.url'"),
     ({"redis": {"url": "redis://h", "timeout_s": 0}}, r"'redis\.timeout_s'"),
+    ({"transfer": {"port": 70000}}, r"'transfer\.port'.*70000"),
+    ({"transfer": {"port": -1}}, r"'transfer\.port'"),
+    ({"transfer": {"secret": ""}}, r"'transfer\.secret'"),
+    ({"transfer": {"timeout_s": 0}}, r"'transfer\.timeout_s'"),
+    ({"transfer": {"hold_s": -1}}, r"'transfer\.hold_s'"),
+    ({"transfer": {"connections": 0}}, r"'transfer\.connections'"),
+    ({"transfer": {"load_failure_policy": "retry"}}, r"'transfer\.load_failure_policy'.*fail"),
+    ({"transfer": {"secrets": "s"}}, r"did you mean 'transfer\.secret'"),
 ]
 
 
@@ -230,3 +238,23 @@ def test_block_size_factor_checks_the_engine_block_size() -> None:
     config = KVTierConfig(cpu_bytes_to_use=1, block_size=64)
     with pytest.raises(ValueError, match="engine block size 48, got 64"):
         config.block_size_factor(48)
+
+
+def test_the_transfer_secret_comes_from_the_config_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("KVTIER_TRANSFER_SECRET", raising=False)
+    config = KVTierConfig.from_extra_config({"cpu_bytes_to_use": 1, "transfer": {}}, 16)
+    assert config.transfer.host == "127.0.0.1" and config.transfer.port == 0
+    with pytest.raises(ValueError, match=r"'transfer\.secret'.*KVTIER_TRANSFER_SECRET"):
+        config.transfer.secret_bytes()
+    monkeypatch.setenv("KVTIER_TRANSFER_SECRET", "short")
+    with pytest.raises(ValueError, match=r"at least 16 bytes, got 5"):
+        config.transfer.secret_bytes()
+    monkeypatch.setenv("KVTIER_TRANSFER_SECRET", "from-the-environment")
+    assert config.transfer.secret_bytes() == b"from-the-environment"
+    secret = "from-the-config-file"
+    given = {"cpu_bytes_to_use": 1, "transfer": {"secret": secret, "advertise_host": "10.0.0.2"}}
+    config = KVTierConfig.from_extra_config(given, 16)
+    assert config.transfer.secret_bytes() == secret.encode()
+    assert config.transfer.reach_host == "10.0.0.2"

@@ -72,3 +72,26 @@ def test_the_kvtier_option_is_found_anywhere() -> None:
     assert split_kvtier_option(["--port", "1"]) == (None, ["--port", "1"])
     with pytest.raises(ValueError, match="needs"):
         split_kvtier_option(["--kvtier"])
+
+
+def test_kv_role_goes_to_the_transfer_config_and_needs_the_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("KVTIER_TRANSFER_SECRET", raising=False)
+    with pytest.raises(ValueError, match="transfer.secret"):
+        vllm_serve_args("m", [], None, cpu_only=False, kv_role="kv_producer")
+    extra = '{"transfer": {"secret": "a-secret-of-some-length"}}'
+    args = vllm_serve_args("m", [], extra, False, kv_role="kv_consumer")
+    config = json.loads(args[args.index("--kv-transfer-config") + 1])
+    assert config["kv_role"] == "kv_consumer"
+    monkeypatch.setenv("KVTIER_TRANSFER_SECRET", "from-the-environment")
+    args = vllm_serve_args("m", [], None, cpu_only=False, kv_role="kv_producer")
+    assert json.loads(args[args.index("--kv-transfer-config") + 1])["kv_role"] == "kv_producer"
+    with pytest.raises(ValueError, match="kv-role must be one of"):
+        vllm_serve_args("m", [], None, cpu_only=False, kv_role="kv_prefill")
+    with pytest.raises(ValueError, match="exclude"):
+        vllm_serve_args("m", ["--kv-transfer-config", "{}"], None, False, kv_role="kv_producer")
+    assert split_kvtier_option(["--kv-role", "kv_consumer", "-x"], "--kv-role") == (
+        "kv_consumer",
+        ["-x"],
+    )

@@ -1,0 +1,136 @@
+"""Prefill→decode, the worker half: a prefill rank serves its offered blocks, a decode rank pulls.
+
+``PeerServing`` (kv_producer): this rank's ``TransferServer``; the scheduler's offers are made to
+it, and a request is released once the decode engine pulled it or its hold expired.
+``PeerLoadHandler`` (kv_consumer, peer -> engine): each pull runs on a thread bound to the
+worker's device, receiving straight into the engine blocks; a failed pull fails the job (the
+engine recomputes those blocks, or fails the request), never waits past the client's timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from kvtier.addresses import EngineBlocks, PeerBlocks, TransferSpec
+from kvtier.layout import KVLayout
+from kvtier.step_plan import PeerOffer
+from kvtier.transfer import (
+    BlockRows,
+    CpuBlockRows,
+    PeerIdentity,
+    TransferClient,
+    TransferError,
+    TransferServer,
+)
+from kvtier.worker.base import TransferResult
+from kvtier.worker.job_thread import JobThread, ThreadedHandler
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PeerSettings:
+    """One worker rank's side of prefill→decode (``TransferConfig``, resolved for the rank)."""
+
+    identity: PeerIdentity
+    secret: bytes = field(repr=False)
+    rank: int
+    host: str = "127.0.0.1"  # where a prefill rank listens
+    reach_host: str = "127.0.0.1"  # where decode engines reach it
+    port: int = 0  # 0: ephemeral
+    timeout_s: float = 10.0
+    connections: int = 2
+
+
+def block_rows(layout: KVLayout) -> BlockRows:
+    """The engine's blocks as the transfer engine reads and writes them (staged on a GPU)."""
+    if layout.device.type == "cuda":
+        from kvtier.transfer import CudaBlockRows
+
+        return CudaBlockRows(layout.views, layout.groups)
+    return CpuBlockRows(layout.views, layout.groups)
+
+
+def start_serving(layout: KVLayout, settings: PeerSettings) -> tuple[PeerServing, tuple[str, int]]:
+    """A prefill rank's listener, and the address decode engines reach it at."""
+    server = TransferServer(
+        block_rows(layout), settings.identity, settings.secret, settings.host, settings.port,
+        io_timeout_s=settings.timeout_s,
+    )  # fmt: skip
+    return PeerServing(server), (settings.reach_host, server.address[1])
+
+
+def peer_load_handler(layout: KVLayout, settings: PeerSettings) -> PeerLoadHandler:
+    """A decode rank's puller."""
+    client = TransferClient(
+        block_rows(layout), settings.identity, settings.secret,
+        timeout_s=settings.timeout_s, connections=settings.connections,
+    )  # fmt: skip
+    return PeerLoadHandler(client, settings.rank, layout.device)
+
+
+class PeerServing:
+    """The offers of one prefill rank, until the decode engine released them."""
+
+    def __init__(self, server: TransferServer) -> None:
+        self.server = server
+        self.pending: set[str] = set()
+
+    def offer(self, offers: Iterable[PeerOffer]) -> None:
+        now = time.monotonic()
+        for offer in offers:
+            self.server.offer(offer.req_id, offer.block_ids, now + offer.hold_s)
+            self.pending.add(offer.req_id)
+
+    def take_released(self) -> set[str]:
+        """Requests pulled (or expired) since the last call."""
+        released = set()
+        for req_id, pulled in self.server.take_done():
+            if not pulled:
+                logger.warning("kvtier: %s was not pulled in time; its blocks are freed", req_id)
+            released.add(req_id)
+        self.pending -= released
+        return released
+
+    def close(self) -> None:
+        self.server.close()
+
+
+class PeerLoadHandler(ThreadedHandler):
+    """peer -> engine: ``rank`` pulls from the prefill engine's rank of the same index."""
+
+    def __init__(self, client: TransferClient, rank: int, device: torch.device) -> None:
+        self.client = client
+        self.rank = rank
+        self._thread = JobThread("kvtier-peer", device)
+
+    def transfer_async(self, job_id: int, src: TransferSpec, dst: TransferSpec) -> bool:
+        assert isinstance(src, PeerBlocks) and isinstance(dst, EngineBlocks)
+        ids = dst.block_ids.tolist()
+        local, start = [], 0
+        for size in dst.group_sizes:
+            local.append(ids[start : start + size])
+            start += size
+        self._thread.submit(job_id, lambda: self._pull(job_id, src, local))
+        return True
+
+    def _pull(self, job_id: int, src: PeerBlocks, local: list[list[int]]) -> TransferResult:
+        started = time.perf_counter()
+        host, port = src.endpoints[self.rank]
+        try:
+            received = self.client.pull(host, port, src.req_id, src.block_ids, local)
+        except TransferError as error:
+            logger.warning(
+                "kvtier: pull of %s from %s:%d failed: %s", src.req_id, host, port, error
+            )
+            return TransferResult(job_id, False, 0, time.perf_counter() - started)
+        return TransferResult(job_id, True, received, time.perf_counter() - started)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self.client.close()

@@ -1,0 +1,268 @@
+"""Prefill→decode: a prefill ``kvtier serve`` hands each prompt's KV to a decode ``kvtier serve``
+over TCP (real processes, loopback, ephemeral ports), directly and through ``kvtier proxy``.
+
+The decode engine's greedy outputs equal a single engine's, and its counters say the prompt's KV
+came from the peer (no recompute). Faults end in a recompute with the same outputs, or a clear
+error, each bounded in time, and leave no block held (vLLM's KV-cache usage back at 0).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+from harness import engine, kvtier_transfer
+from servers import (
+    KVTIER,
+    WAIT_S,
+    Server,
+    free_port,
+    launch,
+    post,
+    sample,
+    serve_command,
+    stop,
+    wait,
+    wait_healthy,
+)
+from vllm import SamplingParams
+
+import kvtier
+from kvtier.models import make_prompt
+
+pytestmark = pytest.mark.engine
+
+SECRET = "pd-test-secret-of-32-bytes-or-so"
+HOLD_S = 8.0  # the prefill engine keeps an unpulled request's blocks this long
+MAX_TOKENS = 8
+
+
+class Pair(NamedTuple):
+    prefill: Server
+    decode: Server
+    model: Path
+    work: Path
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    work = tmp_path_factory.mktemp("pd")
+    servers = []
+    try:
+        for role in ("kv_producer", "kv_consumer"):
+            port = free_port()
+            extra = {"cpu_bytes_to_use": "64MiB", "transfer": {"hold_s": HOLD_S}}
+            command = [*serve_command(tiny_model, port, extra), "--kv-role", role]
+            env = {"KVTIER_TRANSFER_SECRET": SECRET}
+            servers.append(launch(command, port, work / f"{role}.log", env))
+        wait_healthy(*servers)
+        yield Pair(servers[0], servers[1], tiny_model, work)
+    finally:
+        for server in servers:
+            stop(server)
+
+
+def _prompts(model: Path) -> list[list[int]]:
+    """16 prompts of 100-900 tokens; the last six share prefixes with earlier ones."""
+    alone = [make_prompt(model, n, seed=300 + n) for n in (100, 150, 230, 317, 400, 512, 640,
+                                                            777, 900, 333)]  # fmt: skip
+    shared = [alone[i][: len(alone[i]) // 2] + make_prompt(model, 60 + 20 * i, seed=400 + i)
+              for i in range(6)]  # fmt: skip
+    return alone + shared
+
+
+def _reference(reference: Any, model: Path, prompts: list[list[int]]) -> list[list[int]]:
+    outputs: list[list[int]] = reference(model, prompts, MAX_TOKENS, max_model_len=1024)
+    return outputs
+
+
+def _prefill(pair: Pair, prompt: list[int]) -> dict[str, Any]:
+    asks = {"do_remote_decode": True, "do_remote_prefill": False}
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
+            "kv_transfer_params": asks}  # fmt: skip
+    params: dict[str, Any] = post(pair.prefill.url, "/v1/completions", body)["kv_transfer_params"]
+    return params
+
+
+def _decode(url: str, prompt: list[int], params: dict[str, Any] | None) -> tuple[list[int], Any]:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+            "return_token_ids": True, "ignore_eos": True, "kv_transfer_params": params}  # fmt: skip
+    answer = post(url, "/v1/completions", body)
+    choice = answer["choices"][0]
+    return list(choice["token_ids"]), answer.get("kv_transfer_params")
+
+
+def _idle(server: Server) -> bool:
+    return sample(server.url, "vllm:kv_cache_usage_perc") == 0.0
+
+
+def test_decode_outputs_equal_one_engine_with_the_prompt_pulled_from_the_peer(
+    pair: Pair, reference: Any
+) -> None:
+    prompts = _prompts(pair.model)
+    expected = _reference(reference, pair.model, prompts)
+    pulled_before = sample(pair.decode.url, "vllm:kvtier_loaded_tokens_total", tier="peer")
+    for prompt, want in zip(prompts, expected, strict=True):
+        params = _prefill(pair, prompt)
+        assert params["do_remote_prefill"] is True and params["remote_block_ids"]
+        tokens, found = _decode(pair.decode.url, prompt, params)
+        assert tokens == want
+        kv = found["kvtier"]
+        # every prompt token came from the engine's own cache or the peer; the last one computed
+        assert kv["computed"] <= 1 and kv["failed_tokens"] == 0, kv
+        assert kv["engine_cached_tokens"] + kv["peer"] + kv["computed"] == len(prompt)
+    wait(lambda: sample(pair.decode.url, "vllm:kvtier_loaded_tokens_total", tier="peer")
+         > pulled_before, WAIT_S, "the peer's tokens on the decode engine's /metrics")  # fmt: skip
+    assert sample(pair.decode.url, "vllm:prompt_tokens_cached_by_source_total", source="p2p") > 0
+    # every offer was pulled and released: no block stays held on either engine
+    wait(lambda: _idle(pair.prefill) and _idle(pair.decode), WAIT_S, "both engines idle")
+
+
+def test_a_decode_that_never_comes_frees_the_blocks_after_the_hold(pair: Pair) -> None:
+    wait(lambda: _idle(pair.prefill), WAIT_S, "an idle prefill engine")
+    params = _prefill(pair, make_prompt(pair.model, 700, seed=501))
+    assert params["do_remote_prefill"] is True
+    assert not _idle(pair.prefill)  # held for the decode engine
+    wait(lambda: _idle(pair.prefill), HOLD_S + 30, "the held blocks freed after hold_s")
+    # a late decode finds nothing to pull: recomputed, the same output as one engine
+    tokens, found = _decode(pair.decode.url, make_prompt(pair.model, 700, seed=501), params)
+    assert found["kvtier"]["failed_tokens"] > 0 and len(tokens) == MAX_TOKENS
+
+
+def test_a_dead_prefill_engine_is_a_recompute_within_the_timeout(
+    pair: Pair, reference: Any
+) -> None:
+    prompt = make_prompt(pair.model, 600, seed=502)
+    (want,) = _reference(reference, pair.model, [prompt])
+    params = _prefill(pair, prompt)
+    dead = free_port()  # nobody listens there: the prefill engine is gone
+    params = {**params, "remote_port": dead, "remote_ports": [dead]}
+    tokens, found = _decode(pair.decode.url, prompt, params)
+    assert tokens == want
+    assert found["kvtier"]["failed_tokens"] > 0 and found["kvtier"]["peer"] == 0
+    wait(lambda: _idle(pair.decode), WAIT_S, "the decode engine's blocks freed")
+
+
+@pytest.mark.parametrize("stranger", ["wrong secret", "another model"])
+def test_a_stranger_is_refused_with_what_differs_and_recomputes(
+    pair: Pair, reference: Any, stranger: str, tmp_path: Path
+) -> None:
+    """An in-process decode engine with another secret, or another model (the same weights
+    under another path: kvtier cannot tell, so the identity differs by name): the prefill
+    engine refuses it, both sides say why, and the prompt is computed with the same output."""
+    model, secret = pair.model, SECRET
+    if stranger == "wrong secret":
+        secret = "not-the-secret-but-long-enough"
+    else:
+        model = Path(shutil.copytree(pair.model, tmp_path / "another"))
+    prompt = make_prompt(pair.model, 400, seed=503 if stranger == "wrong secret" else 504)
+    (want,) = _reference(reference, pair.model, [prompt])
+    params = _prefill(pair, prompt)
+    transfer = kvtier_transfer(transfer={"secret": secret, "timeout_s": 5.0})
+    with engine(
+        model, max_model_len=1024, kv_transfer_config=transfer | {"kv_role": "kv_consumer"}
+    ) as llm:
+        sampling = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                  extra_args={"kv_transfer_params": params})  # fmt: skip
+        started = time.monotonic()
+        (output,) = llm.generate([{"prompt_token_ids": prompt}], sampling, use_tqdm=False)
+        assert time.monotonic() - started < 60  # refused at once, never a hang
+        assert list(output.outputs[0].token_ids) == want
+        peer = kvtier.stats(llm).tiers["peer"]
+        assert peer.failed_loads == 1 and peer.loaded_bytes == 0
+    why = "authentication failed" if stranger == "wrong secret" else "model"
+    wait(lambda: why in _refusals(pair.prefill), WAIT_S, f"the prefill engine naming {why!r}")
+    wait(lambda: _idle(pair.prefill), WAIT_S, "the prefill engine's blocks freed")
+
+
+def _refusals(server: Server) -> str:
+    lines = server.log.read_text(errors="replace").splitlines()
+    return "\n".join(line for line in lines if "refused" in line or "failed" in line)
+
+
+def test_the_proxy_streams_and_answers_32_concurrent_requests(pair: Pair, reference: Any) -> None:
+    port = free_port()
+    command = [KVTIER, "proxy", "--prefill", pair.prefill.url, "--decode", pair.decode.url,
+               "--port", str(port)]  # fmt: skip
+    proxy = launch(command, port, pair.work / "proxy.log")
+    try:
+        wait_healthy(proxy)
+        prompts = _prompts(pair.model)[:8]
+        expected = _reference(reference, pair.model, prompts)
+        results: dict[int, list[int]] = {}
+        errors: list[BaseException] = []
+
+        def client(i: int) -> None:
+            try:
+                prompt = prompts[i % len(prompts)]
+                results[i] = _through_proxy(proxy.url, prompt, stream=i % 2 == 1)
+            except BaseException as error:  # reported below
+                errors.append(error)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(32)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT_S)
+        assert not errors, errors
+        assert len(results) == 32
+        for i, tokens in results.items():
+            assert tokens == expected[i % len(prompts)], i
+        wait(lambda: _idle(pair.prefill) and _idle(pair.decode), WAIT_S, "both engines idle")
+    finally:
+        stop(proxy)
+
+
+def _through_proxy(url: str, prompt: list[int], stream: bool) -> list[int]:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+            "return_token_ids": True, "ignore_eos": True, "stream": stream}  # fmt: skip
+    request = urllib.request.Request(
+        url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=WAIT_S) as response:
+        if not stream:
+            return list(json.loads(response.read())["choices"][0]["token_ids"])
+        tokens: list[int] = []
+        for line in response:
+            text = line.decode().strip()
+            if text.startswith("data: ") and text != "data: [DONE]":
+                tokens += json.loads(text[6:])["choices"][0].get("token_ids") or []
+        return tokens
+
+
+def test_tensor_parallel_two_ranks_each_pull_their_own_shard(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Both engines TP=2 (vLLM's mp executor): rank i pulls its shard from rank i. The reference
+    is the prefill engine alone (the same layout), the prompt computed there."""
+    parallel = ["--tensor-parallel-size", "2", "--distributed-executor-backend", "mp"]
+    env = {"KVTIER_TRANSFER_SECRET": SECRET, "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    servers = []
+    try:
+        for role in ("kv_producer", "kv_consumer"):
+            port = free_port()
+            command = serve_command(tiny_model, port, {"cpu_bytes_to_use": "64MiB"}, parallel)
+            servers.append(launch([*command, "--kv-role", role], port, tmp_path / role, env))
+        wait_healthy(*servers)
+        prefill, decode = servers
+        pair = Pair(prefill, decode, tiny_model, tmp_path)
+        for n, seed in ((300, 601), (650, 602), (900, 603)):
+            prompt = make_prompt(tiny_model, n, seed=seed)
+            want, _ = _decode(prefill.url, prompt, None)  # one engine, TP=2
+            params = _prefill(pair, prompt)
+            assert len(set(params["remote_ports"])) == 2  # a listener per rank
+            tokens, found = _decode(decode.url, prompt, params)
+            assert tokens == want
+            # a pull is done only when every rank pulled its shard, and failed if any failed
+            assert found["kvtier"]["failed_tokens"] == 0 and found["kvtier"]["computed"] <= 1
+        wait(lambda: _idle(prefill) and _idle(decode), WAIT_S, "both engines idle")
+    finally:
+        for server in servers:
+            stop(server)

@@ -1,0 +1,140 @@
+"""Prefill→decode in the scheduler half: what a prefill engine offers and holds, what a decode
+engine pulls into which blocks (4-token blocks, one chunk per block, two worker ranks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvtier.addresses import PeerBlocks
+from kvtier.config import KVTierConfig
+from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
+from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
+from kvtier.scheduler.peer import PeerConsumer, PeerProducer
+from kvtier.step_plan import JobOutcome, WorkerReport
+
+HASHES = [b"h0", b"h1", b"h2"]  # three full blocks: 12 tokens
+
+
+def _connector(producer: bool) -> SchedulerConnector:
+    fingerprint = LayoutFingerprint("m", "f32", "test", 0, 1, 0, 4)
+    peer: dict[str, Any] = {}
+    if producer:
+        peer["producer"] = PeerProducer("prefill-0", hold_s=5.0, tp_size=2, world_size=2)
+        peer["producer"].set_endpoints({0: ("127.0.0.1", 5000), 1: ("127.0.0.1", 6000)})
+    else:
+        peer["consumer"] = PeerConsumer(block_tokens=4, num_groups=1, tp_size=2, world_size=2)
+    config = KVTierConfig(cpu_bytes_to_use=1)
+    return SchedulerConnector(
+        config, [GroupSpec(4)], 8, 2, ChunkKeyMaker(fingerprint, 1), **peer
+    )  # fmt: skip
+
+
+def _prefilled(req: str = "p1") -> tuple[SchedulerConnector, dict[str, Any]]:
+    """A prefill engine that ran ``req`` (14 tokens in blocks 7, 8, 9, 3) to its end."""
+    connector = _connector(producer=True)
+    assert connector.lookup(req, HASHES, 0, 14, [1, 2]) == 0
+    connector.on_alloc(req, [[7, 8, 9, 3]], 0)
+    stores = connector.build_plan([ScheduledRequest(req, [[7, 8, 9, 3]], 14)]).stores
+    connector.on_report(WorkerReport({job.job_id: JobOutcome(ranks=2) for job in stores}))
+    params = connector.peer_finished(req, {"do_remote_decode": True}, [[7, 8, 9, 3]], 14, True)
+    assert params is not None
+    return connector, params
+
+
+def test_a_finished_prefill_request_is_offered_with_nixl_field_names() -> None:
+    connector, params = _prefilled()
+    assert params["do_remote_prefill"] is True and params["do_remote_decode"] is False
+    assert params["remote_block_ids"] == [[7, 8, 9, 3]]
+    assert params["remote_engine_id"] == "prefill-0" and params["remote_request_id"] == "p1"
+    assert (params["remote_host"], params["remote_port"]) == ("127.0.0.1", 5000)
+    assert params["remote_ports"] == [5000, 6000] and params["tp_size"] == 2
+    assert params["remote_num_tokens"] == 14
+
+    assert connector.request_finished("p1") is True  # blocks held for the decode engine
+    plan = connector.build_plan([])
+    assert [(o.req_id, o.block_ids, o.hold_s) for o in plan.offers] == [("p1", ((7, 8, 9, 3),), 5)]
+    assert "p1" in plan.held
+    assert connector.has_pending_work  # the engine keeps stepping until the workers release it
+    connector.peer_released({"p1"})
+    assert not connector.has_pending_work
+
+
+@pytest.mark.parametrize(
+    ("params", "completed"),
+    [
+        (None, True),
+        ({}, True),
+        ({"do_remote_decode": False}, True),
+        ({"do_remote_decode": True}, False),
+    ],
+)
+def test_only_a_completed_request_asking_for_remote_decode_is_offered(
+    params: dict[str, Any] | None, completed: bool
+) -> None:
+    connector = _connector(producer=True)
+    assert connector.peer_finished("p", params, [[1, 2]], 8, completed) is None
+    assert connector.request_finished("p") is False
+    assert connector.build_plan([]).offers == []
+
+
+def test_a_decode_request_pulls_its_prompt_past_its_own_hit_into_its_blocks() -> None:
+    _, params = _prefilled()
+    decode = _connector(producer=False)
+    # the engine has the first block itself: 10 of 14 tokens are pulled, asynchronously
+    assert decode.peer_lookup("d1", HASHES, params, 14, 4) == 10
+    decode.on_alloc("d1", [[40, 41, 42, 43]], 10)
+    (load,) = decode.build_plan([]).loads
+    assert isinstance(load.src, PeerBlocks) and not load.sync
+    assert load.src.endpoints == (("127.0.0.1", 5000), ("127.0.0.1", 6000))
+    assert load.src.req_id == "p1" and load.src.block_ids == ((8, 9, 3),)
+    assert load.dst.block_ids.tolist() == [41, 42, 43] and load.dst.group_sizes == (3,)
+    assert decode.requests["d1"].loaded_tokens == {"peer": 10}
+
+    decode.on_report(WorkerReport({load.job_id: JobOutcome(ranks=2, bytes=300, seconds=0.01)}))
+    peer = decode.stats.tiers["peer"]
+    assert (peer.loaded_chunks, peer.loaded_bytes, peer.failed_loads) == (1, 300, 0)
+    provenance = decode.provenance("d1", 14)
+    assert provenance is not None and provenance.tiers["peer"] == 10
+
+
+def test_a_failed_pull_is_counted_and_named_in_the_provenance() -> None:
+    _, params = _prefilled()
+    decode = _connector(producer=False)
+    assert decode.peer_lookup("d1", HASHES, params, 14, 0) == 14
+    decode.on_alloc("d1", [[40, 41, 42, 43]], 14)
+    (load,) = decode.build_plan([]).loads
+    decode.on_report(WorkerReport({load.job_id: JobOutcome(ranks=2, failed=1)}))
+    assert decode.stats.tiers["peer"].failed_loads == 1
+    provenance = decode.provenance("d1", 14)
+    assert provenance is not None and provenance.failed_tokens == 14
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"do_remote_prefill": False},
+        {"remote_host": None},
+        {"tp_size": 4},  # another tensor-parallel layout: the shards do not match
+        {"remote_block_ids": [[1], [2]]},  # two groups for this engine's one
+        {"remote_ports": [5000]},  # one rank for this engine's two
+        {"remote_block_ids": "7,8"},
+    ],
+)
+def test_params_a_decode_engine_cannot_pull_are_computed(change: dict[str, Any]) -> None:
+    _, params = _prefilled()
+    decode = _connector(producer=False)
+    assert decode.peer_lookup("d1", HASHES, {**params, **change}, 14, 0) == 0
+    assert "d1" not in decode.requests
+
+
+def test_nixl_style_params_without_per_rank_ports_use_port_plus_rank() -> None:
+    _, params = _prefilled()
+    del params["remote_ports"], params["remote_hosts"]
+    decode = _connector(producer=False)
+    assert decode.peer_lookup("d1", HASHES, {**params, "remote_block_ids": [7, 8, 9, 3]}, 14, 0)
+    decode.on_alloc("d1", [[40, 41, 42, 43]], 14)
+    (load,) = decode.build_plan([]).loads
+    assert isinstance(load.src, PeerBlocks)
+    assert load.src.endpoints == (("127.0.0.1", 5000), ("127.0.0.1", 5001))
