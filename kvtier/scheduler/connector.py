@@ -22,12 +22,8 @@ chunks reach the disk as ``disk_writes.py`` decides.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
-import numpy as np
-
-from kvtier.addresses import EngineBlocks
 from kvtier.config import KVTierConfig
 from kvtier.counters import KVTierStats, TierStats
 from kvtier.keys import ChunkKeyMaker
@@ -39,17 +35,18 @@ from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.scheduler.load_planner import GroupSpec, HitRun, LoadPlanner
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.peer import PeerConsumer, PeerProducer
+from kvtier.scheduler.peer_requests import PeerRequests
 from kvtier.scheduler.provenance import JobLog, Provenance, provenance
 from kvtier.scheduler.request import RequestState
 from kvtier.scheduler.scheduled import ScheduledRequest, forget_blocks, take_blocks
 from kvtier.scheduler.store_planner import NULL_BLOCK, StorePlanner
 from kvtier.scheduler.tail_store import TailStore
-from kvtier.step_plan import JobOutcome, LoadJob, StepPlan, WorkerReport
+from kvtier.step_plan import StepPlan, WorkerReport
 
 __all__ = ["NULL_BLOCK", "GroupSpec", "ScheduledRequest", "SchedulerConnector"]
 
 
-class SchedulerConnector:
+class SchedulerConnector(PeerRequests):
     def __init__(
         self,
         config: KVTierConfig,
@@ -151,70 +148,6 @@ class SchedulerConnector:
             return
         self._plan.loads += self._loads.plan(state, num_external_tokens)
 
-    # ---- prefill→decode --------------------------------------------------------------------
-
-    def peer_lookup(
-        self,
-        req_id: str,
-        block_hashes: Sequence[bytes],
-        params: Mapping[str, Any] | None,
-        num_prompt_tokens: int,
-        num_computed_tokens: int,
-    ) -> int:
-        """Tokens a decode request pulls from its prefill engine beyond the engine's own hit,
-        asynchronously (0: not a pull; kv_consumer only). The pull is planned by ``on_alloc``."""
-        if self.consumer is None or not self.consumer.wants_pull(params):
-            return 0
-        tokens = self.consumer.lookup(params, num_prompt_tokens, num_computed_tokens)
-        state = self.requests.get(req_id)
-        if state is None:
-            state = self.requests[req_id] = RequestState(req_id, block_hashes, len(self.groups))
-        state.num_computed_tokens = num_computed_tokens
-        state.peer_params = params
-        state.load_async = True
-        self.stats.lookups += 1
-        return tokens
-
-    def _peer_load(self, state: RequestState, num_external_tokens: int) -> LoadJob:
-        assert self.consumer is not None and state.peer_params is not None
-        load = self.consumer.pair(
-            state.peer_params, state.block_ids, state.num_computed_tokens, num_external_tokens
-        )
-        state.peer_params = None  # one pull per request
-        flat = np.fromiter((b for group in load.local for b in group), dtype=np.int64)
-        dst = EngineBlocks(flat, tuple(len(group) for group in load.local), load.first_blocks)
-        job_id = self._jobs.add(Job(state.req_id, [], JobKind.PEER_LOAD))
-        state.load_jobs.add(job_id)
-        state.loaded_tokens = {"peer": num_external_tokens}
-        return LoadJob(job_id, state.req_id, load.src, dst)
-
-    def peer_finished(
-        self,
-        req_id: str,
-        params: Mapping[str, Any] | None,
-        block_ids: Sequence[Sequence[int]],
-        num_computed_tokens: int,
-        completed: bool,
-    ) -> dict[str, Any] | None:
-        """A prefill request finished (kv_producer): offer its blocks to a decode engine.
-
-        Returns the params the decode engine needs (None: not offered). Call before
-        ``request_finished``, which then holds the blocks until the workers release them.
-        """
-        if self.producer is None:
-            return None
-        offer, peer_params = self.producer.finished(
-            req_id, params, block_ids, num_computed_tokens, completed
-        )
-        if offer is not None:
-            self._plan.offers.append(offer)
-        return peer_params
-
-    def peer_released(self, req_ids: Iterable[str]) -> None:
-        """vLLM's ``finished_sending``: every rank released these requests' blocks."""
-        if self.producer is not None:
-            self.producer.released(req_ids)
-
     # ---- each step -------------------------------------------------------------------------
 
     def build_plan(
@@ -306,7 +239,9 @@ class SchedulerConnector:
     def _complete_load(self, job: Job) -> None:
         outcome = job.outcome
         if job.kind is JobKind.PEER_LOAD:
-            self._complete_peer_load(outcome)
+            state = self.requests.get(job.req_id)
+            tokens = state.loaded_tokens.get("peer", 0) if state is not None else 0
+            self._complete_peer_load(outcome, -(-tokens // self.chunk_tokens))
             return
         from_disk = job.kind is JobKind.DISK_LOAD
         stats = self.stats.tiers["disk" if from_disk else "cpu"]
@@ -334,15 +269,6 @@ class SchedulerConnector:
         if not from_disk:
             self.manager.touch(job.keys)
         stats.loaded_chunks += len(job.keys)
-        stats.loaded_bytes += outcome.bytes
-        stats.load_seconds += outcome.seconds
-
-    def _complete_peer_load(self, outcome: JobOutcome) -> None:
-        stats = self.stats.tiers["peer"]
-        if outcome.failed:
-            stats.failed_loads += 1
-            return
-        stats.loaded_chunks += 1  # one pull: the request's prompt
         stats.loaded_bytes += outcome.bytes
         stats.load_seconds += outcome.seconds
 

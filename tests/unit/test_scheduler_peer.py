@@ -94,7 +94,7 @@ def test_a_decode_request_pulls_its_prompt_past_its_own_hit_into_its_blocks() ->
 
     decode.on_report(WorkerReport({load.job_id: JobOutcome(ranks=2, bytes=300, seconds=0.01)}))
     peer = decode.stats.tiers["peer"]
-    assert (peer.loaded_chunks, peer.loaded_bytes, peer.failed_loads) == (1, 300, 0)
+    assert (peer.loaded_chunks, peer.loaded_bytes, peer.failed_loads) == (3, 300, 0)
     provenance = decode.provenance("d1", 14)
     assert provenance is not None and provenance.tiers["peer"] == 10
 

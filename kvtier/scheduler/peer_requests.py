@@ -1,0 +1,107 @@
+"""The scheduler half's prefill→decode calls (mixed into ``SchedulerConnector``).
+
+    peer_lookup(req, hashes, params, ...)  -> int        tokens a decode request pulls
+    peer_finished(req, params, blocks, ...) -> dict|None  a prefill request's offer: its params
+    peer_released(reqs)                                   the workers freed offered blocks
+
+Who pulls what, and the params' fields: ``peer.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from kvtier.addresses import EngineBlocks
+from kvtier.counters import KVTierStats
+from kvtier.scheduler.job_table import Job, JobKind, JobTable
+from kvtier.scheduler.load_planner import GroupSpec
+from kvtier.scheduler.peer import PeerConsumer, PeerProducer
+from kvtier.scheduler.request import RequestState
+from kvtier.step_plan import JobOutcome, LoadJob, StepPlan
+
+
+class PeerRequests:
+    groups: tuple[GroupSpec, ...]
+    chunk_tokens: int
+    requests: dict[str, RequestState]
+    stats: KVTierStats
+    producer: PeerProducer | None
+    consumer: PeerConsumer | None
+    _jobs: JobTable
+    _plan: StepPlan
+
+    def peer_lookup(
+        self,
+        req_id: str,
+        block_hashes: Sequence[bytes],
+        params: Mapping[str, Any] | None,
+        num_prompt_tokens: int,
+        num_computed_tokens: int,
+    ) -> int:
+        """Tokens a decode request pulls from its prefill engine beyond the engine's own hit,
+        asynchronously (0: not a pull; kv_consumer only). The pull is planned by ``on_alloc``."""
+        if self.consumer is None or not self.consumer.wants_pull(params):
+            return 0
+        tokens = self.consumer.lookup(params, num_prompt_tokens, num_computed_tokens)
+        state = self.requests.get(req_id)
+        if state is None:
+            state = self.requests[req_id] = RequestState(req_id, block_hashes, len(self.groups))
+        state.num_computed_tokens = num_computed_tokens
+        state.peer_params = params
+        state.load_async = True
+        self.stats.lookups += 1
+        return tokens
+
+    def _peer_load(self, state: RequestState, num_external_tokens: int) -> LoadJob:
+        assert self.consumer is not None and state.peer_params is not None
+        load = self.consumer.pair(
+            state.peer_params, state.block_ids, state.num_computed_tokens, num_external_tokens
+        )
+        state.peer_params = None  # one pull per request
+        flat = np.fromiter((b for group in load.local for b in group), dtype=np.int64)
+        dst = EngineBlocks(flat, tuple(len(group) for group in load.local), load.first_blocks)
+        job_id = self._jobs.add(Job(state.req_id, [], JobKind.PEER_LOAD))
+        state.load_jobs.add(job_id)
+        state.loaded_tokens = {"peer": num_external_tokens}
+        return LoadJob(job_id, state.req_id, load.src, dst)
+
+    def peer_finished(
+        self,
+        req_id: str,
+        params: Mapping[str, Any] | None,
+        block_ids: Sequence[Sequence[int]],
+        num_computed_tokens: int,
+        completed: bool,
+    ) -> dict[str, Any] | None:
+        """A prefill request finished (kv_producer): offer its blocks to a decode engine.
+
+        Returns the params the decode engine needs (None: not offered). Call before
+        ``request_finished``, which then holds the blocks until the workers release them.
+        """
+        if self.producer is None:
+            return None
+        offer, peer_params = self.producer.finished(
+            req_id, params, block_ids, num_computed_tokens, completed
+        )
+        if offer is not None:
+            self._plan.offers.append(offer)
+        return peer_params
+
+    def peer_released(self, req_ids: Iterable[str]) -> None:
+        """vLLM's ``finished_sending``: every rank released these requests' blocks."""
+        if self.producer is not None:
+            self.producer.released(req_ids)
+
+    def _complete_peer_load(self, outcome: JobOutcome, chunks: int) -> None:
+        """A pull of ``chunks`` chunks' worth of a prompt (the last maybe partial) finished."""
+        stats = self.stats.tiers["peer"]
+        if outcome.failed:
+            stats.failed_loads += 1
+            return
+        stats.hit_chunks += chunks
+        stats.loaded_chunks += chunks
+        stats.loaded_bytes += outcome.bytes
+        stats.load_seconds += outcome.seconds
