@@ -35,7 +35,9 @@ import enum
 import os
 import socket
 import struct
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Annotated, NamedTuple, Protocol
 
 import msgspec
@@ -229,7 +231,7 @@ def send_rows(
     sock: socket.socket, head: bytes, views: Sequence[memoryview], hasher: Hasher
 ) -> None:
     """Send ``head`` then ``views`` (gather, partial sends resumed), hashing the views."""
-    cursor = _Cursor([memoryview(head), *views], hash_from=1)
+    cursor = _Cursor([memoryview(head), *views] if head else list(views), hash_from=len(head))
     while not cursor.done():
         for sent in cursor.advance(sock.sendmsg(cursor.batch())):
             hasher.update(sent)
@@ -247,37 +249,46 @@ def recv_rows(sock: socket.socket, views: Sequence[memoryview], hasher: Hasher) 
 
 
 class _Cursor:
-    """A position in a list of byte views: the next batch to move, and what moved."""
+    """A position in the bytes of a list of views: the next batch to move, and what moved.
+
+    ``ends[k]`` is the stream offset just past view ``k``; the view holding byte ``p`` is the
+    first ``k`` with ``ends[k] > p`` (a bisection, so a call costs the same for any list).
+    """
 
     def __init__(self, views: list[memoryview], hash_from: int = 0) -> None:
         self.views = views
-        self.index = 0  # first view not wholly moved
-        self.offset = 0  # bytes of views[index] already moved
-        self.hash_from = hash_from  # views before it are not handed back for hashing
+        self.ends = list(accumulate(v.nbytes for v in views))
+        self.total = self.ends[-1] if views else 0
+        self.position = 0  # bytes moved
+        self.index = 0  # the view holding byte ``position``
+        self.hash_from = hash_from  # bytes before it are not handed back for hashing
 
     def done(self) -> bool:
-        return self.index >= len(self.views)
+        return self.position >= self.total
 
     def batch(self) -> list[memoryview]:
-        first = self.views[self.index][self.offset :]
-        out, total = [first], first.nbytes
-        i = self.index + 1
-        while i < len(self.views) and len(out) < IOV_MAX and total < BATCH_BYTES:
-            out.append(self.views[i])
-            total += self.views[i].nbytes
-            i += 1
+        i = self.index
+        stop = bisect_left(self.ends, self.position + BATCH_BYTES, i) + 1
+        out = self.views[i : min(stop, i + IOV_MAX)]
+        skip = self.position - (self.ends[i] - out[0].nbytes)
+        if skip:
+            out[0] = out[0][skip:]
         return out
 
     def advance(self, n: int) -> list[memoryview]:
+        low, high = max(self.position, self.hash_from), self.position + n
         moved: list[memoryview] = []
-        while n:
-            view = self.views[self.index]
-            take = min(n, view.nbytes - self.offset)
-            if self.index >= self.hash_from:
-                moved.append(view[self.offset : self.offset + take])
-            n -= take
-            self.offset += take
-            if self.offset == view.nbytes:
-                self.index += 1
-                self.offset = 0
+        if low < high:
+            first = bisect_right(self.ends, low, self.index)
+            last = bisect_right(self.ends, high - 1, first)
+            moved = self.views[first : last + 1]
+            start = low - (self.ends[first] - moved[0].nbytes)
+            stop = high - (self.ends[last] - moved[-1].nbytes)
+            if first == last:
+                moved[0] = moved[0][start:stop]
+            else:
+                moved[0] = moved[0][start:] if start else moved[0]
+                moved[-1] = moved[-1][:stop]
+        self.position = high
+        self.index = bisect_right(self.ends, high, self.index)
         return moved
