@@ -12,6 +12,7 @@ import json
 import shutil
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,20 +137,6 @@ def test_a_decode_that_never_comes_frees_the_blocks_after_the_hold(pair: Pair) -
     assert found["kvtier"]["failed_tokens"] > 0 and len(tokens) == MAX_TOKENS
 
 
-def test_a_dead_prefill_engine_is_a_recompute_within_the_timeout(
-    pair: Pair, reference: Any
-) -> None:
-    prompt = make_prompt(pair.model, 600, seed=502)
-    (want,) = _reference(reference, pair.model, [prompt])
-    params = _prefill(pair, prompt)
-    dead = free_port()  # nobody listens there: the prefill engine is gone
-    params = {**params, "remote_port": dead, "remote_ports": [dead]}
-    tokens, found = _decode(pair.decode.url, prompt, params)
-    assert tokens == want
-    assert found["kvtier"]["failed_tokens"] > 0 and found["kvtier"]["peer"] == 0
-    wait(lambda: _idle(pair.decode), WAIT_S, "the decode engine's blocks freed")
-
-
 @pytest.mark.parametrize("stranger", ["wrong secret", "another model"])
 def test_a_stranger_is_refused_with_what_differs_and_recomputes(
     pair: Pair, reference: Any, stranger: str, tmp_path: Path
@@ -218,6 +205,50 @@ def test_the_proxy_streams_and_answers_32_concurrent_requests(pair: Pair, refere
         wait(lambda: _idle(pair.prefill) and _idle(pair.decode), WAIT_S, "both engines idle")
     finally:
         stop(proxy)
+
+
+def test_a_proxy_whose_decode_engine_is_down_answers_503_naming_it(pair: Pair) -> None:
+    port, dead = free_port(), free_port()
+    command = [KVTIER, "proxy", "--prefill", pair.prefill.url,
+               "--decode", f"http://127.0.0.1:{dead}", "--port", str(port)]  # fmt: skip
+    proxy = launch(command, port, pair.work / "proxy-down.log")
+    try:
+        wait(lambda: _answers(proxy.url), WAIT_S, "the proxy to listen")
+        started = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _through_proxy(proxy.url, make_prompt(pair.model, 200, seed=505), stream=False)
+        assert time.monotonic() - started < 30
+        assert refused.value.code == 503
+        assert f"127.0.0.1:{dead}" in refused.value.read().decode()
+    finally:
+        stop(proxy)
+    wait(lambda: _idle(pair.prefill), WAIT_S, "no prefill blocks held for the dead decode engine")
+
+
+def test_a_killed_prefill_engine_is_a_recompute_and_the_decode_engine_keeps_serving(
+    pair: Pair, reference: Any
+) -> None:
+    """Runs last of the pair's tests: it kills the prefill engine (its whole process group)."""
+    prompts = [make_prompt(pair.model, 800, seed=506), make_prompt(pair.model, 300, seed=507)]
+    expected = _reference(reference, pair.model, prompts)
+    offered = [_prefill(pair, prompt) for prompt in prompts]
+    stop(pair.prefill)
+    for prompt, params, want in zip(prompts, offered, expected, strict=True):
+        started = time.monotonic()
+        tokens, found = _decode(pair.decode.url, prompt, params)
+        assert time.monotonic() - started < 60
+        assert tokens == want and found["kvtier"]["failed_tokens"] > 0
+    wait(lambda: _idle(pair.decode), WAIT_S, "the decode engine's blocks freed")
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=5):
+            return True
+    except urllib.error.HTTPError:
+        return True  # it listens (the engines behind it may be down)
+    except OSError:
+        return False
 
 
 def _through_proxy(url: str, prompt: list[int], stream: bool) -> list[int]:
