@@ -169,6 +169,31 @@ def test_a_stranger_is_refused_with_what_differs_and_recomputes(
     wait(lambda: _idle(pair.prefill), WAIT_S, "the prefill engine's blocks freed")
 
 
+def test_a_failed_pull_fails_the_request_when_the_policy_says_fail(
+    tiny_model: Path, reference: Any
+) -> None:
+    """``transfer.load_failure_policy="fail"``: the request ends with an error, at once; a
+    request after it is served (nothing stuck, no block held)."""
+    prompt = make_prompt(tiny_model, 300, seed=508)
+    (want,) = _reference(reference, tiny_model, [prompt])  # before: one in-process engine at once
+    dead = free_port()
+    params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "gone",
+              "remote_request_id": "r", "remote_block_ids": [list(range(1, 11))],
+              "remote_host": "127.0.0.1", "remote_port": dead, "remote_num_tokens": 300,
+              "tp_size": 1}  # fmt: skip
+    transfer = kvtier_transfer(transfer={"secret": SECRET, "load_failure_policy": "fail"})
+    config = transfer | {"kv_role": "kv_consumer"}
+    with engine(tiny_model, max_model_len=1024, kv_transfer_config=config) as llm:
+        failing = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                 extra_args={"kv_transfer_params": params})  # fmt: skip
+        (output,) = llm.generate([{"prompt_token_ids": prompt}], failing, use_tqdm=False)
+        assert output.outputs[0].finish_reason == "error"
+        assert kvtier.stats(llm).tiers["peer"].failed_loads == 1
+        plain = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        (again,) = llm.generate([{"prompt_token_ids": prompt}], plain, use_tqdm=False)
+        assert list(again.outputs[0].token_ids) == want
+
+
 def _refusals(server: Server) -> str:
     lines = server.log.read_text(errors="replace").splitlines()
     return "\n".join(line for line in lines if "refused" in line or "failed" in line)
