@@ -18,6 +18,7 @@ from kvtier.transfer.pool import ConnectionPool
 log = logging.getLogger(__name__)
 
 HELPERS_PER_CONNECTION = 4  # helper threads per extra connection, for concurrent pulls
+MIN_PART_BYTES = 1 << 20  # a pull is split only into parts at least this large
 
 
 @dataclass
@@ -84,7 +85,7 @@ class TransferClient:
         _check_lengths(remote_block_ids, local_block_ids, len(self._rows.groups))
         rows = request_rows(self._rows.groups, local_block_ids)
         pool = self._pool(host, port)
-        parts = _split(rows, self._rows.page_bytes, self._connections)
+        parts = _split(rows, self._rows.page_bytes, self._connections, MIN_PART_BYTES)
         remote = [list(map(int, ids)) for ids in remote_block_ids]
         errors: list[TransferError] = []
         ok = False
@@ -241,15 +242,19 @@ def _check_lengths(
             raise ValueError(f"group {g}: {len(r)} remote_block_ids but {len(lo)} local_block_ids")
 
 
-def _split(rows: list[tuple[int, int]], page_bytes: tuple[int, ...], n: int) -> list[_Part]:
-    """Contiguous parts of about equal bytes, at most ``n``, none empty."""
+def _split(
+    rows: list[tuple[int, int]], page_bytes: tuple[int, ...], n: int, min_bytes: int = 1
+) -> list[_Part]:
+    """Contiguous parts of about equal bytes: at most ``n``, none empty, none (but a single
+    one) under ``min_bytes``."""
     sizes = [page_bytes[view] for view, _ in rows]
     total = sum(sizes)
+    count = max(1, min(n, len(rows), total // max(1, min_bytes)))
     parts: list[_Part] = []
     start = done = 0
     for i, size in enumerate(sizes):
         done += size
-        if done * min(n, len(rows)) >= total * (len(parts) + 1) or i == len(rows) - 1:
+        if done * count >= total * (len(parts) + 1) or i == len(rows) - 1:
             parts.append(_Part(start, i + 1, sum(sizes[start : i + 1])))
             start = i + 1
     return parts

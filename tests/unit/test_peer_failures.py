@@ -14,8 +14,15 @@ import xxhash
 from peer_setup import IDENTITY, SECRET, WAIT_S, Engine, SpyRows, deadline, peers, wait_done
 
 from kvtier.transfer import PeerIdentity, TransferClient, TransferError, auth, server, wire
+from kvtier.transfer import client as client_module
 
 REMOTE, LOCAL = [[1, 2], [3]], [[4, 5], [6]]
+
+
+@pytest.fixture(autouse=True)
+def split_every_pull(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts of any size, so these few-KiB pulls use every connection."""
+    monkeypatch.setattr(client_module, "MIN_PART_BYTES", 1)
 
 
 def test_wrong_secret_is_refused_on_both_sides() -> None:

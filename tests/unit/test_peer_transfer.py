@@ -14,7 +14,14 @@ import pytest
 from peer_setup import GROUPS, NUM_BLOCKS, deadline, peers, same_blocks, wait_done
 
 from kvtier.transfer import PeerIdentity, request_rows
+from kvtier.transfer import client as client_module
 from kvtier.transfer.client import _split
+
+
+@pytest.fixture(autouse=True)
+def split_every_pull(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts of any size, so these few-KiB pulls use every connection."""
+    monkeypatch.setattr(client_module, "MIN_PART_BYTES", 1)
 
 
 def test_request_rows_are_per_group_per_view_per_block() -> None:
@@ -104,3 +111,14 @@ def test_rows_split_into_balanced_contiguous_parts() -> None:
     assert [(p.start, p.stop) for p in _split(rows[:1], (100, 300), 4)] == [(0, 1)]
     assert [p.nbytes for p in _split(rows, (100, 300), 3)] == [800, 600, 600]
     assert _split([], (100,), 2) == []
+    assert [p.nbytes for p in _split(rows, (100, 300), 4, min_bytes=900)] == [1100, 900]
+    assert [p.nbytes for p in _split(rows, (100, 300), 4, min_bytes=5000)] == [2000]
+
+
+def test_a_small_pull_is_not_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_module, "MIN_PART_BYTES", 2048)  # this pull is 2304 bytes
+    with peers(connections=2) as (prefill, server, decode, client):
+        server.offer("req", [[1, 2], [3]], deadline())
+        client.pull(*server.address, "req", [[1, 2], [3]], [[4, 5], [6]])
+        assert same_blocks(prefill, [[1, 2], [3]], decode, [[4, 5], [6]])
+        assert server.counters.pulls == 1 and server.counters.connections == 1
