@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 import torch
 from rich.console import Console
-from rich.table import Table
 
 from kvtier.bench import transfer_mooncake
 from kvtier.bench.report import median, write_json
@@ -45,11 +44,10 @@ from kvtier.bench.transfer_peer import (
     BenchEngine,
     PrefillProcess,
 )
+from kvtier.bench.transfer_report import CHUNK_TOKENS, GOALS, plot, print_table
 from kvtier.transfer import TransferClient, wire
 
-CHUNK_TOKENS = (16, 64, 256)
 METHODS = ("kvtier-1", "kvtier-2", "raw-1", "raw-2", "mooncake")
-GOALS = {"kvtier-1": 1.0, "kvtier-2": 1.5}  # x raw-1, at messages of 1 MiB or more
 START_TIMEOUT_S = 120.0
 
 
@@ -78,8 +76,8 @@ def run(out_dir: Path, quick: bool = False, console: Console | None = None) -> d
     }
     path = out_dir / "transfer.json"
     write_json(path, "transfer", rows, **meta)
-    _plot(rows, out_dir / "transfer.png", [m for m in METHODS if m in peer.methods])
-    _print(rows, console)
+    plot(rows, out_dir / "transfer.png", [m for m in METHODS if m in peer.methods])
+    print_table(rows, console)
     document: dict[str, Any] = json.loads(path.read_text())
     return document
 
@@ -245,56 +243,6 @@ def _rows(samples: dict[tuple[int, str], list[float]], block_bytes: int) -> list
             "ratio_max": round(max(ratios), 3),
         })  # fmt: skip
     return sorted(rows, key=lambda r: (r["chunk_tokens"], METHODS.index(r["method"])))
-
-
-def _print(rows: list[dict[str, Any]], console: Console) -> None:
-    table = Table(title="kvtier prefill->decode pulls / one raw TCP stream of the same bytes")
-    for column in ("chunk", "message", "method", "GB/s (median)", "ratio (median)", "min", "max"):
-        table.add_column(column, justify="right")
-    for row in rows:
-        table.add_row(
-            f"{row['chunk_tokens']} tokens",
-            f"{row['message_bytes'] / 2**20:.2f} MiB",
-            row["method"],
-            f"{row['gbps_median']:.2f}",
-            f"{row['ratio_to_raw_stream']:.2f}",
-            f"{row['ratio_min']:.2f}",
-            f"{row['ratio_max']:.2f}",
-        )
-    console.print(table)
-    console.print(
-        "goals at >= 1 MiB per message: " + ", ".join(f"{m} >= {g}" for m, g in GOALS.items())
-    )
-
-
-def _plot(rows: list[dict[str, Any]], path: Path, methods: list[str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(7, 3.8))
-    width = 0.8 / len(methods)
-    for i, method in enumerate(methods):
-        picked = [r for r in rows if r["method"] == method]
-        positions = [CHUNK_TOKENS.index(r["chunk_tokens"]) + (i - (len(methods) - 1) / 2) * width
-                     for r in picked]  # fmt: skip
-        medians = [r["ratio_to_raw_stream"] for r in picked]
-        errors = [[m - r["ratio_min"] for m, r in zip(medians, picked)],
-                  [r["ratio_max"] - m for m, r in zip(medians, picked)]]  # fmt: skip
-        axes.bar(positions, medians, width, yerr=errors, capsize=2, label=method)
-    for method, goal in GOALS.items():
-        axes.axhline(goal, color="grey", linestyle="--", linewidth=1)
-        axes.annotate(f"goal {method}", (len(CHUNK_TOKENS) - 0.5, goal), fontsize=7,
-                      ha="right", va="bottom", color="grey")  # fmt: skip
-    labels = [f"{t} tokens\n{t // BLOCK_TOKENS / 4:g} MiB" for t in CHUNK_TOKENS]
-    axes.set_xticks(range(len(CHUNK_TOKENS)), labels)
-    axes.set_ylabel("throughput / one raw TCP stream")
-    axes.set_title("prefill->decode over loopback TCP, bench-model layout")
-    axes.legend(loc="upper left", fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
 
 
 def main(argv: list[str] | None = None) -> int:
