@@ -59,6 +59,22 @@ class SpyRows(CpuBlockRows):
         self.bound_threads.append(threading.current_thread().name)
 
 
+class StallingRows(SpyRows):
+    """Serves the first read, then waits for ``stall`` (the test closes the server meanwhile)."""
+
+    def __init__(self, views: Sequence[torch.Tensor], stall: threading.Event,
+                 stalled: threading.Event) -> None:  # fmt: skip
+        super().__init__(views, GROUPS)
+        self.stall, self.stalled, self.reads = stall, stalled, 0
+
+    def read_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
+        self.reads += 1
+        if self.reads == 2:
+            self.stalled.set()
+            self.stall.wait(WAIT_S)
+        return super().read_rows(rows)
+
+
 def same_blocks(
     src: Engine, src_ids: Sequence[Sequence[int]], dst: Engine, dst_ids: Sequence[Sequence[int]]
 ) -> bool:

@@ -6,12 +6,11 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import pytest
-import torch
 import xxhash
-from peer_setup import IDENTITY, SECRET, WAIT_S, Engine, SpyRows, deadline, peers, wait_done
+from peer_setup import IDENTITY, SECRET, WAIT_S, Engine, StallingRows, deadline, peers, wait_done
 
 from kvtier.transfer import PeerIdentity, TransferClient, TransferError, auth, server, wire
 from kvtier.transfer import client as client_module
@@ -189,22 +188,6 @@ def test_close_is_bounded_and_idempotent() -> None:
 
 
 # --- helpers ----------------------------------------------------------------------------------
-
-
-class StallingRows(SpyRows):
-    """Serves the first read, then waits for ``stall`` (the test closes the server meanwhile)."""
-
-    def __init__(self, views: Sequence[torch.Tensor], stall: threading.Event,
-                 stalled: threading.Event) -> None:  # fmt: skip
-        super().__init__(views, ((0, 1), (2,)))
-        self.stall, self.stalled, self.reads = stall, stalled, 0
-
-    def read_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
-        self.reads += 1
-        if self.reads == 2:
-            self.stalled.set()
-            self.stall.wait(WAIT_S)
-        return super().read_rows(rows)
 
 
 Respond = Callable[[socket.socket, wire.Pull], None]
