@@ -91,8 +91,8 @@ class PeerServing:
         """Requests pulled (or expired) since the last call."""
         released = set()
         for req_id, pulled in self.server.take_done():
-            if not pulled:
-                logger.warning("kvtier: %s was not pulled in time; its blocks are freed", req_id)
+            if not pulled:  # expired before a decode engine came, or its pull failed
+                logger.warning("kvtier: %s not pulled (expired or failed); blocks freed", req_id)
             released.add(req_id)
         self.pending -= released
         return released

@@ -1,0 +1,100 @@
+"""Prefill→decode in the worker half, on CPU tensors and real loopback sockets: a prefill rank
+serves the blocks the plan offers, a decode rank pulls them into its own blocks, and both report
+through the engine's calls (``finished``), as vLLM sees them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+import torch
+
+from kvtier.addresses import EngineBlocks, PeerBlocks
+from kvtier.step_plan import LoadJob, PeerOffer, StepPlan
+from kvtier.transfer import PeerIdentity
+from kvtier.worker.connector import WorkerConnector
+from kvtier.worker.peer import PeerSettings
+
+SECRET = b"worker-peer-test-secret"
+IDENTITY = PeerIdentity((("model", "m"), ("tp_rank", "0")))
+
+
+class Rank(NamedTuple):
+    worker: WorkerConnector
+    cache: torch.Tensor  # the engine's one layer: 16 blocks of 16 KiB
+    address: tuple[str, int] | None  # a prefill rank's listener
+
+
+def _rank(producer: bool, seed: int) -> Rank:
+    worker = WorkerConnector(cpu_bytes_to_use=1 << 20, block_size_factor=1, world_size=1)
+    cache = torch.randn(16, 2, 32, 64, generator=torch.Generator().manual_seed(seed))
+    worker.register({"layer.0": cache}, [["layer.0"]], num_blocks=16)
+    settings = PeerSettings(IDENTITY, SECRET, rank=0, timeout_s=5.0, connections=1)
+    return Rank(worker, cache, worker.start_peer(producer, settings))
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[Rank, Rank]]:
+    prefill, decode = _rank(True, seed=1), _rank(False, seed=2)
+    yield prefill, decode
+    prefill.worker.shutdown()
+    decode.worker.shutdown()
+
+
+def _until(condition: Callable[[], object], timeout_s: float = 10.0) -> object:
+    """Step an idle engine (no forward) until ``condition`` answers something true."""
+    deadline = time.monotonic() + timeout_s
+    while not (found := condition()):
+        assert time.monotonic() < deadline, "timed out"
+    return found
+
+
+def _pull(
+    address: tuple[str, int] | None, remote: list[int], local: list[int], job: int
+) -> LoadJob:
+    assert address is not None
+    src = PeerBlocks((address,), "p1", (tuple(remote),))
+    return LoadJob(job, "d1", src, EngineBlocks(np.array(local), (len(local),), (0,)))
+
+
+def test_offered_blocks_are_pulled_into_the_decode_blocks_then_released(
+    pair: tuple[Rank, Rank],
+) -> None:
+    (prefill, source, address), (decode, destination, _) = pair
+    prefill.begin_step(StepPlan(offers=[PeerOffer("p1", ((3, 7, 9),), 30.0)], held=["p1"],
+                                forward=False))  # fmt: skip
+    assert prefill.finished(set())[0] == set()  # held until the decode engine pulled it
+
+    decode.begin_step(StepPlan(loads=[_pull(address, [3, 7, 9], [10, 0, 4], 5)], forward=False))
+    decode.start_loads()
+    assert _until(lambda: decode.finished(set())[1]) == {"d1"}  # received, not failed
+    assert decode.take_failed_blocks() == set()
+    for remote, local in ((3, 10), (7, 0), (9, 4)):
+        assert torch.equal(destination[local], source[remote])
+    assert decode.report().jobs[5].bytes == 3 * source[0].numel() * 4
+
+    prefill.begin_step(StepPlan(forward=False))
+    assert _until(lambda: prefill.finished(set())[0]) == {"p1"}  # its blocks may be freed
+
+
+def test_an_offer_nobody_pulls_is_released_after_its_hold(pair: tuple[Rank, Rank]) -> None:
+    prefill = pair[0].worker
+    prefill.begin_step(StepPlan(offers=[PeerOffer("p1", ((3,),), 0.2)], held=["p1"]))
+    started = time.monotonic()
+    assert _until(lambda: prefill.finished(set())[0]) == {"p1"}
+    assert time.monotonic() - started < 5
+
+
+def test_a_pull_from_a_gone_prefill_engine_fails_its_blocks(pair: tuple[Rank, Rank]) -> None:
+    (prefill, _, address), decode = pair[0], pair[1].worker
+    prefill.shutdown()  # the prefill engine is gone
+    decode.begin_step(StepPlan(loads=[_pull(address, [3, 7], [10, 11], 6)], forward=False))
+    decode.start_loads()
+    started = time.monotonic()
+    assert _until(lambda: decode.finished(set())[2]) == {"d1"}  # failed: recomputed
+    assert time.monotonic() - started < 10
+    assert decode.take_failed_blocks() == {10, 11}
+    assert decode.report().jobs[6].failed == 1
