@@ -74,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         help="prefill→decode throughput on loopback / a raw TCP stream of the same bytes",
     )
     transfer.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
+    transfer.add_argument(
+        "--ttft",
+        action="store_true",
+        help="also the TTFT split through kvtier proxy (real engines, the bench model; minutes)",
+    )
     transfer.add_argument("--out", type=Path, default=Path("bench/results"))
     scheduler = which.add_parser(
         "scheduler",
@@ -175,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvtier.bench import transfer as transfer_bench
 
         transfer_bench.run(args.out, quick=args.quick)
+        if args.ttft:
+            from kvtier.bench import transfer_ttft
+
+            transfer_ttft.run(args.out, quick=args.quick)
     elif args.bench == "scheduler":
         from kvtier.bench import scheduler as scheduler_bench
 

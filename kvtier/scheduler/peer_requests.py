@@ -66,6 +66,12 @@ class PeerRequests:
         job_id = self._jobs.add(Job(state.req_id, [], JobKind.PEER_LOAD))
         state.load_jobs.add(job_id)
         state.loaded_tokens = {"peer": num_external_tokens}
+        # the pulled prompt is not stored in this engine's tiers: the prefill engine keeps it
+        # (the next turn is prefilled there), and a store on the request's first step would
+        # delay its first token by a copy of the whole prompt
+        pulled = (state.num_computed_tokens + num_external_tokens) // self.chunk_tokens
+        state.stored_upto = [max(upto, pulled) for upto in state.stored_upto]
+        state.tail_done = True
         return LoadJob(job_id, state.req_id, load.src, dst)
 
     def peer_finished(

@@ -91,6 +91,9 @@ def test_a_decode_request_pulls_its_prompt_past_its_own_hit_into_its_blocks() ->
     assert load.src.req_id == "p1" and load.src.block_ids == ((8, 9, 3),)
     assert load.dst.block_ids.tolist() == [41, 42, 43] and load.dst.group_sizes == (3,)
     assert decode.requests["d1"].loaded_tokens == {"peer": 10}
+    # the pulled prompt is not stored again here (the prefill engine has it): no store job
+    # on the request's first step, which would delay its first token
+    assert decode.build_plan([ScheduledRequest("d1", [[40, 41, 42, 43]], 14)]).stores == []
 
     decode.on_report(WorkerReport({load.job_id: JobOutcome(ranks=2, bytes=300, seconds=0.01)}))
     peer = decode.stats.tiers["peer"]

@@ -1,0 +1,200 @@
+"""``kvtier bench transfer``'s TTFT split: prefill→decode through ``kvtier proxy``, real processes.
+
+A prefill ``kvtier serve`` (kv_producer), a decode ``kvtier serve`` (kv_consumer) and ``kvtier
+proxy`` in front, on loopback, with the bench model. For each prompt length, every repeat sends
+two fresh prompts (never seen by either engine), interleaved:
+
+    prefill_s   prompt A straight to the prefill engine (max_tokens=1): the prefill's TTFT
+    transfer_s  the decode engine's pull of A (kvtier's load seconds on its /metrics)
+    step_s      one decode step: the median time between A's streamed tokens on the decode engine
+    first_s     A's first token from the decode engine (the pull, then its first step)
+    proxy_s     prompt B through the proxy, streamed: the time to its first token
+
+``prefill_s + first_s`` is prefill→decode without the proxy: ``proxy_s`` minus it is what the
+proxy adds (one more hop).
+
+Goal: ``proxy_s <= prefill_s + transfer_s + 1.2 * step_s`` (the ratio ``proxy_s / bound`` <= 1):
+the proxy and the hand-over add no more than a fifth of a decode step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from kvtier.bench.report import median, write_json
+from kvtier.bench.servers import (
+    KVTIER,
+    WAIT_S,
+    Server,
+    free_port,
+    launch,
+    post,
+    sample,
+    serve_command,
+    stop,
+    wait_healthy,
+)
+from kvtier.models import make_prompt, model_path
+
+LENGTHS = (1024, 2048, 4096)
+STEP_TOKENS = 9  # tokens streamed from the decode engine to time its steps
+GOAL = 1.0
+CORES = os.cpu_count() or 1
+
+
+@contextmanager
+def disaggregated(
+    model: Path, work: Path, dtype: str, max_model_len: int
+) -> Iterator[dict[str, Server]]:
+    """A prefill engine, a decode engine and the proxy, stopped on exit."""
+    env = {"KVTIER_TRANSFER_SECRET": secrets.token_hex(16)}
+    extra = {"cpu_bytes_to_use": "1GiB"}
+    started: dict[str, Server] = {}
+    try:
+        for core, (name, role) in enumerate(
+            (("prefill", "kv_producer"), ("decode", "kv_consumer"))
+        ):
+            port = free_port()
+            command = serve_command(model, port, extra, (), dtype, max_model_len)
+            # one core each, as on two machines: a vLLM worker busy-polls its step queue for a
+            # second after each step, which stalled the other engine by 0.4-1 s when shared
+            pinned = ["taskset", "-c", str(core % CORES), *command, "--kv-role", role]
+            cores = {"VLLM_CPU_OMP_THREADS_BIND": str(core % CORES)}
+            started[name] = launch(pinned, port, work / f"{name}.log", env | cores)
+        wait_healthy(started["prefill"], started["decode"])
+        port = free_port()
+        command = [KVTIER, "proxy", "--prefill", started["prefill"].url,
+                   "--decode", started["decode"].url, "--port", str(port)]  # fmt: skip
+        started["proxy"] = launch(command, port, work / "proxy.log")
+        wait_healthy(started["proxy"])
+        yield started
+    finally:
+        for server in started.values():
+            stop(server)
+
+
+def measure(
+    servers: dict[str, Server], model: Path, lengths: Sequence[int], repeats: int
+) -> list[dict[str, Any]]:
+    rows = []
+    for length in lengths:
+        samples: dict[str, list[float]] = {
+            "prefill": [], "transfer": [], "step": [], "first": [], "proxy": []
+        }  # fmt: skip
+        for repeat in range(repeats + 1):  # the first is a warm-up, not kept
+            seed = 7000 + length * 100 + 2 * repeat  # every prompt of the run differs
+            found = _one(servers, make_prompt(model, length, seed=seed),
+                         make_prompt(model, length, seed=seed + 1))  # fmt: skip
+            if repeat:
+                for name, value in found.items():
+                    samples[name].append(value)
+        row: dict[str, Any] = {"prompt_tokens": length}
+        for name, values in samples.items():
+            row[f"{name}_s"] = median(values)
+            row[f"{name}_samples"] = values
+        bound = row["prefill_s"] + row["transfer_s"] + 1.2 * row["step_s"]
+        ratios = [p / (a + t + 1.2 * s) for p, a, t, s in zip(
+            samples["proxy"], samples["prefill"], samples["transfer"], samples["step"], strict=True
+        )]  # fmt: skip
+        row.update(bound_s=bound, ratio=row["proxy_s"] / bound, ratio_min=min(ratios),
+                   ratio_max=max(ratios), passes=row["proxy_s"] / bound <= GOAL)  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def _one(servers: dict[str, Server], direct: list[int], proxied: list[int]) -> dict[str, float]:
+    prefill, decode = servers["prefill"], servers["decode"]
+    asks = {"do_remote_decode": True, "do_remote_prefill": False}
+    started = time.perf_counter()
+    answer = post(prefill.url, "/v1/completions", _body(direct, 1, kv_transfer_params=asks))
+    prefill_s = time.perf_counter() - started
+    loaded = sample(decode.url, "vllm:kvtier_load_seconds_sum", tier="peer")
+    params = answer["kv_transfer_params"]
+    times = _stream(decode.url, _body(direct, STEP_TOKENS, kv_transfer_params=params))
+    transfer_s = sample(decode.url, "vllm:kvtier_load_seconds_sum", tier="peer") - loaded
+    steps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    proxy_s = _stream(servers["proxy"].url, _body(proxied, 2))[0]
+    return {"prefill": prefill_s, "transfer": transfer_s, "step": median(steps),
+            "first": times[0], "proxy": proxy_s}  # fmt: skip
+
+
+def _body(prompt: list[int], max_tokens: int, **more: Any) -> dict[str, Any]:
+    return {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, **more}  # fmt: skip
+
+
+def _stream(url: str, body: dict[str, Any]) -> list[float]:
+    """Seconds from the request to each streamed token."""
+    data = json.dumps({**body, "stream": True}).encode()
+    request = urllib.request.Request(url + "/v1/completions", data,
+                                     {"Content-Type": "application/json"})  # fmt: skip
+    started, times = time.perf_counter(), []
+    with urllib.request.urlopen(request, timeout=WAIT_S) as response:
+        for line in response:
+            text = line.decode().strip()
+            if text.startswith("data: ") and text != "data: [DONE]":
+                if json.loads(text[6:])["choices"][0].get("text") is not None:
+                    times.append(time.perf_counter() - started)
+    return times
+
+
+def run(out_dir: Path, quick: bool = False) -> list[dict[str, Any]]:
+    """The TTFT split for each prompt length (the tiny model, 1k tokens, when ``quick``); writes
+    ``transfer-ttft.json`` and ``.png`` into ``out_dir`` and prints the ratios."""
+    name, dtype = ("tiny", "float32") if quick else ("bench", "bfloat16")
+    lengths, repeats = ((1024,), 1) if quick else (LENGTHS, 5)
+    model = model_path(name)
+    with tempfile.TemporaryDirectory(prefix="kvtier-bench-pd-") as work:
+        with disaggregated(model, Path(work), dtype, max(lengths) + 64) as servers:
+            rows = measure(servers, model, lengths, repeats)
+    meta = {"model": name, "dtype": dtype, "repeats": repeats, "goal": GOAL,
+            "goal_text": "proxy_s <= prefill_s + transfer_s + 1.2 * step_s"}  # fmt: skip
+    write_json(out_dir / "transfer-ttft.json", "transfer-ttft", rows, **meta)
+    _plot(rows, meta, out_dir / "transfer-ttft.png")
+    for row in rows:
+        print(
+            f"prefill→decode {row['prompt_tokens']} tokens: through the proxy "
+            f"{row['proxy_s'] * 1e3:.1f} ms / (prefill {row['prefill_s'] * 1e3:.1f} + transfer "
+            f"{row['transfer_s'] * 1e3:.1f} + 1.2 x step {row['step_s'] * 1e3:.1f}) = "
+            f"{row['ratio']:.2f} (min {row['ratio_min']:.2f}, max {row['ratio_max']:.2f}; "
+            f"goal <= {GOAL}: {'met' if row['passes'] else 'NOT met'}); without the proxy "
+            f"{(row['prefill_s'] + row['first_s']) * 1e3:.1f} ms"
+        )
+    return rows
+
+
+def _plot(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    ticks = range(len(rows))
+    bottom = [0.0] * len(rows)
+    for name, scale in (("prefill", 1.0), ("transfer", 1.0), ("step", 1.2)):
+        values = [row[f"{name}_s"] * scale * 1e3 for row in rows]
+        label = "1.2 x decode step" if name == "step" else name
+        axes.bar([t - 0.2 for t in ticks], values, 0.38, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    proxied = [row["proxy_s"] * 1e3 for row in rows]
+    bars = axes.bar([t + 0.2 for t in ticks], proxied, 0.38, label="TTFT through the proxy")
+    axes.bar_label(bars, [f"{row['ratio']:.2f}x" for row in rows], fontsize=8)
+    axes.set_xticks(list(ticks), [f"{row['prompt_tokens']} tokens" for row in rows])
+    axes.set_ylabel("milliseconds (median)")
+    axes.set_title(f"prefill→decode TTFT split, {meta['model']} ({meta['dtype']}); "
+                   f"goal: proxy <= the bound", fontsize=10)  # fmt: skip
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

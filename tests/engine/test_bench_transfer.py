@@ -1,0 +1,30 @@
+"""``kvtier bench transfer --ttft`` end to end with the tiny model (quick): a prefill and a decode
+``kvtier serve`` and ``kvtier proxy`` really run, each prompt's KV crosses by the peer, and the
+JSON and the PNG hold every part of the split and its ratio to the bound."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvtier.bench import transfer_ttft
+
+pytestmark = pytest.mark.engine
+
+PARTS = ("prefill", "transfer", "step", "first", "proxy")
+
+
+def test_bench_transfer_ttft_writes_the_split_and_its_ratio(tmp_path: Path) -> None:
+    rows = transfer_ttft.run(tmp_path, quick=True)
+
+    document = json.loads((tmp_path / "transfer-ttft.json").read_text())
+    assert document["rows"] == rows and (tmp_path / "transfer-ttft.png").stat().st_size > 0
+    (row,) = rows
+    assert row["prompt_tokens"] == 1024
+    assert all(row[f"{part}_s"] > 0 for part in PARTS)  # a pull happened: its seconds counted
+    bound = row["prefill_s"] + row["transfer_s"] + 1.2 * row["step_s"]
+    assert row["bound_s"] == pytest.approx(bound)
+    assert row["ratio"] == pytest.approx(row["proxy_s"] / bound)
+    assert isinstance(row["passes"], bool)
