@@ -4,6 +4,8 @@ through the engine's calls (``finished``), as vLLM sees them."""
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
@@ -53,10 +55,10 @@ def _until(condition: Callable[[], object], timeout_s: float = 10.0) -> object:
 
 
 def _pull(
-    address: tuple[str, int] | None, remote: list[int], local: list[int], job: int
+    address: tuple[str, int] | None, remote: list[int], local: list[int], job: int, req: str = "p1"
 ) -> LoadJob:
     assert address is not None
-    src = PeerBlocks((address,), "p1", (tuple(remote),))
+    src = PeerBlocks((address,), req, (tuple(remote),))
     return LoadJob(job, "d1", src, EngineBlocks(np.array(local), (len(local),), (0,)))
 
 
@@ -98,3 +100,21 @@ def test_a_pull_from_a_gone_prefill_engine_fails_its_blocks(pair: tuple[Rank, Ra
     assert time.monotonic() - started < 10
     assert decode.take_failed_blocks() == {10, 11}
     assert decode.report().jobs[6].failed == 1
+
+
+def test_nothing_is_left_behind_after_pulls_and_shutdown() -> None:
+    """Threads and sockets of both ranks are gone after their shutdown (bounded wait)."""
+    threads, fds = threading.active_count(), len(os.listdir("/proc/self/fd"))
+    prefill, decode = _rank(True, seed=1), _rank(False, seed=2)
+    offers = [PeerOffer(f"p{i}", ((i + 1,),), 30.0) for i in range(3)]
+    prefill.worker.begin_step(StepPlan(offers=offers, forward=False))
+    for i in range(3):
+        load = _pull(prefill.address, [i + 1], [i + 4], 10 + i, req=f"p{i}")
+        decode.worker.begin_step(StepPlan(loads=[load], forward=False))
+        decode.worker.start_loads()
+        assert _until(lambda: decode.worker.finished(set())[1]) == {"d1"}
+        assert decode.worker.take_failed_blocks() == set()
+    prefill.worker.shutdown()
+    decode.worker.shutdown()
+    _until(lambda: threading.active_count() <= threads)
+    _until(lambda: len(os.listdir("/proc/self/fd")) <= fds)
