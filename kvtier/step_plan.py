@@ -63,6 +63,7 @@ class StepPlan:
     flush: list[int] = field(default_factory=list)  # store jobs to finish before the forward
     held: list[str] = field(default_factory=list)  # finished requests kept for their stores
     offers: list[PeerOffer] = field(default_factory=list)  # finished requests kept for a decode
+    releases: list[PeerBlocks] = field(default_factory=list)  # offers a decode engine frees unused
     num_chunks: int = 0  # the host tier's size as the scheduler manages it
     disk_room: int = 0  # bytes (all ranks) the disk tier may still take: a shutdown flush's bound
     forward: bool = True  # the step computes tokens (False: the engine only waits, e.g. for loads)

@@ -180,6 +180,14 @@ class PeerConsumer:
                          tuple(remote_pairs))  # fmt: skip
         return PeerLoad(src, tuple(local_pairs), (first,) * len(block_ids))
 
+    def release(self, params: Mapping[str, Any]) -> PeerBlocks:
+        """A pull of no blocks, which only tells the prefill engine to free its offer (a decode
+        request that needs none of it, or ended before it was scheduled); ``params`` passed
+        ``wants_pull``."""
+        empty = tuple(() for _ in range(self.num_groups))
+        return PeerBlocks(_endpoints(params, self.world_size), str(params["remote_request_id"]),
+                          empty)  # fmt: skip
+
 
 def _groups(raw: Any, num_groups: int) -> list[list[int]]:
     """``remote_block_ids`` per group: a list per group, or one flat list for one group."""

@@ -3,6 +3,7 @@
     peer_lookup(req, hashes, params, ...)  -> int        tokens a decode request pulls
     peer_finished(req, params, blocks, ...) -> dict|None  a prefill request's offer: its params
     peer_released(reqs)                                   the workers freed offered blocks
+    peer_release(params)                                  a decode engine frees an unused offer
 
 Who pulls what, and the params' fields: ``peer.py``.
 """
@@ -73,6 +74,16 @@ class PeerRequests:
         state.stored_upto = [max(upto, pulled) for upto in state.stored_upto]
         state.tail_done = True
         return LoadJob(job_id, state.req_id, load.src, dst)
+
+    def peer_release(self, params: Mapping[str, Any] | None) -> bool:
+        """A decode request will not pull its prompt (it needs none of it, or ended before it
+        was scheduled): tell the prefill engine to free its offer now, not after its hold.
+        True when a release was planned (``params`` named a pull)."""
+        if self.consumer is None or not self.consumer.wants_pull(params):
+            return False
+        assert params is not None
+        self._plan.releases.append(self.consumer.release(params))
+        return True
 
     def peer_finished(
         self,

@@ -135,7 +135,11 @@ class PeerTransfer:
             request.request_id, request.block_hashes, params, request.num_prompt_tokens,
             num_computed_tokens,
         )  # fmt: skip
-        return (tokens, True) if tokens > 0 else None
+        if tokens > 0:
+            return tokens, True
+        if self._scheduler.peer_release(params):  # its own prefix cache holds the whole prompt
+            params["do_remote_prefill"] = False
+        return None
 
     def _peer_allocated(self, request: Request) -> None:
         """The pull is planned: never again for this request (a preempted one recomputes)."""
@@ -157,8 +161,12 @@ class PeerTransfer:
     def _peer_finished(
         self, request: Request, block_ids: Sequence[Sequence[int]]
     ) -> dict[str, Any] | None:
-        """A prefill request's offer to a decode engine: the params it needs (or None)."""
+        """A prefill request's offer to a decode engine: the params it needs (or None). A decode
+        request that ends before it pulled (aborted while waiting) frees the prefill's offer."""
         assert self._scheduler is not None
+        params = request.kv_transfer_params
+        if params and params.get("do_remote_prefill") and self._scheduler.peer_release(params):
+            params["do_remote_prefill"] = False
         from vllm.v1.request import RequestStatus
 
         completed = request.status in (

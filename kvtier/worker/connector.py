@@ -184,6 +184,10 @@ class WorkerConnector:
         if plan.offers:
             assert self._serving is not None, "kvtier: an offer to a worker that does not serve"
             self._serving.offer(plan.offers)
+        if plan.releases:
+            assert self._peer_load is not None, "kvtier: a release from a worker that cannot pull"
+            for release in plan.releases:
+                self._peer_load.release(release)
         if self.host is not None and plan.num_chunks > self.host.num_chunks:
             raise RuntimeError(
                 f"kvtier: the scheduler manages {plan.num_chunks} host chunks but this rank "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -108,6 +109,19 @@ class PeerLoadHandler(ThreadedHandler):
         self.client = client
         self.rank = rank
         self._thread = JobThread("kvtier-peer", device)
+        # releases: no rows, no result; best effort (an unreleased offer expires on its own)
+        self._releases = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtier-release")
+
+    def release(self, src: PeerBlocks) -> None:
+        """Tell the prefill rank to free ``src``'s offer, off the engine's step."""
+        self._releases.submit(self._release, src)
+
+    def _release(self, src: PeerBlocks) -> None:
+        host, port = src.endpoints[self.rank]
+        try:
+            self.client.pull(host, port, src.req_id, src.block_ids, src.block_ids)
+        except (TransferError, ValueError) as error:
+            logger.info("kvtier: release of %s at %s:%d failed: %s", src.req_id, host, port, error)
 
     def transfer_async(self, job_id: int, src: TransferSpec, dst: TransferSpec) -> bool:
         assert isinstance(src, PeerBlocks) and isinstance(dst, EngineBlocks)
@@ -133,4 +147,5 @@ class PeerLoadHandler(ThreadedHandler):
 
     def shutdown(self) -> None:
         super().shutdown()
+        self._releases.shutdown(wait=True)
         self.client.close()

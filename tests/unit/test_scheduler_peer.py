@@ -141,3 +141,18 @@ def test_nixl_style_params_without_per_rank_ports_use_port_plus_rank() -> None:
     (load,) = decode.build_plan([]).loads
     assert isinstance(load.src, PeerBlocks)
     assert load.src.endpoints == (("127.0.0.1", 5000), ("127.0.0.1", 5001))
+
+
+def test_a_decode_request_that_pulls_nothing_frees_the_offer_at_once() -> None:
+    _, params = _prefilled()
+    decode = _connector(producer=False)
+    # its own prefix cache holds the whole prompt: nothing to pull, the offer is released
+    assert decode.peer_lookup("d1", HASHES, params, 14, 14) == 0
+    assert decode.peer_release(params) is True
+    (release,) = decode.build_plan([]).releases
+    assert release.req_id == "p1" and release.block_ids == ((),)
+    assert release.endpoints == (("127.0.0.1", 5000), ("127.0.0.1", 6000))
+    # params that name no pull release nothing
+    assert decode.peer_release({"do_remote_prefill": True}) is False
+    assert decode.peer_release(None) is False
+    assert decode.build_plan([]).releases == []

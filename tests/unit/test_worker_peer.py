@@ -118,3 +118,12 @@ def test_nothing_is_left_behind_after_pulls_and_shutdown() -> None:
     decode.worker.shutdown()
     _until(lambda: threading.active_count() <= threads)
     _until(lambda: len(os.listdir("/proc/self/fd")) <= fds)
+
+
+def test_a_release_frees_the_offer_without_a_pull(pair: tuple[Rank, Rank]) -> None:
+    (prefill, _, address), decode = pair[0], pair[1].worker
+    prefill.begin_step(StepPlan(offers=[PeerOffer("p1", ((3,),), 30.0)], held=["p1"]))
+    assert address is not None
+    decode.begin_step(StepPlan(releases=[PeerBlocks((address,), "p1", ((),))], forward=False))
+    assert _until(lambda: prefill.finished(set())[0]) == {"p1"}  # long before its 30 s hold
+    assert decode.report().jobs == {}  # a release is no job: nothing for vLLM to wait on
