@@ -76,5 +76,5 @@ def verdict(key: str, ratio: Ratio, prompt_tokens: int | None) -> dict[str, Any]
     return {
         "key": key, "label": goal.label, "prompt_tokens": prompt_tokens,
         "ratio": round(ratio.median, 3), "spread": round(ratio.spread, 3), "pairs": ratio.pairs,
-        "goal": goal.text, "pass": goal.holds(ratio.median),
+        "goal": goal.text, "pass": goal.holds(round(ratio.median, 3)),  # as written: consistent
     }  # fmt: skip
