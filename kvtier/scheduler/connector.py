@@ -111,9 +111,7 @@ class SchedulerConnector(PeerRequests):
         block (None: the tokens do not name the KV, e.g. multimodal input: no tail). Which hit
         is worth loading, and whether synchronously (``loads_async``): ``hit_policy.py``.
         """
-        state = self.requests.get(req_id)
-        if state is None:
-            state = self.requests[req_id] = RequestState(req_id, block_hashes, len(self.groups))
+        state = self._state(req_id, block_hashes)
         first = num_computed_tokens // self.chunk_tokens
         full = len(block_hashes) // self.factor
         state.num_computed_tokens = num_computed_tokens
@@ -131,6 +129,13 @@ class SchedulerConnector(PeerRequests):
         )
         state.load_async = hit.load_async
         return hit.tokens
+
+    def _state(self, req_id: str, block_hashes: Sequence[bytes]) -> RequestState:
+        """``req_id``'s state, created at its first lookup."""
+        state = self.requests.get(req_id)
+        if state is None:
+            state = self.requests[req_id] = RequestState(req_id, block_hashes, len(self.groups))
+        return state
 
     def loads_async(self, req_id: str) -> bool:
         """Whether the last ``lookup`` of ``req_id`` answered a hit that makes the request wait."""
@@ -239,9 +244,7 @@ class SchedulerConnector(PeerRequests):
     def _complete_load(self, job: Job) -> None:
         outcome = job.outcome
         if job.kind is JobKind.PEER_LOAD:
-            state = self.requests.get(job.req_id)
-            tokens = state.loaded_tokens.get("peer", 0) if state is not None else 0
-            self._complete_peer_load(outcome, -(-tokens // self.chunk_tokens))
+            self._complete_peer_load(job)
             return
         from_disk = job.kind is JobKind.DISK_LOAD
         stats = self.stats.tiers["disk" if from_disk else "cpu"]
@@ -280,7 +283,7 @@ class SchedulerConnector(PeerRequests):
         Its provenance is gone after this call: ask ``provenance`` before.
         """
         self.job_log.forget(req_id)
-        offered = any(offer.req_id == req_id for offer in self._plan.offers)
+        offered = self.producer is not None and self.producer.holds(req_id)
         state = self.requests.get(req_id)
         storing = state is not None and bool(state.store_jobs)
         if offered or storing:

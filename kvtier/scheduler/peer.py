@@ -90,6 +90,10 @@ class PeerProducer:
             "tp_size": self.tp_size,
         }
 
+    def holds(self, req_id: str) -> bool:
+        """``req_id`` was offered and is not released yet."""
+        return req_id in self._held
+
     def released(self, req_ids: Iterable[str]) -> None:
         """Every rank released these requests' blocks (pulled, or held too long)."""
         for req_id in req_ids:

@@ -10,7 +10,7 @@ Who pulls what, and the params' fields: ``peer.py``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,7 @@ from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.scheduler.load_planner import GroupSpec
 from kvtier.scheduler.peer import PeerConsumer, PeerProducer
 from kvtier.scheduler.request import RequestState
-from kvtier.step_plan import JobOutcome, LoadJob, StepPlan
+from kvtier.step_plan import LoadJob, StepPlan
 
 
 class PeerRequests:
@@ -33,6 +33,7 @@ class PeerRequests:
     consumer: PeerConsumer | None
     _jobs: JobTable
     _plan: StepPlan
+    _state: Callable[[str, Sequence[bytes]], RequestState]  # SchedulerConnector's
 
     def peer_lookup(
         self,
@@ -47,9 +48,7 @@ class PeerRequests:
         if self.consumer is None or not self.consumer.wants_pull(params):
             return 0
         tokens = self.consumer.lookup(params, num_prompt_tokens, num_computed_tokens)
-        state = self.requests.get(req_id)
-        if state is None:
-            state = self.requests[req_id] = RequestState(req_id, block_hashes, len(self.groups))
+        state = self._state(req_id, block_hashes)
         state.num_computed_tokens = num_computed_tokens
         state.peer_params = params
         state.load_async = True
@@ -112,9 +111,11 @@ class PeerRequests:
         if self.producer is not None:
             self.producer.released(req_ids)
 
-    def _complete_peer_load(self, outcome: JobOutcome, chunks: int) -> None:
-        """A pull of ``chunks`` chunks' worth of a prompt (the last maybe partial) finished."""
-        stats = self.stats.tiers["peer"]
+    def _complete_peer_load(self, job: Job) -> None:
+        """Every rank finished a pull; counted in chunks of its tokens (the last maybe partial)."""
+        stats, outcome = self.stats.tiers["peer"], job.outcome
+        state = self.requests.get(job.req_id)
+        chunks = -(-(state.loaded_tokens.get("peer", 0) if state else 0) // self.chunk_tokens)
         if outcome.failed:
             stats.failed_loads += 1
             return

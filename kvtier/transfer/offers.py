@@ -78,6 +78,7 @@ class OfferTable:
             if offer.readers == 0 and self._ending.pop(offer.req_id, None) is not None:
                 assert offer.outcome is not None
                 self._done.append((offer.req_id, offer.outcome))
+                self._cond.notify_all()
 
     def release(self, req_id: str, ok: bool) -> None:
         with self._cond:
@@ -96,6 +97,12 @@ class OfferTable:
                 self._end(offer, False, "expired")
             done, self._done = self._done, []
             return done
+
+    def wait_done(self, timeout: float) -> None:
+        """Block until an offer ended (``take_done`` has something), at most ``timeout``; an
+        offer that merely passed its deadline ends at the next ``take_done``."""
+        with self._cond:
+            self._cond.wait_for(lambda: bool(self._done) or self._closed, timeout)
 
     def close(self) -> None:
         with self._cond:
@@ -120,6 +127,7 @@ class OfferTable:
             self._ending[offer.req_id] = offer
         else:
             self._done.append((offer.req_id, ok))
+            self._cond.notify_all()
 
 
 def _check_blocks(offer: Offer, block_ids: Sequence[Sequence[int]]) -> None:

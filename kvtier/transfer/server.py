@@ -106,6 +106,11 @@ class TransferServer:
         released by a client whose pull failed. Expires overdue offers first."""
         return self._offers.take_done()
 
+    def wait_done(self, timeout: float) -> None:
+        """Block until ``take_done`` has something to report, at most ``timeout`` (an idle
+        engine waiting for its offers to be pulled)."""
+        self._offers.wait_done(timeout)
+
     def withdraw(self, req_id: str) -> None:
         self._offers.withdraw(req_id)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorHandshakeMetadata
+from vllm.v1.request import RequestStatus
 
 from kvtier.config import KVTierConfig
 from kvtier.scheduler.peer import PeerConsumer, PeerProducer
@@ -137,16 +138,21 @@ class PeerTransfer:
         )  # fmt: skip
         if tokens > 0:
             return tokens, True
-        if self._scheduler.peer_release(params):  # its own prefix cache holds the whole prompt
-            params["do_remote_prefill"] = False
+        self._release_unpulled(params)  # its own prefix cache holds the whole prompt
         return None
 
     def _peer_allocated(self, request: Request) -> None:
         """The pull is planned: never again for this request (a preempted one recomputes)."""
         params = request.kv_transfer_params
-        if params and params.get("do_remote_prefill") and self._scheduler is not None:
-            if self._scheduler.consumer is not None:
-                params["do_remote_prefill"] = False
+        consumer = self._scheduler is not None and self._scheduler.consumer is not None
+        if consumer and params and params.get("do_remote_prefill"):
+            params["do_remote_prefill"] = False
+
+    def _release_unpulled(self, params: dict[str, Any] | None) -> None:
+        """A decode request that will never pull frees the prefill engine's offer, once."""
+        assert self._scheduler is not None
+        if params and params.get("do_remote_prefill") and self._scheduler.peer_release(params):
+            params["do_remote_prefill"] = False
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -164,11 +170,7 @@ class PeerTransfer:
         """A prefill request's offer to a decode engine: the params it needs (or None). A decode
         request that ends before it pulled (aborted while waiting) frees the prefill's offer."""
         assert self._scheduler is not None
-        params = request.kv_transfer_params
-        if params and params.get("do_remote_prefill") and self._scheduler.peer_release(params):
-            params["do_remote_prefill"] = False
-        from vllm.v1.request import RequestStatus
-
+        self._release_unpulled(request.kv_transfer_params)  # aborted while waiting
         completed = request.status in (
             RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED,
         )  # fmt: skip

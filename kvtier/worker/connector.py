@@ -327,9 +327,8 @@ class WorkerConnector:
         ):
             self._disk_write.wait_any(IDLE_WAIT_S)
         elif self._serving is not None and self._serving.pending and not self._in_flight:
-            # only offers wait (the decode engines' pulls run on the listener's threads): an
-            # idle engine steps at most every IDLE_WAIT_S rather than spin against them
-            time.sleep(IDLE_WAIT_S)
+            # only offers wait (the decode engines' pulls run on the listener's threads)
+            self._serving.server.wait_done(IDLE_WAIT_S)
 
     def take_failed_blocks(self) -> set[int]:
         blocks, self._failed_blocks = self._failed_blocks, set()

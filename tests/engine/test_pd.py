@@ -20,7 +20,10 @@ from typing import Any, NamedTuple
 
 import pytest
 from harness import engine, kvtier_transfer
-from servers import (
+from vllm import SamplingParams
+
+import kvtier
+from kvtier.bench.servers import (
     KVTIER,
     WAIT_S,
     Server,
@@ -33,9 +36,6 @@ from servers import (
     wait,
     wait_healthy,
 )
-from vllm import SamplingParams
-
-import kvtier
 from kvtier.models import make_prompt
 
 pytestmark = pytest.mark.engine

@@ -19,8 +19,18 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-from servers import WAIT_S, free_port, launch, post, sample, serve_command, stop, wait, wait_healthy
 
+from kvtier.bench.servers import (
+    WAIT_S,
+    free_port,
+    launch,
+    post,
+    sample,
+    serve_command,
+    stop,
+    wait,
+    wait_healthy,
+)
 from kvtier.models import make_prompt
 
 pytestmark = pytest.mark.engine
