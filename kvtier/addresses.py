@@ -58,6 +58,14 @@ class DiskChunks(TransferSpec):
 
 
 @dataclass(frozen=True)
+class RedisChunks(DiskChunks):
+    """Chunks in the Redis/Valkey tier, by key: like ``DiskChunks``, one record per chunk and
+    rank (``tiers/redis_keys.py`` names it)."""
+
+    medium: ClassVar[Medium] = Medium.REDIS
+
+
+@dataclass(frozen=True)
 class PeerBlocks(TransferSpec):
     """A prefill engine's blocks of one finished request, pulled by the decode engine.
 

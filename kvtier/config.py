@@ -11,7 +11,8 @@ Extra-config keys (names follow vLLM's native offloading where it has them)::
                                    tokens, else the engine computes them: it costs a step
     hash_algo          "xxh3_128"  sha256 | xxh3_128
     disk               None        {"path": str, "bytes": size, "write_through": bool = False}
-    redis              None        {"url": "redis://..." (or rediss://, unix://), "timeout_s": 1.0}
+    redis              None        {"url": "redis://..." (or rediss://, unix://), "timeout_s": 1.0,
+                                   "prefix", "ttl_s", "cluster", "seeds", ...}: ``RedisConfig``
     transfer           None        prefill→decode (kv_role kv_producer / kv_consumer): see
                                    ``TransferConfig``; its ``secret`` (or the environment
                                    variable KVTIER_TRANSFER_SECRET) is required for those roles
@@ -79,15 +80,57 @@ class DiskConfig:
 class RedisConfig:
     """The Redis/Valkey tier (extra-config key ``redis``), shared by many engines.
 
-    ``timeout_s`` bounds every request; a request that times out is a miss, never an error.
+    ``url``: ``redis://[user:password@]host:port/db``, ``rediss://`` (TLS) or
+    ``unix:///path.sock``; a password absent from the URL is read from the environment variable
+    ``password_env``. ``cluster``: a Redis Cluster, reached through ``url`` and the ``seeds``
+    (more URLs of its nodes). ``prefix`` namespaces every key; ``ttl_s`` expires a chunk that
+    long after it was written (None: Redis's ``maxmemory-policy`` decides). ``timeout_s`` bounds
+    every call: one that times out is a miss, never an error, and stops calls for a while.
+    ``connections``: per worker rank, for loads. ``max_queued_chunks``: chunks waiting to be
+    written; more are dropped (counted). ``required``: a Redis that cannot be reached, or refuses
+    the credentials, at start-up is an error; false: a warning, and the tier is off.
+    ``tls_ca``: the CA file a ``rediss://`` server's certificate is checked against (None: the
+    system's).
     """
 
     url: str
     timeout_s: float = 1.0
+    prefix: str = "kvtier"
+    ttl_s: float | None = None
+    cluster: bool = False
+    seeds: tuple[str, ...] = ()
+    connections: int = 2
+    max_queued_chunks: int = 1024
+    password_env: str = "KVTIER_REDIS_PASSWORD"
+    required: bool = True
+    tls_ca: str | None = None
 
     def __post_init__(self) -> None:
         _redis_url(self.url, "redis.url")
         _positive_float(self.timeout_s, "redis.timeout_s")
+        _non_empty_str(self.prefix, "redis.prefix")
+        if self.ttl_s is not None:
+            _positive_float(self.ttl_s, "redis.ttl_s")
+        _bool(self.cluster, "redis.cluster")
+        for seed in self.seeds:
+            _redis_url(seed, "redis.seeds")
+        if self.seeds and not self.cluster:
+            raise ValueError("kvtier: 'redis.seeds' name nodes of a Redis Cluster: set "
+                             "'redis.cluster' to true, or remove them")  # fmt: skip
+        if self.cluster and self.url.startswith("unix://"):
+            raise ValueError("kvtier: 'redis.url' of a Redis Cluster must be redis:// or "
+                             f"rediss://, got {self.url!r}")  # fmt: skip
+        _positive_int(self.connections, "redis.connections")
+        _positive_int(self.max_queued_chunks, "redis.max_queued_chunks")
+        _non_empty_str(self.password_env, "redis.password_env")
+        _bool(self.required, "redis.required")
+        if self.tls_ca is not None:
+            _non_empty_str(self.tls_ca, "redis.tls_ca")
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """``url`` then the ``seeds``."""
+        return (self.url, *self.seeds)
 
     @classmethod
     def from_mapping(cls, raw: object, key: str = "redis") -> RedisConfig:
@@ -96,6 +139,17 @@ class RedisConfig:
         return cls(
             url=_required(raw, key, "url", _redis_url),
             timeout_s=_optional(raw, key, "timeout_s", _positive_float, 1.0),
+            prefix=_optional(raw, key, "prefix", _non_empty_str, "kvtier"),
+            ttl_s=_optional(raw, key, "ttl_s", _positive_float, None),
+            cluster=_optional(raw, key, "cluster", _bool, False),
+            seeds=_optional(raw, key, "seeds", _redis_urls, ()),
+            connections=_optional(raw, key, "connections", _positive_int, 2),
+            max_queued_chunks=_optional(raw, key, "max_queued_chunks", _positive_int, 1024),
+            password_env=_optional(
+                raw, key, "password_env", _non_empty_str, "KVTIER_REDIS_PASSWORD"
+            ),
+            required=_optional(raw, key, "required", _bool, True),
+            tls_ca=_optional(raw, key, "tls_ca", _non_empty_str, None),
         )
 
 
@@ -311,6 +365,12 @@ def _redis_url(value: object, key: str) -> str:
             f"kvtier: {key!r} must start with {', '.join(REDIS_SCHEMES)}; got {value!r}"
         )
     return url
+
+
+def _redis_urls(value: object, key: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise ValueError(f"kvtier: {key!r} must be a list of Redis URLs, got {value!r}")
+    return tuple(_redis_url(url, key) for url in value)
 
 
 # --- mappings: accepted keys, required and optional values; key "" is the top level ---

@@ -15,9 +15,10 @@ A job is done only when every worker rank reported it (``num_workers`` reports).
 before the request runs (the engine waits for them); stores run after the step's forward, and an
 earlier store whose engine blocks are handed to someone else is flushed before the next forward.
 
-With a disk tier, a hit is a run of chunks in the host tier followed by a run on disk: one load
-job per tier. Chunks loaded from disk are stored in the host tier again (they are hot), and host
-chunks reach the disk as ``disk_writes.py`` decides.
+Below host memory is a chain of tiers (``lower_tier.py``: the disk tier, the Redis tier, in that
+order). A hit is one run of chunks across host memory and the chain: one load job per tier.
+Chunks loaded from a lower tier are stored in the host tier again (they are hot), and host chunks
+reach each lower tier as ``tier_writes.py`` decides.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from kvtier.counters import KVTierStats, TierStats
 from kvtier.keys import ChunkKeyMaker
 from kvtier.scheduler.base import TierEvent
 from kvtier.scheduler.disk_index import DiskIndex
-from kvtier.scheduler.disk_writes import DiskWrites
 from kvtier.scheduler.hit_policy import HitPolicy, HitRequest, choose_hit
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.scheduler.load_planner import GroupSpec, HitRun, LoadPlanner
+from kvtier.scheduler.lower_tier import LowerTier
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.peer import PeerConsumer, PeerProducer
 from kvtier.scheduler.peer_requests import PeerRequests
@@ -41,6 +42,7 @@ from kvtier.scheduler.request import RequestState
 from kvtier.scheduler.scheduled import ScheduledRequest, forget_blocks, take_blocks
 from kvtier.scheduler.store_planner import NULL_BLOCK, StorePlanner
 from kvtier.scheduler.tail_store import TailStore
+from kvtier.scheduler.tier_writes import TierWrites
 from kvtier.step_plan import StepPlan, WorkerReport
 
 __all__ = ["NULL_BLOCK", "GroupSpec", "ScheduledRequest", "SchedulerConnector"]
@@ -57,7 +59,10 @@ class SchedulerConnector(PeerRequests):
         disk: DiskIndex | None = None,
         producer: PeerProducer | None = None,
         consumer: PeerConsumer | None = None,
+        lower: Sequence[LowerTier] = (),
     ) -> None:
+        """``lower``: the tier chain below host memory, in order; ``disk``: a disk tier put
+        first in it."""
         block_tokens = {g.block_tokens for g in groups}
         if len(block_tokens) != 1:
             raise ValueError(f"kvtier: KV cache groups with different block sizes {block_tokens}")
@@ -77,22 +82,26 @@ class SchedulerConnector(PeerRequests):
             self.manager, self._jobs, self.keys, self.block_tokens, self.stats.cpu
         )
         self._tails = TailStore(self._stores, self._jobs, self.keys, self.block_tokens)
+        if disk is not None and config.disk is not None:
+            disk.write_through = config.disk.write_through
+        self.lower: tuple[LowerTier, ...] = (*([disk] if disk is not None else []), *lower)
         self._loads = LoadPlanner(
-            self.groups, self.keys, self.block_tokens, self.manager, disk, self._jobs, self.stats
-        )
+            self.groups, self.keys, self.block_tokens, self.manager, self.lower, self._jobs,
+            self.stats,
+        )  # fmt: skip
         self._plan = StepPlan(num_chunks=num_chunks)
         self._events: list[TierEvent] = []
         self.disk = disk
-        self._writes: DiskWrites | None = None
         self.producer, self.consumer = producer, consumer
         if consumer is not None:
             self.stats.tiers["peer"] = TierStats()
-        if disk is not None:
-            self.stats.tiers["disk"] = TierStats()
-            write_through = config.disk is not None and config.disk.write_through
-            self._writes = DiskWrites(
-                disk, self.manager, self._jobs, self.stats.tiers["disk"], write_through
-            )
+        self._writes: dict[str, TierWrites] = {}  # per lower tier, by name
+        for tier in self.lower:
+            if tier.name in self.stats.tiers:
+                raise ValueError(f"kvtier: two tiers named {tier.name!r}")
+            stats = self.stats.tiers[tier.name] = TierStats()
+            self._writes[tier.name] = TierWrites(tier, self.manager, self._jobs, stats)
+        self._tiers = {tier.name: tier for tier in self.lower}
 
     # ---- lookup and load -------------------------------------------------------------------
 
@@ -193,15 +202,15 @@ class SchedulerConnector(PeerRequests):
             if state is not None:
                 self._plan.stores += self._tails.plan(state, request.num_computed_tokens)
         evicted = self._stores.take_evicted()
-        if self._writes is not None:
-            self._writes.evicted(evicted)
-            self._writes.flush(idle=not self.requests)
-            self._plan.disk_writes = self._writes.take_plan()
+        for writes in self._writes.values():
+            writes.evicted(evicted)
+            writes.flush(idle=not self.requests)
+            self._plan.disk_writes += writes.take_plan()
         plan, self._plan = self._plan, StepPlan(num_chunks=self.manager.capacity)
         plan.flush = sorted(flush)
         plan.forward = forward
         if self.disk is not None:
-            plan.disk_room = max(0, self.disk.budget - self.disk.used)
+            plan.disk_room = self.disk.room
         return plan
 
     # ---- completions -----------------------------------------------------------------------
@@ -215,9 +224,8 @@ class SchedulerConnector(PeerRequests):
 
     def _complete(self, job_id: int, job: Job) -> None:
         self.job_log.finished(job, self.requests.get(job.req_id))
-        if job.kind is JobKind.DISK_WRITE:
-            assert self._writes is not None
-            self._writes.complete(job)
+        if job.kind is JobKind.TIER_WRITE:
+            self._writes[job.tier].complete(job)
             return
         state = self.requests[job.req_id]
         if job.kind is JobKind.STORE:
@@ -238,38 +246,38 @@ class SchedulerConnector(PeerRequests):
         cpu.stored_chunks += len(job.keys)
         cpu.stored_bytes += outcome.bytes
         cpu.store_seconds += outcome.seconds
-        if self._writes is not None and not job.host_only:
-            self._writes.stored(job.keys)
+        if not job.host_only:
+            for writes in self._writes.values():
+                writes.stored(job.keys)
 
     def _complete_load(self, job: Job) -> None:
         outcome = job.outcome
         if job.kind is JobKind.PEER_LOAD:
             self._complete_peer_load(job)
             return
-        from_disk = job.kind is JobKind.DISK_LOAD
-        stats = self.stats.tiers["disk" if from_disk else "cpu"]
+        lower = self._tiers.get(job.tier) if job.kind is JobKind.TIER_LOAD else None
+        stats = self.stats.tiers[job.tier if lower is not None else "cpu"]
         # a failed load drops what it read (all, or the chunks found bad): the engine's retry
         # must miss them, not fail again
         bad = [job.keys[i] for i in outcome.bad] if outcome.bad else job.keys
-        if from_disk:
-            assert self.disk is not None and self._writes is not None
+        if lower is not None:
             dropped = bad if outcome.failed else []
-            self.disk.complete_load(job.keys, dropped)  # every bad chunk, every rank's file
+            lower.complete_load(job.keys, dropped)  # every bad chunk, every rank's copy
             stats.bad_chunks += len(outcome.bad)
             # a dropped chunk's copy already in the host tier (another request computed it) is
-            # dirty again; one stored later is dirty as it completes (the disk no longer holds it)
-            self._writes.stored([key for key in dropped if self.manager.is_ready(key)])
+            # dirty again; one stored later is dirty as it completes (the tier no longer holds it)
+            self._writes[job.tier].stored([key for key in dropped if self.manager.is_ready(key)])
         else:
             if job.pinned:
                 self.manager.complete_load(job.keys)
             if outcome.failed:
                 removed = self.manager.remove(bad)
-                if self._writes is not None:
-                    self._writes.removed(removed)  # type: ignore[arg-type]
+                for writes in self._writes.values():
+                    writes.removed(removed)  # type: ignore[arg-type]
         if outcome.failed:
             stats.failed_loads += 1
             return
-        if not from_disk:
+        if lower is None:
             self.manager.touch(job.keys)
         stats.loaded_chunks += len(job.keys)
         stats.loaded_bytes += outcome.bytes
@@ -309,8 +317,8 @@ class SchedulerConnector(PeerRequests):
         disk are lost. True when no loadable host chunk is left.
         """
         removed = self.manager.remove(list(self.manager.stored()))
-        if self._writes is not None:
-            self._writes.removed(removed)  # type: ignore[arg-type]
+        for writes in self._writes.values():
+            writes.removed(removed)  # type: ignore[arg-type]
         return not self.manager.stored()
 
     @property
@@ -321,7 +329,7 @@ class SchedulerConnector(PeerRequests):
     def has_pending_work(self) -> bool:
         """Transfers in flight, chunks to write to disk once the engine is idle, or finished
         requests held for a decode engine."""
-        writes = self._writes is not None and self._writes.pending
+        writes = any(writes.pending for writes in self._writes.values())
         return bool(self._jobs) or writes or (self.producer is not None and self.producer.pending)
 
     def take_events(self) -> list[TierEvent]:
@@ -332,5 +340,5 @@ class SchedulerConnector(PeerRequests):
         self.manager.check_integrity()
         pinned = sum(len(job.keys) for job in self._jobs if job.pinned)
         assert self.manager.num_pinned == pinned, (self.manager.num_pinned, pinned)
-        if self.disk is not None:
-            self.disk.check_integrity()
+        for tier in self.lower:
+            tier.check_integrity()

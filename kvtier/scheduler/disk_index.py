@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvtier.addresses import DiskChunks
 from kvtier.keys import ChunkKey
 from kvtier.tiers.disk_names import chunk_path, scan
 
@@ -59,11 +60,28 @@ class _Entry:
 
 
 class DiskIndex:
-    """``budget`` bytes in ``root``; ``chunk_bytes`` bounds one chunk's files (all ranks)."""
+    """``budget`` bytes in ``root``; ``chunk_bytes`` bounds one chunk's files (all ranks).
+
+    An entry of the tier chain (``lower_tier.py``): a short read from a local disk may run
+    before the forward; chunks are written when evicted from host memory or while the engine is
+    idle (``write_through``: as soon as they are stored there).
+    """
+
+    name = "disk"
+    spec = DiskChunks
+    synchronous = True
+    max_in_flight = 64  # chunks being written at once
 
     def __init__(
-        self, root: Path, budget: int, world_size: int, fingerprint: bytes, chunk_bytes: int
+        self,
+        root: Path,
+        budget: int,
+        world_size: int,
+        fingerprint: bytes,
+        chunk_bytes: int,
+        write_through: bool = False,
     ) -> None:
+        self.write_through = write_through
         self.root = root
         self.budget = budget
         self.world_size = world_size
@@ -85,6 +103,11 @@ class DiskIndex:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @property
+    def room(self) -> int:
+        """Bytes (all ranks) the tier may still take."""
+        return max(0, self.budget - self.used)
 
     def _scan(self) -> None:
         found: dict[ChunkKey, _Entry] = {}

@@ -13,7 +13,10 @@ The rules, each against a measured regression:
   request). Several KV cache groups always load asynchronously (vLLM takes their load failures
   per request only), and only when the load adds ``min_async_load_tokens``: a shorter one costs
   more (a step) than computing those tokens.
-- Waiting a step for a store in flight is worth it only when it could add as many tokens.
+- Waiting a step for a store in flight, or for a remote tier's lookup in flight, is worth it
+  only when it could add as many tokens.
+- A network tier (Redis) is never read before the forward: no engine step waits on it. A hit
+  whose part in such a tier is too short to make the request wait ends before that part.
 - The prompt's tail (its tokens after the last full chunk) counts when the host tier holds it
   after a full run: then the engine computes only the last token, at any prompt length.
 """
@@ -60,6 +63,8 @@ def choose_hit(run: HitRun, request: HitRequest, policy: HitPolicy, tail_ready: 
 
     if not (policy.sync_capable and request.num_tokens is not None):
         total = tokens(run.end)
+        if run.pending and tokens(request.full) - total >= policy.min_async_load_tokens:
+            return Hit(None)
         if total >= policy.min_async_load_tokens:
             return Hit(total, load_async=True)
         if run.retry and tokens(request.full) >= policy.min_async_load_tokens:
@@ -69,8 +74,12 @@ def choose_hit(run: HitRun, request: HitRequest, policy: HitPolicy, tail_ready: 
     if tail_ready and host_end == request.full:
         host_end += 1
     in_host, total = tokens(host_end), max(tokens(host_end), tokens(run.end))
+    if run.pending and tokens(request.full) - total >= policy.min_async_load_tokens:
+        return Hit(None)  # a remote tier may hold more than it would cost to wait for
     if total - in_host >= policy.min_async_load_tokens:
         return Hit(total, load_async=True)  # a long read from disk: worth a step, not a stall
     if total == 0 and run.retry and tokens(request.full) >= policy.min_async_load_tokens:
         return Hit(None)
-    return Hit(total)  # the host part, and a short read from disk, before the step's forward
+    sync_end = run.end if run.sync_end is None else run.sync_end
+    # the host part, and a short read from a local disk, before the step's forward
+    return Hit(max(in_host, tokens(sync_end)))

@@ -21,20 +21,21 @@ logger = logging.getLogger(__name__)
 class JobKind(Enum):
     LOAD = "load"  # host tier -> engine
     STORE = "store"  # engine -> host tier
-    DISK_LOAD = "disk load"  # disk -> engine
-    DISK_WRITE = "disk write"  # host tier -> disk (no request; the host chunks pinned or staged)
+    TIER_LOAD = "tier load"  # a tier below host memory (``Job.tier``: disk, redis) -> engine
+    TIER_WRITE = "tier write"  # host tier -> a lower tier (no request; host chunks pinned/staged)
     PEER_LOAD = "peer load"  # a prefill engine's blocks -> engine (prefill→decode)
 
 
 @dataclass
 class Job:
-    req_id: str  # "" for a disk write
+    req_id: str  # "" for a tier write
     keys: list[ChunkKey]
     kind: JobKind
     blocks: list[int] = field(default_factory=list)  # engine blocks a store reads
     outcome: JobOutcome = field(default_factory=JobOutcome)  # summed over the ranks so far
     pinned: bool = False  # holds pins on its host chunks (an asynchronous load, a disk write)
     host_only: bool = False  # a store never written to disk (a prompt's tail)
+    tier: str = ""  # the lower tier a TIER_LOAD reads or a TIER_WRITE writes
 
     @property
     def store(self) -> bool:

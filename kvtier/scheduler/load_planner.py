@@ -4,9 +4,13 @@
                                                   host tier, across tiers, store in flight?
     plan(state, num_external_tokens) -> [LoadJob] pin the hit and make its load jobs
 
-A hit is a run of chunks in the host tier followed by a run on disk, in every full-attention group;
-a sliding-window group needs only the chunks of its window at the hit's end, in the same order.
-That gives one load job per tier, each a contiguous range of blocks per group.
+A hit is one run of chunks across the tiers, in every full-attention group: a run in the host
+tier, then a run in the first tier of the chain below it (``lower_tier.py``: the disk tier, the
+Redis tier), then in the next; a sliding-window group needs only the chunks of its window at the
+hit's end, in the same order. That gives one load job per tier, each a contiguous range of blocks
+per group. A remote tier may not know yet (its lookup is in flight): the run stops there and is
+``pending``; the part a load may read before the forward (``sync_end``) stops at the first chunk
+of a tier that is never read synchronously (a network store).
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ import numpy as np
 from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks
 from kvtier.counters import KVTierStats
 from kvtier.keys import ChunkKey, ChunkKeyMaker
-from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
+from kvtier.scheduler.lower_tier import LowerTier
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.request import RequestState
 from kvtier.scheduler.store_planner import NULL_BLOCK
@@ -30,11 +34,24 @@ from kvtier.step_plan import LoadJob
 
 class HitRun(NamedTuple):
     """Chunks ``first..host_end`` are in the host tier and ``first..end`` across the tiers;
-    ``retry``: the run stops at a chunk whose store is in flight."""
+    ``retry``: the run stops at a chunk whose store is in flight; ``sync_end`` (None: ``end``):
+    the run's part a load may read before the forward; ``pending``: a remote tier is still
+    looking the run up (it may be longer on a later step)."""
 
     host_end: int
     end: int
     retry: bool = False
+    sync_end: int | None = None
+    pending: bool = False
+
+
+class Below(NamedTuple):
+    """The leading chunks of some keys the chain below host memory holds: ``chunks`` in all,
+    ``sync`` of them in tiers read before the forward; ``pending``: a tier has not answered."""
+
+    chunks: int
+    sync: int
+    pending: bool
 
 
 @dataclass(frozen=True)
@@ -52,7 +69,7 @@ class LoadPlanner:
         keys: ChunkKeyMaker,
         block_tokens: int,
         manager: ChunkManager,
-        disk: DiskIndex | None,
+        lower: Sequence[LowerTier],
         jobs: JobTable,
         stats: KVTierStats,
     ) -> None:
@@ -62,64 +79,82 @@ class LoadPlanner:
         self.block_tokens = block_tokens
         self.chunk_tokens = block_tokens * self.factor
         self.manager = manager
-        self.disk = disk
+        self.lower = tuple(lower)
         self.jobs = jobs
         self.stats = stats
 
     def hit_run(self, state: RequestState, first: int, full: int) -> HitRun:
         """The loadable run of chunks from chunk ``first`` (at most to ``full``): where its part
-        in the host tier ends, where it ends across the tiers, and whether it stops at a chunk
-        whose store is in flight (it may be longer on a later step)."""
-        if self.manager.capacity == 0 and self.disk is None:
+        in the host tier ends, where it ends across the tiers, whether it stops at a chunk whose
+        store is in flight, where its part loadable before the forward ends, and whether a
+        remote tier is still looking it up."""
+        if self.manager.capacity == 0 and not self.lower:
             return HitRun(first, first, False)
-        end, host_end, retry = full, full, False
+        end, host_end, sync_end, retry, pending = full, full, full, False, False
         for g, spec in enumerate(self.groups):
             if spec.sliding_window is None:
                 keys = state.group_keys(self.keys, g, full)[first:end]
                 found = self.manager.lookup(keys)
                 host_end = min(host_end, first + found.ready)
-                end = first + found.ready + self._on_disk(keys[found.ready :])
+                below = self._below(keys[found.ready :])
+                end = first + found.ready + below.chunks
+                sync_end = min(sync_end, first + found.ready + below.sync)
                 retry = retry or found.retry_later
+                pending = pending or below.pending
         host_end = min(host_end, end)
-        while end > first and not self._window_ready(state, end, disk=True):
+        while end > first and not self._window_ready(state, end, below=True):
             end -= 1
-        host_end = min(host_end, end)
-        while host_end > first and not self._window_ready(state, host_end, disk=False):
+        host_end, sync_end = min(host_end, end), min(sync_end, end)
+        while host_end > first and not self._window_ready(state, host_end, below=False):
             host_end -= 1
-        return HitRun(host_end, end, retry)
+        return HitRun(host_end, end, retry, sync_end, pending)
 
-    def _window_ready(self, state: RequestState, end: int, disk: bool) -> bool:
+    def _window_ready(self, state: RequestState, end: int, below: bool) -> bool:
         """Whether every sliding-window group holds the chunks its window needs at chunk ``end``
-        (in the host tier, or also on disk)."""
+        (in the host tier, or also in the tiers ``below`` it)."""
         for g, spec in enumerate(self.groups):
             if spec.sliding_window is None:
                 continue
             first_token = max(0, end * self.chunk_tokens - spec.sliding_window)
             keys = state.group_keys(self.keys, g, end)[first_token // self.chunk_tokens : end]
             in_host = self.manager.lookup(keys).ready
-            on_disk = self._on_disk(keys[in_host:]) if disk else 0
-            if in_host + on_disk < len(keys):
+            lower = self._below(keys[in_host:]).chunks if below else 0
+            if in_host + lower < len(keys):
                 return False
         return True
 
-    def _on_disk(self, keys: Sequence[ChunkKey]) -> int:
-        """How many leading ``keys`` the disk tier holds (0 without one)."""
-        return self.disk.lookup(keys) if self.disk is not None and keys else 0
+    def _below(self, keys: Sequence[ChunkKey]) -> Below:
+        """How many leading ``keys`` the chain below host memory holds, tier after tier."""
+        count = sync = 0
+        synchronous = True  # every tier with chunks so far is read before the forward
+        for tier in self.lower:
+            if count == len(keys):
+                break
+            found = tier.lookup(keys[count:])
+            if found is None:
+                return Below(count, sync, True)
+            count += found
+            if tier.synchronous and synchronous:
+                sync = count
+            elif found:
+                synchronous = False
+        return Below(count, sync, False)
 
     def _ready(self, chunk_keys: list[ChunkKey], block: int) -> bool:
         key = chunk_keys[block // self.factor]
-        return self.manager.is_ready(key) or self._on_disk([key]) == 1
+        return self.manager.is_ready(key) or self._below([key]).chunks == 1
 
     def plan(self, state: RequestState, num_external_tokens: int) -> list[LoadJob]:
         """Pin the hit of ``num_external_tokens`` beyond the engine's own and make its loads.
 
-        Per group, the blocks of the hit's chunks in the host tier come first, then those on
-        disk: at most one load job per tier.
+        Per group, the blocks of the hit's chunks in the host tier come first, then those of
+        each tier of the chain, in its order: at most one load job per tier.
         """
         start, end = state.num_computed_tokens, state.num_computed_tokens + num_external_tokens
-        host, disk = _LoadParts(), _LoadParts()
-        counted: tuple[int, int] | None = None  # (host, disk) chunks of the first full group
-        host_end = start  # where the host part of the first full group ends, in tokens
+        host = _LoadParts()
+        lower = [_LoadParts() for _ in self.lower]
+        counted: list[int] | None = None  # chunks per tier (host first) of the first full group
+        ends: list[int] = []  # where each tier's part of the first full group ends, in tokens
         for g, spec in enumerate(self.groups):
             # a hit capped before the prompt's last token ends inside a block: load all of it
             first, last = start // self.block_tokens, -(-end // self.block_tokens)
@@ -141,22 +176,31 @@ class LoadPlanner:
             while split < last and self.manager.is_ready(chunk_keys[split // self.factor]):
                 split = (split // self.factor + 1) * self.factor
             split = min(split, last)
-            in_host = host.add(first, split, chunk_keys, blocks, self.factor)
-            on_disk = disk.add(split, last, chunk_keys, blocks, self.factor)
+            counts = [host.add(first, split, chunk_keys, blocks, self.factor)]
+            stops = [split]
+            for stop in self._lower_stops(split, last, chunk_keys):
+                counts.append(lower[len(stops) - 1].add(stops[-1], stop, chunk_keys, blocks,
+                                                        self.factor))  # fmt: skip
+                stops.append(stop)
+            if stops[-1] < last:
+                raise AssertionError("kvtier: a hit beyond the host tier without a lower tier")
             if counted is None and spec.sliding_window is None:
-                counted = (in_host, on_disk)
-                host_end = min(end, max(start, split * self.block_tokens))
-            # chunks loaded from disk are stored in the host tier again, once loaded
+                counted = counts
+                ends = [min(end, max(start, stop * self.block_tokens)) for stop in stops]
+            # chunks loaded from a lower tier are stored in the host tier again, once loaded
             full = len(state.block_hashes) // self.factor  # a tail is not a chunk to store
             state.stored_upto[g] = max(state.stored_upto[g], min(split // self.factor, full))
             if split // self.factor > full:
                 state.tail_done = True  # loaded: never stored again
-        self._count_lookup(state, *(counted or (0, 0)))
+        self._count_lookup(state, counted or [0] * (1 + len(self.lower)))
         if num_external_tokens:
-            in_host_tokens = host_end - start if counted is not None else num_external_tokens
-            state.loaded_tokens = _nonzero(
-                {"cpu": in_host_tokens, "disk": num_external_tokens - in_host_tokens}
-            )
+            names = ["cpu", *(tier.name for tier in self.lower)]
+            if not ends:  # no full-attention group: the host tier names the whole hit
+                ends = [end]
+            edges = [start, *ends]
+            tokens = {name: edges[i + 1] - edges[i] for i, name in enumerate(names[: len(ends)])}
+            tokens[names[len(ends) - 1]] += end - edges[-1]
+            state.loaded_tokens = _nonzero(tokens)
         loads = []
         if host.keys:
             sync = not state.load_async
@@ -165,27 +209,40 @@ class LoadPlanner:
                 self.manager.complete_load(host.keys)  # this step's stores may evict them
             job = Job(state.req_id, host.keys, JobKind.LOAD, pinned=not sync)
             loads.append(self._load(state, job, slots, host, sync))
-        if disk.keys:
-            assert self.disk is not None, "kvtier: a disk hit without a disk tier"
-            self.disk.prepare_load(disk.keys)
-            job = Job(state.req_id, disk.keys, JobKind.DISK_LOAD)
-            chunks = DiskChunks(tuple(disk.keys))
-            loads.append(self._load(state, job, chunks, disk, sync=not state.load_async))
+        for tier, part in zip(self.lower, lower):
+            if part.keys:
+                tier.prepare_load(part.keys)
+                job = Job(state.req_id, part.keys, JobKind.TIER_LOAD, tier=tier.name)
+                chunks = tier.spec(tuple(part.keys))
+                loads.append(self._load(state, job, chunks, part, sync=not state.load_async))
         return loads
 
-    def _count_lookup(self, state: RequestState, in_host: int, on_disk: int) -> None:
+    def _lower_stops(self, split: int, last: int, chunk_keys: list[ChunkKey]) -> list[int]:
+        """Where each lower tier's part of blocks ``split..last`` ends: tier after tier, each from
+        where the one before stopped; the last tier takes what is left (a chunk that is gone by
+        now fails its load, and the engine recomputes it)."""
+        stops, at = [], split
+        for i, tier in enumerate(self.lower):
+            if at < last and i < len(self.lower) - 1:
+                found = tier.lookup(chunk_keys[at // self.factor : -(-last // self.factor)]) or 0
+                at = min(last, (at // self.factor + found) * self.factor) if found else at
+            elif at < last:
+                at = last
+            stops.append(at)
+        return stops
+
+    def _count_lookup(self, state: RequestState, counts: Sequence[int]) -> None:
+        """Count the looked-up chunks each tier served (``counts``: host first, then the chain)."""
         if not state.lookup_end:  # count each lookup once: vLLM calls this again after a load
             return
-        looked = state.lookup_end - state.lookup_start
         # full chunks only: a prompt's tail loaded after them is not a chunk looked up
-        in_host = min(in_host, looked)
-        on_disk = min(on_disk, looked - in_host)
+        left = state.lookup_end - state.lookup_start
         self.stats.lookups += 1
-        self.stats.cpu.hit_chunks += in_host
-        self.stats.cpu.miss_chunks += looked - in_host
-        if "disk" in self.stats.tiers:
-            self.stats.tiers["disk"].hit_chunks += on_disk
-            self.stats.tiers["disk"].miss_chunks += looked - in_host - on_disk
+        for name, count in zip(["cpu", *(tier.name for tier in self.lower)], counts):
+            served = min(count, left)
+            self.stats.tiers[name].hit_chunks += served
+            self.stats.tiers[name].miss_chunks += left - served
+            left -= served
         state.lookup_start = state.lookup_end = 0
 
     def _load(

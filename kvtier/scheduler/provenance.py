@@ -25,11 +25,9 @@ from kvtier.scheduler.request import RequestState
 JOB_TIERS = {
     JobKind.LOAD: "cpu",
     JobKind.STORE: "cpu",
-    JobKind.DISK_LOAD: "disk",
-    JobKind.DISK_WRITE: "disk",
     JobKind.PEER_LOAD: "peer",
 }
-LOAD_KINDS = (JobKind.LOAD, JobKind.DISK_LOAD, JobKind.PEER_LOAD)
+LOAD_KINDS = (JobKind.LOAD, JobKind.TIER_LOAD, JobKind.PEER_LOAD)
 
 
 @dataclass
@@ -82,7 +80,7 @@ class JobLog:
 
     def finished(self, job: Job, state: RequestState | None) -> None:
         """Every rank finished ``job``; ``state`` is its request's, if it still has one."""
-        tier = JOB_TIERS.get(job.kind, job.kind.value)
+        tier = job.tier or JOB_TIERS.get(job.kind, job.kind.value)
         load, outcome = job.kind in LOAD_KINDS, job.outcome
         if not outcome.failed:
             self.seconds.add(tier, outcome.seconds, load=load)

@@ -1,4 +1,6 @@
-"""Transfers of the disk tier, each direction on its own thread, off the engine's step.
+"""Transfers of a tier below host memory (disk, Redis), each direction on its own thread.
+
+Written for the disk tier; any ``tiers/chunk_tier.py`` tier fits (``redis_io.py``).
 
 ``DiskLoadHandler`` (disk -> engine): reads a chunk's file into a staging buffer, and only once
 every check passed (``DiskTier.read``) scatters its rows into the engine blocks, on the device of
@@ -23,8 +25,8 @@ import torch
 from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks, TransferSpec
 from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
+from kvtier.tiers.chunk_tier import ChunkTier
 from kvtier.tiers.cpu import HostTier
-from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.disk_format import Buffer, ChunkError
 from kvtier.worker.base import TransferResult
 from kvtier.worker.engine_host import check_range
@@ -38,11 +40,12 @@ READ_AHEAD = 4  # chunk files the kernel is asked to read ahead of the one being
 
 
 class DiskLoadHandler(ThreadedHandler):
-    def __init__(self, layout: KVLayout, tier: DiskTier) -> None:
+    def __init__(self, layout: KVLayout, tier: ChunkTier, name: str = "disk") -> None:
         self.layout = layout
         self.tier = tier
+        self.name = name
         self.device = layout.device  # captured once, before any copy runs
-        self._thread = JobThread("kvtier-disk-load", self.device)
+        self._thread = JobThread(f"kvtier-{name}-load", self.device)
         pin = self.device.type == "cuda"
         factor = tier.factor
         # one chunk of each view, as (factor, page_words): a file is read here, then scattered
@@ -58,7 +61,7 @@ class DiskLoadHandler(ThreadedHandler):
 
     def transfer_async(self, job_id: int, src: TransferSpec, dst: TransferSpec) -> bool:
         if not isinstance(src, DiskChunks) or not isinstance(dst, EngineBlocks):
-            raise TypeError(f"kvtier: disk loads move DiskChunks -> EngineBlocks, got "
+            raise TypeError(f"kvtier: {self.name} loads move DiskChunks -> EngineBlocks, got "
                             f"{type(src).__name__} -> {type(dst).__name__}")  # fmt: skip
         try:
             if len(dst.group_sizes) > len(self.layout.groups):
@@ -72,7 +75,7 @@ class DiskLoadHandler(ThreadedHandler):
                 if any(key_group(src.keys[c]) != copy.group for c in chunks):
                     raise ValueError(f"a key of another group in group {copy.group}'s chunks")
         except ValueError as error:
-            logger.error("kvtier: refused disk load %d: %s", job_id, error)
+            logger.error("kvtier: refused %s load %d: %s", self.name, job_id, error)
             return False
         self._thread.submit(job_id, lambda: self._load(job_id, src.keys, plan))
         return True
@@ -104,7 +107,7 @@ class DiskLoadHandler(ThreadedHandler):
                 self.tier.read(keys[chunk], [self._staging_bytes[v] for v in views])
             except (ChunkError, OSError) as error:
                 if not isinstance(error, ChunkError):
-                    logger.warning("kvtier: disk chunk unreadable: %s", error)
+                    logger.warning("kvtier: %s chunk unreadable: %s", self.name, error)
                 bad.append(chunk)
                 continue
             if bad:  # the job failed: its blocks are recomputed, this chunk was only verified
@@ -130,29 +133,30 @@ class DiskLoadHandler(ThreadedHandler):
 
 
 class DiskWriteHandler(ThreadedHandler):
-    def __init__(self, host: HostTier, tier: DiskTier) -> None:
+    def __init__(self, host: HostTier, tier: ChunkTier, name: str = "disk") -> None:
         self.host = host
         self.tier = tier
+        self.name = name
         # host memory only; at normal priority: a pinned write holds its host chunks until done
-        self._thread = JobThread("kvtier-disk-write", torch.device("cpu"))
+        self._thread = JobThread(f"kvtier-{name}-write", torch.device("cpu"))
         self._rows = [buffer.numpy() for buffer in host.buffers]  # (num_chunks, chunk words)
         self.write_errors = 0
 
     def transfer_async(self, job_id: int, src: TransferSpec, dst: TransferSpec) -> bool:
         if not isinstance(src, HostChunks) or not isinstance(dst, DiskChunks):
-            raise TypeError(f"kvtier: disk writes move HostChunks -> DiskChunks, got "
+            raise TypeError(f"kvtier: {self.name} writes move HostChunks -> DiskChunks, got "
                             f"{type(src).__name__} -> {type(dst).__name__}")  # fmt: skip
         slots = src.slots
         groups = len(self.tier.layout.groups)
         if any(key_group(key) >= groups for key in dst.keys):
-            logger.error("kvtier: refused disk write %d: a key of a group not in the layout",
-                         job_id)  # fmt: skip
+            logger.error("kvtier: refused %s write %d: a key of a group not in the layout",
+                         self.name, job_id)  # fmt: skip
             return False
         if len(slots) != len(dst.keys) or (
             len(slots) and (int(slots.min()) < 0 or int(slots.max()) >= self.host.num_chunks)
         ):
-            logger.error("kvtier: refused disk write %d: %d slots for %d keys, or out of range",
-                         job_id, len(slots), len(dst.keys))  # fmt: skip
+            logger.error("kvtier: refused %s write %d: %d slots for %d keys, or out of range",
+                         self.name, job_id, len(slots), len(dst.keys))  # fmt: skip
             return False
         payloads: list[list[Buffer]] = [
             [self._rows[v][slot] for v in self.tier.layout.groups[key_group(key)]]
@@ -174,8 +178,8 @@ class DiskWriteHandler(ThreadedHandler):
             except OSError as error:
                 failed.append(i)
                 if self.write_errors % WARN_EVERY == 0:
-                    logger.warning("kvtier: disk store skipped (%d so far): %s",
-                                   self.write_errors + 1, error)  # fmt: skip
+                    logger.warning("kvtier: %s store skipped (%d so far): %s",
+                                   self.name, self.write_errors + 1, error)  # fmt: skip
                 self.write_errors += 1
         elapsed = time.perf_counter() - started
         return TransferResult(job_id, not failed, nbytes, elapsed, bad=tuple(failed))

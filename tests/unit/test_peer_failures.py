@@ -168,10 +168,15 @@ def test_silent_server_times_out() -> None:
 
 
 def test_too_many_connections_are_refused() -> None:
-    with peers(connections=2, max_connections=1) as (_, srv, decode, client):
+    with peers(connections=1, max_connections=1) as (_, srv, decode, client):
         srv.offer("req", REMOTE, deadline())
-        with pytest.raises(TransferError, match="too many connections"):
-            client.pull(*srv.address, "req", REMOTE, LOCAL)
+        # a connection that never authenticates holds the only place (admitted at accept)
+        with socket.create_connection(srv.address, timeout=5):
+            hog_deadline = time.monotonic() + 5
+            while srv.counters.connections < 1 and time.monotonic() < hog_deadline:
+                time.sleep(0.005)
+            with pytest.raises(TransferError, match="too many connections"):
+                client.pull(*srv.address, "req", REMOTE, LOCAL)
         assert srv.counters.refused == 1 and decode.rows.commits == []
 
 

@@ -1,14 +1,18 @@
-"""Which host-tier chunks are written to the disk tier, and when (DESIGN §3, step 6).
+"""Which host-tier chunks are written to a tier below host memory, and when (DESIGN §3, step 6).
 
-A chunk stored in the host tier is *dirty* until it is on disk. Dirty chunks are written:
+One ``TierWrites`` per entry of the tier chain (``lower_tier.py``): the disk tier, the Redis tier.
+A chunk stored in the host tier is *dirty* for a lower tier until that tier holds it. Dirty
+chunks are written:
 - when evicted from the host tier (both modes): a *staged* write, since the slot is reused by
   the same step's stores, so the worker copies it before those stores run;
-- write-through: at once, on the step after their host store finished;
-- write-back (the default): while the engine is idle (no request in kvtier's hands), so a
-  restarted engine finds them; under load only evictions reach the disk.
-A non-staged write pins its host chunks until it is done. At most ``max_in_flight`` chunks are
-being written; a dirty chunk that finds no room (the disk budget is all pinned or in flight, or
-too many writes queue) is skipped and counted, never retried, so the engine never spins on it.
+- write-through (the tier's ``write_through``; always for Redis, so the fleet finds a chunk as
+  soon as one engine computed it): at once, on the step after their host store finished;
+- write-back (the disk tier's default): while the engine is idle (no request in kvtier's hands),
+  so a restarted engine finds them; under load only evictions reach the disk.
+A non-staged write pins its host chunks until it is done. At most the tier's ``max_in_flight``
+chunks are being written; a dirty chunk that finds no room (the disk budget is all pinned or in
+flight, or too many writes queue) is skipped and counted, never retried, so the engine never spins
+on it.
 """
 
 from __future__ import annotations
@@ -18,33 +22,29 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kvtier.addresses import DiskChunks, HostChunks
+from kvtier.addresses import HostChunks
 from kvtier.counters import TierStats
 from kvtier.keys import ChunkKey
-from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
+from kvtier.scheduler.lower_tier import LowerTier
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.step_plan import DiskWriteJob
 
-MAX_IN_FLIGHT = 64  # chunks being written to disk at once
 
-
-class DiskWrites:
+class TierWrites:
     def __init__(
         self,
-        index: DiskIndex,
+        index: LowerTier,
         host: ChunkManager,
         jobs: JobTable,
         stats: TierStats,
-        write_through: bool,
-        max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         self.index = index
         self.host = host
         self.jobs = jobs
         self.stats = stats
-        self.write_through = write_through
-        self.max_in_flight = max_in_flight
+        self.write_through = index.write_through
+        self.max_in_flight = index.max_in_flight
         self._dirty: OrderedDict[ChunkKey, None] = OrderedDict()  # oldest first
         self._in_flight = 0  # chunks
         self._plan: list[DiskWriteJob] = []
@@ -92,13 +92,14 @@ class DiskWrites:
             self._add_job(admitted, slots, staged=False)
 
     def _add_job(self, keys: list[ChunkKey], slots: list[int], staged: bool) -> None:
-        job_id = self.jobs.add(Job("", keys, JobKind.DISK_WRITE, pinned=not staged))
+        job = Job("", keys, JobKind.TIER_WRITE, pinned=not staged, tier=self.index.name)
+        job_id = self.jobs.add(job)
         self._in_flight += len(keys)
         self._plan.append(
             DiskWriteJob(
                 job_id,
                 HostChunks(np.array(slots, dtype=np.int64)),
-                DiskChunks(tuple(keys), staged=staged),
+                self.index.spec(tuple(keys), staged=staged),
             )
         )
 

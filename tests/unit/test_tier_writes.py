@@ -1,5 +1,6 @@
-"""DiskWrites as a specification: a host tier of 4 chunks (a real ChunkManager), a disk tier of
-``FILE``-byte chunks in tmp_path (a real DiskIndex), one worker rank played by the test."""
+"""TierWrites to the disk tier as a specification: a host tier of 4 chunks (a real ChunkManager),
+a disk tier of ``FILE``-byte chunks in tmp_path (a real DiskIndex), one worker rank played by
+the test."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from pathlib import Path
 from kvtier.counters import TierStats
 from kvtier.keys import ChunkKey, LayoutFingerprint, make_key
 from kvtier.scheduler.disk_index import DiskIndex
-from kvtier.scheduler.disk_writes import DiskWrites
 from kvtier.scheduler.job_table import JobTable
 from kvtier.scheduler.manager import ChunkManager
+from kvtier.scheduler.tier_writes import TierWrites
 from kvtier.step_plan import DiskWriteJob, JobOutcome
 from kvtier.tiers.disk_names import chunk_path
 
@@ -35,12 +36,11 @@ class Rig:
     ) -> None:
         self.root = root
         self.host = ChunkManager(4)
-        self.disk = DiskIndex(root, disk_chunks * FILE, 1, FP, FILE)
+        self.disk = DiskIndex(root, disk_chunks * FILE, 1, FP, FILE, write_through)
+        self.disk.max_in_flight = max_in_flight
         self.jobs = JobTable(1)
         self.stats = TierStats()
-        self.writes = DiskWrites(
-            self.disk, self.host, self.jobs, self.stats, write_through, max_in_flight
-        )
+        self.writes = TierWrites(self.disk, self.host, self.jobs, self.stats)
 
     def store(self, keys: Sequence[ChunkKey]) -> dict[ChunkKey, int]:
         """Store ``keys`` in the host tier, as a step does; returns the slots of those evicted."""

@@ -1,0 +1,61 @@
+"""The tiers below host memory, as the scheduler half sees them: an ordered chain of one interface.
+
+    lookup(keys)              -> int | None   leading ``keys`` it holds; None: being looked up
+                                              (a remote tier), ask again on a later step
+    prepare_load(keys)                        pin them for a load (a local tier keeps them)
+    complete_load(keys, bad)                  unpin; forget the ``bad`` ones (a load found them bad)
+    holds(key)                -> bool         held or being written: no need to write it again
+    prepare_store(keys)       -> [key]        the keys it takes now (room made, writes reserved)
+    complete_store(ok, failed)                ``ok``: key -> bytes written; ``failed`` forgotten
+
+plus what the connector needs to name and plan the tier: ``name`` (stats, logs, metrics,
+provenance), ``spec`` (the address of its chunks in a transfer: a worker handler pair per
+medium), ``synchronous`` (a short load may run before the forward: local disk yes, a network
+store never), ``write_through`` (write a chunk as soon as the host tier stored it, or only when
+it is evicted or the engine is idle), ``max_in_flight`` (chunks being written at once: more are
+skipped and counted), ``used``/``room`` (bytes; ``room`` None: no budget of ours), ``evicted``.
+
+The chain is the order of a hit: host memory, then the first tier of the chain, then the next,
+each looked up from where the one before stopped. Disk (``disk_index.py``) and Redis
+(``redis_index.py``) are entries; adding a tier adds an index here and a handler pair in the
+worker half, not branches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from kvtier.addresses import DiskChunks
+from kvtier.keys import ChunkKey
+
+
+class LowerTier(Protocol):
+    name: str
+    spec: type[DiskChunks]
+    synchronous: bool
+    write_through: bool
+    max_in_flight: int
+
+    @property
+    def used(self) -> int: ...
+
+    @property
+    def room(self) -> int | None: ...
+
+    @property
+    def evicted(self) -> int: ...
+
+    def lookup(self, keys: Sequence[ChunkKey]) -> int | None: ...
+
+    def prepare_load(self, keys: Sequence[ChunkKey]) -> None: ...
+
+    def complete_load(self, keys: Sequence[ChunkKey], bad: Sequence[ChunkKey] = ()) -> None: ...
+
+    def holds(self, key: ChunkKey) -> bool: ...
+
+    def prepare_store(self, keys: Sequence[ChunkKey]) -> list[ChunkKey]: ...
+
+    def complete_store(self, ok: dict[ChunkKey, int], failed: Sequence[ChunkKey]) -> None: ...
+
+    def check_integrity(self) -> None: ...

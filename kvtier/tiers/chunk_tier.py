@@ -1,0 +1,34 @@
+"""What the worker half's handlers of a tier below host memory need from it, one rank's view.
+
+The disk tier (``disk.py``: a verified file per chunk and rank) and the Redis tier (``redis.py``:
+a verified record per chunk and rank) both are one; the load and write handlers of
+``worker/disk_io.py`` move chunks through either.
+
+    prefetch(key)              start fetching ``key`` (the handler calls it a few chunks ahead,
+                               in the order it then reads them)
+    read(key, out)             fetch and verify into ``out`` (one byte buffer per view of the key's
+                               group); ChunkError: bad or absent (a miss), OSError: unreachable
+    write(key, payload) -> n   write this rank's share; OSError when it could not
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from kvtier.keys import ChunkKey
+from kvtier.layout import KVLayout
+from kvtier.tiers.disk_format import Buffer
+
+
+class ChunkTier(Protocol):
+    factor: int
+    layout: KVLayout
+
+    def prefetch(self, key: ChunkKey) -> None: ...
+
+    def read(self, key: ChunkKey, out: Sequence[np.ndarray]) -> None: ...
+
+    def write(self, key: ChunkKey, payload: Sequence[Buffer]) -> int: ...
