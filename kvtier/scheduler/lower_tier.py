@@ -31,8 +31,12 @@ from kvtier.keys import ChunkKey
 
 
 class LowerTier(Protocol):
-    name: str
-    spec: type[DiskChunks]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def spec(self) -> type[DiskChunks]: ...
+
     synchronous: bool
     write_through: bool
     max_in_flight: int

@@ -34,11 +34,12 @@ from kvtier.scheduler.base import EventKind
 from kvtier.scheduler.connector import GroupSpec, SchedulerConnector
 from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.tiers.disk_format import HEADER_BYTES
+from kvtier.vllm.lower_tiers import scheduler_lower_tiers
 from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
 from kvtier.vllm.observability import ConnectorObservability
 from kvtier.vllm.peer import PeerTransfer, identity, peer_role, scheduler_peers, worker_settings
 from kvtier.vllm.schedule import scheduled_requests
-from kvtier.worker.connector import DiskSettings, WorkerConnector
+from kvtier.worker.connector import DiskSettings, RedisSettings, WorkerConnector
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -93,8 +94,9 @@ class KVTierConnector(ConnectorObservability, PeerTransfer, KVConnectorBase_V1, 
                 vllm_config, ";".join(repr(g.kv_cache_spec) for g in groups), 0, 0, factor
             )
             disk = None
-            if self.config.disk is not None:
+            if self.config.disk is not None or self.config.redis is not None:
                 _warn_if_hashes_differ_per_process(vllm_config)
+            if self.config.disk is not None:
                 chunk_file = per_block * factor + HEADER_BYTES  # an upper bound, per rank
                 disk = DiskIndex(
                     Path(self.config.disk.path), self.config.disk.bytes, world_size,
@@ -111,6 +113,7 @@ class KVTierConnector(ConnectorObservability, PeerTransfer, KVConnectorBase_V1, 
                 ChunkKeyMaker(fingerprint, factor, self.config.hash_algo),
                 disk,
                 *peers,
+                lower=scheduler_lower_tiers(self.config, world_size),
             )
             logger.info(
                 "kvtier: host tier of %d chunks of %d tokens, %d KV cache group(s), %d rank(s)",
@@ -221,7 +224,9 @@ class KVTierConnector(ConnectorObservability, PeerTransfer, KVConnectorBase_V1, 
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         layers = [[name for name in group if name in kv_caches] for group in self._group_layers]
-        self.worker.register(kv_caches, layers, self._num_blocks, self._disk_settings())
+        self.worker.register(
+            kv_caches, layers, self._num_blocks, self._disk_settings(), self._redis_settings()
+        )
         if self._kv_role != "kv_both":
             self._start_peer()
 
@@ -252,6 +257,20 @@ class KVTierConnector(ConnectorObservability, PeerTransfer, KVConnectorBase_V1, 
         tp_size = self._vllm_config.parallel_config.tensor_parallel_size
         fingerprint = self._fingerprint(self._vllm_config, "", tp_rank, pp_rank, self._factor)
         return DiskSettings(Path(self.config.disk.path), pp_rank * tp_size + tp_rank, fingerprint)
+
+    def _redis_settings(self) -> RedisSettings | None:
+        """This rank's Redis tier: its records are keyed by its rank, its layout fingerprinted."""
+        if self.config.redis is None:
+            return None
+        from vllm.distributed.parallel_state import (
+            get_pp_group,
+            get_tensor_model_parallel_rank,
+        )
+
+        tp_rank, pp_rank = get_tensor_model_parallel_rank(), get_pp_group().rank_in_group
+        tp_size = self._vllm_config.parallel_config.tensor_parallel_size
+        fingerprint = self._fingerprint(self._vllm_config, "", tp_rank, pp_rank, self._factor)
+        return RedisSettings(self.config.redis, pp_rank * tp_size + tp_rank, fingerprint)
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         # called before every forward (and on steps without one): take the plan, flush stores

@@ -67,8 +67,8 @@ class ConnectorObservability:
             return None
         host = scheduler.manager
         used = {"cpu": (host.capacity - host.num_free) * self._chunk_bytes()}
-        if scheduler.disk is not None:
-            used["disk"] = scheduler.disk.used
+        for tier in scheduler.lower:
+            used[tier.name] = tier.used
         seconds = scheduler.job_log.seconds.take()
         payload = self._stats_interval.take(scheduler.stats, seconds, used, scheduler.chunk_tokens)
         return None if payload is None else KVTierConnectorStats(data=payload)

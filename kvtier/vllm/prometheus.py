@@ -125,9 +125,11 @@ class KVTierPromMetrics(KVConnectorPromMetrics):
 
 
 def _tiers(vllm_config: VllmConfig) -> list[str]:
-    """The tiers the engine's kvtier config names (host memory always; disk when configured)."""
+    """The tiers the engine's kvtier config names (host memory always; disk and Redis when
+    configured, in the chain's order)."""
     transfer = vllm_config.kv_transfer_config
     extra = transfer.kv_connector_extra_config if transfer is not None else None
     # only the tiers are read here: every chunk size is a multiple of an engine block of 1
     config = KVTierConfig.from_extra_config(extra, 1)
-    return ["cpu", *(["disk"] if config.disk is not None else [])]
+    lower = [("disk", config.disk), ("redis", config.redis)]
+    return ["cpu", *(name for name, tier in lower if tier is not None)]

@@ -20,11 +20,13 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from kvtier.addresses import EngineBlocks, TransferSpec
+from kvtier.config import RedisConfig
 from kvtier.keys import ChunkKey, LayoutFingerprint, key_group
 from kvtier.layout import KVLayout, build_layout, host_num_chunks
 from kvtier.media import Medium
@@ -49,6 +51,10 @@ from kvtier.worker.peer import (
     start_serving,
 )
 from kvtier.worker.transfer_worker import TransferWorker
+
+if TYPE_CHECKING:
+    from kvtier.tiers.redis import RedisTier
+    from kvtier.worker.redis_io import RedisLoadHandler, RedisWriteHandler
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +82,15 @@ class DiskSettings:
     """This rank's disk tier: ``fingerprint.layout`` is filled in from the engine's tensors."""
 
     root: Path
+    rank: int
+    fingerprint: LayoutFingerprint
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    """This rank's Redis tier: ``fingerprint.layout`` is filled in from the engine's tensors."""
+
+    config: RedisConfig
     rank: int
     fingerprint: LayoutFingerprint
 
@@ -120,6 +135,9 @@ class WorkerConnector:
         self._store: TransferHandler | None = None  # engine -> host tier
         self._disk_load: DiskLoadHandler | None = None
         self._disk_write: DiskWriteHandler | None = None
+        self.redis: RedisTier | None = None
+        self._redis_load: RedisLoadHandler | None = None
+        self._redis_write: RedisWriteHandler | None = None
         self._serving: PeerServing | None = None  # a prefill rank's offers (kv_producer)
         self._peer_load: PeerLoadHandler | None = None  # a decode rank's pulls (kv_consumer)
         self.counters = RankCounters()
@@ -130,8 +148,10 @@ class WorkerConnector:
         group_layers: Sequence[Sequence[str]],
         num_blocks: int,
         disk: DiskSettings | None = None,
+        redis: RedisSettings | None = None,
     ) -> None:
-        """Build the block views and the host tier (and disk tier) for this rank's KV tensors."""
+        """Build the block views and the host tier (and the disk and Redis tiers) for this
+        rank's KV tensors."""
         self.layout = build_layout(kv_caches, group_layers, num_blocks)
         chunks = host_num_chunks(
             self.layout.bytes_per_block(), self.world_size, self.factor, self.cpu_bytes_to_use
@@ -143,15 +163,15 @@ class WorkerConnector:
         self.transfers.register_handler(Medium.CPU, Medium.ENGINE, load)
         if disk is not None:
             self._register_disk(disk, self.layout, self.host)
+        if redis is not None:
+            self._register_redis(redis, self.layout, self.host)
         logger.info(
             "kvtier: host tier of %d chunks (%.1f MiB on this rank), %d views, %d groups",
             chunks, self.host.nbytes / 2**20, len(self.layout.views), len(group_layers),
         )  # fmt: skip
 
     def _register_disk(self, settings: DiskSettings, layout: KVLayout, host: HostTier) -> None:
-        views = ",".join(f"{b}B" for b in layout.page_bytes)
-        described = f"views=[{views}] groups={[list(g) for g in layout.groups]}"
-        fingerprint = dataclasses.replace(settings.fingerprint, layout=described)
+        fingerprint = _rank_fingerprint(settings.fingerprint, layout)
         self.disk = DiskTier(
             settings.root, settings.rank, fingerprint.digest(), fingerprint.describe(), layout,
             self.factor,
@@ -160,6 +180,26 @@ class WorkerConnector:
         self._disk_write = DiskWriteHandler(host, self.disk)
         self.transfers.register_handler(Medium.DISK, Medium.ENGINE, self._disk_load)
         self.transfers.register_handler(Medium.CPU, Medium.DISK, self._disk_write)
+
+    def _register_redis(self, settings: RedisSettings, layout: KVLayout, host: HostTier) -> None:
+        """This rank's Redis tier; none (loads fail, stores are skipped) when Redis did not
+        answer at start-up and ``redis.required`` is false."""
+        from kvtier.tiers.redis import RedisTier  # imported only where Redis is used
+        from kvtier.tiers.redis_start import checked_store
+        from kvtier.worker.redis_io import RedisLoadHandler, RedisWriteHandler
+
+        store = checked_store(settings.config)
+        if store is None:
+            return
+        fingerprint = _rank_fingerprint(settings.fingerprint, layout)
+        self.redis = RedisTier(
+            store, settings.rank, fingerprint.digest(), fingerprint.describe(), layout,
+            self.factor,
+        )  # fmt: skip
+        self._redis_load = RedisLoadHandler(layout, self.redis)
+        self._redis_write = RedisWriteHandler(host, self.redis)
+        self.transfers.register_handler(Medium.REDIS, Medium.ENGINE, self._redis_load)
+        self.transfers.register_handler(Medium.CPU, Medium.REDIS, self._redis_write)
 
     def start_peer(self, producer: bool, settings: PeerSettings) -> tuple[str, int] | None:
         """Prefill→decode: a prefill rank (``producer``) listens and returns the address decode
@@ -269,7 +309,7 @@ class WorkerConnector:
             counters.failed_stores += not ok
             counters.stored_bytes += nbytes
             return
-        if job.engine is None:  # a disk write
+        if job.engine is None:  # a write to a lower tier (disk, Redis)
             failed = len(bad) if bad or ok else job.chunks
             counters.disk_writes += job.chunks - failed
             counters.disk_write_errors += failed
@@ -318,14 +358,16 @@ class WorkerConnector:
         seconds instead of ~0.1 s, a host store 5–25 ms instead of 0.5 ms."""
         if self._req_loads and self._peer_load is not None:
             self._peer_load.wait_any(IDLE_WAIT_S)  # a decode engine waiting for its prompts
-        if self._req_loads and self._disk_load is not None:
-            self._disk_load.wait_any(IDLE_WAIT_S)
+        loads = [h for h in (self._disk_load, self._redis_load) if h is not None]
+        if self._req_loads and loads:
+            for handler in loads:  # returns at once when the handler has nothing in flight
+                handler.wait_any(IDLE_WAIT_S)
         elif self._req_stores and self._store is not None:
             self._store.wait_any(IDLE_WAIT_S)
-        elif self._disk_write is not None and any(
-            job.engine is None for job in self._in_flight.values()
-        ):
-            self._disk_write.wait_any(IDLE_WAIT_S)
+        elif any(job.engine is None for job in self._in_flight.values()):  # writes to a tier
+            for writer in (self._disk_write, self._redis_write):
+                if writer is not None:
+                    writer.wait_any(IDLE_WAIT_S)
         elif self._serving is not None and self._serving.pending and not self._in_flight:
             # only offers wait (the decode engines' pulls run on the listener's threads)
             self._serving.server.wait_done(IDLE_WAIT_S)
@@ -340,6 +382,8 @@ class WorkerConnector:
 
     def shutdown(self) -> None:
         self.transfers.shutdown()
+        if self.redis is not None:
+            self.redis.close()
         if self._serving is not None:
             self._serving.close()
         if self.disk is not None and self.host is not None:
@@ -368,3 +412,10 @@ class WorkerConnector:
                 "kvtier: wrote %d host chunks to disk at shutdown in %.2f s",
                 self.counters.shutdown_writes, time.perf_counter() - started,
             )  # fmt: skip
+
+
+def _rank_fingerprint(fingerprint: LayoutFingerprint, layout: KVLayout) -> LayoutFingerprint:
+    """A rank's fingerprint with the layout its tensors have (records are checked against it)."""
+    views = ",".join(f"{b}B" for b in layout.page_bytes)
+    described = f"views=[{views}] groups={[list(g) for g in layout.groups]}"
+    return dataclasses.replace(fingerprint, layout=described)

@@ -137,6 +137,21 @@ def test_nested_defaults() -> None:
     assert config.redis == RedisConfig(url="unix:///run/r.sock", timeout_s=1.0)
 
 
+def test_a_redis_cluster_and_its_settings() -> None:
+    redis = {
+        "url": "rediss://:pw@a:7000", "cluster": True, "seeds": ["rediss://b:7000"],
+        "prefix": "fleet", "ttl_s": 3600, "connections": 4, "max_queued_chunks": 64,
+        "password_env": "FLEET_REDIS_PASSWORD", "required": False, "tls_ca": "/etc/ca.pem",
+    }  # fmt: skip
+    config = parse(redis=redis)
+    assert config.redis == RedisConfig(
+        url="rediss://:pw@a:7000", cluster=True, seeds=("rediss://b:7000",), prefix="fleet",
+        ttl_s=3600.0, connections=4, max_queued_chunks=64, password_env="FLEET_REDIS_PASSWORD",
+        required=False, tls_ca="/etc/ca.pem",
+    )  # fmt: skip
+    assert config.redis.urls == ("rediss://:pw@a:7000", "rediss://b:7000")
+
+
 def test_block_size_equal_to_engine_block() -> None:
     assert parse(block_size=ENGINE_BLOCK).block_size_factor(ENGINE_BLOCK) == 1
 
@@ -192,6 +207,16 @@ BAD_EXTRA: list[tuple[dict[str, object], str]] = [
     ({"redis": {"url": "http://h:6379"}}, r"'redis\.url'.*redis://"),
     ({"redis": {"url": "127.0.0.1:6379"}}, r"'redis\.url'"),
     ({"redis": {"url": "redis://h", "timeout_s": 0}}, r"'redis\.timeout_s'"),
+    ({"redis": {"url": "redis://h", "prefix": ""}}, r"'redis\.prefix'"),
+    ({"redis": {"url": "redis://h", "ttl_s": -1}}, r"'redis\.ttl_s'"),
+    ({"redis": {"url": "redis://h", "cluster": "yes"}}, r"'redis\.cluster'"),
+    ({"redis": {"url": "redis://h", "seeds": "redis://b"}}, r"'redis\.seeds'.*list"),
+    ({"redis": {"url": "redis://h", "seeds": ["redis://b"]}}, r"'redis\.seeds'.*cluster"),
+    ({"redis": {"url": "redis://h", "cluster": True, "seeds": ["b:1"]}}, r"'redis\.seeds'"),
+    ({"redis": {"url": "unix:///r.sock", "cluster": True}}, r"'redis\.url'.*Cluster"),
+    ({"redis": {"url": "redis://h", "connections": 0}}, r"'redis\.connections'"),
+    ({"redis": {"url": "redis://h", "max_queued_chunks": 0}}, r"'redis\.max_queued_chunks'"),
+    ({"redis": {"url": "redis://h", "required": 1}}, r"'redis\.required'"),
     ({"transfer": {"port": 70000}}, r"'transfer\.port'.*70000"),
     ({"transfer": {"port": -1}}, r"'transfer\.port'"),
     ({"transfer": {"secret": ""}}, r"'transfer\.secret'"),

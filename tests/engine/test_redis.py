@@ -1,0 +1,153 @@
+"""The Redis tier in real vLLM (CPU): one engine's prefixes are every engine's hits, on one Redis
+or a 3-master Redis Cluster; a Redis that dies costs misses, never wrong KV, a hang or a restart.
+
+Engines that share a Redis run in new processes (``disk_job.py``: any tier config); the fault
+cases run in this process, one engine each, against a Redis of their own.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from disk_helpers import finish_job, run_job, start_job
+from harness import connector, engine, full_chunks, generate, kvtier_transfer, prompts, settle
+
+import kvtier
+
+CHUNK = 64  # tokens per chunk: two engine blocks of 32
+LENGTHS = [300, 500, 450, 700, 333, 640]  # each worth a step: a load of >= 256 tokens
+TIMEOUT_S = 0.5
+
+
+def redis_extra(url: str, cpu: str = "64MiB", **redis: Any) -> dict[str, Any]:
+    """kvtier's extra config with a Redis tier (no disk tier)."""
+    return {
+        "cpu_bytes_to_use": cpu,
+        "block_size": CHUNK,
+        "redis": {"url": url, "timeout_s": TIMEOUT_S, **redis},
+    }
+
+
+def _served(stats: dict[str, Any]) -> int:
+    return int(stats["tiers"]["redis"]["hit_chunks"])
+
+
+def test_a_second_engine_process_is_served_from_redis(
+    tiny_model: Path, reference: Any, tmp_path: Path, redis_server: Any
+) -> None:
+    token_prompts = prompts(tiny_model, LENGTHS, seed=21)
+    expected = reference(tiny_model, token_prompts)
+    extra = redis_extra(redis_server.url, prefix=f"two-{time.monotonic_ns()}")
+    a = run_job(tmp_path, "a", tiny_model, token_prompts, extra)
+    assert a["outputs"] == [expected]
+    wanted = full_chunks(token_prompts, CHUNK)
+    assert a["stats"]["tiers"]["redis"]["stored_chunks"] >= wanted
+    b = run_job(tmp_path, "b", tiny_model, token_prompts, extra)
+    assert b["outputs"] == [expected]
+    redis = b["stats"]["tiers"]["redis"]
+    assert redis["hit_chunks"] >= 0.9 * wanted and redis["loaded_chunks"] >= 0.9 * wanted
+    assert redis["bad_chunks"] == redis["failed_loads"] == 0
+    assert b["stats"]["tiers"]["cpu"]["hit_chunks"] == 0  # a new process: nothing in memory
+
+
+def test_two_engines_share_a_redis_cluster(
+    tiny_model: Path, reference: Any, tmp_path: Path, redis_cluster: Any
+) -> None:
+    token_prompts = prompts(tiny_model, LENGTHS, seed=22)
+    expected = reference(tiny_model, token_prompts)
+    url, *seeds = redis_cluster.urls
+    extra = redis_extra(url, cluster=True, seeds=seeds, prefix=f"cl-{time.monotonic_ns()}")
+    a, b = (start_job(tmp_path, n, tiny_model, token_prompts, extra, rounds=2) for n in "ab")
+    results = [finish_job(*a), finish_job(*b)]
+    wanted = full_chunks(token_prompts, CHUNK)
+    for result in results:
+        assert result["outputs"] == [expected] * 2
+        assert result["stats"]["tiers"]["redis"]["bad_chunks"] == 0
+    c = run_job(tmp_path, "c", tiny_model, token_prompts, extra)
+    assert c["outputs"] == [expected]
+    assert _served(c["stats"]) >= 0.9 * wanted
+
+
+def test_redis_killed_then_restarted_mid_run(
+    tiny_model: Path, reference: Any, fresh_redis: Any
+) -> None:
+    """Killed: misses, outputs equal the reference, no request slower than the timeout allows;
+    restarted on the same port: hits resume in the same engine."""
+    first, second, third = (prompts(tiny_model, LENGTHS, seed=s) for s in (31, 32, 33))
+    expected = {s: reference(tiny_model, p) for s, p in ((1, first), (2, second), (3, third))}
+    transfer = kvtier_transfer(**redis_extra(fresh_redis.url))
+    with engine(tiny_model, kv_transfer_config=transfer) as llm:
+        assert generate(llm, first) == expected[1]
+        settle(llm)
+        llm.reset_prefix_cache(reset_connector=True)  # loads must come from Redis now
+        fresh_redis.kill()
+        for prompt, want in zip(first, expected[1]):  # one by one: each request's latency
+            started = time.monotonic()
+            assert generate(llm, [prompt]) == [want]
+            assert time.monotonic() - started < TIMEOUT_S + 5.0
+        assert generate(llm, second) == expected[2]
+        settle(llm)
+        down = kvtier.stats(llm).tiers["redis"]
+        assert down.miss_chunks > 0
+        fresh_redis.restart()
+        deadline = time.monotonic() + 60
+        hits_before = down.hit_chunks
+        while True:  # the circuit breaker lets a call through after its window
+            assert generate(llm, third) == expected[3]
+            settle(llm)
+            llm.reset_prefix_cache(reset_connector=True)
+            stats = kvtier.stats(llm).tiers["redis"]
+            if stats.hit_chunks > hits_before:
+                break
+            assert time.monotonic() < deadline, f"no Redis hit after the restart: {stats}"
+        connector(llm).scheduler.check_integrity()
+
+
+def test_two_cache_salts_never_share_a_chunk(
+    tiny_model: Path, reference: Any, redis_server: Any
+) -> None:
+    token_prompts = prompts(tiny_model, [300, 450], seed=41)
+    extra = redis_extra(redis_server.url, prefix=f"salt-{time.monotonic_ns()}")
+    with engine(tiny_model, kv_transfer_config=kvtier_transfer(**extra)) as llm:
+        params = kvtier_greedy()
+
+        def run(salt: str) -> list[list[int]]:
+            requests = [{"prompt_token_ids": p, "cache_salt": salt} for p in token_prompts]
+            outputs = llm.generate(requests, params, use_tqdm=False)  # type: ignore[arg-type]
+            return [list(o.outputs[0].token_ids) for o in outputs]
+
+        first = run("tenant-a")
+        settle(llm)
+        llm.reset_prefix_cache(reset_connector=True)
+        assert run("tenant-b") == first
+        settle(llm)
+        assert kvtier.stats(llm).tiers["redis"].hit_chunks == 0  # another salt: no chunk shared
+        llm.reset_prefix_cache(reset_connector=True)
+        assert run("tenant-a") == first
+        assert kvtier.stats(llm).tiers["redis"].hit_chunks >= full_chunks(token_prompts, CHUNK) - 2
+
+
+def kvtier_greedy() -> Any:
+    from harness import greedy
+
+    return greedy()
+
+
+def test_an_unreachable_redis_at_start_up_is_an_error_naming_the_setting(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    extra = redis_extra("redis://127.0.0.1:1/0")  # in a process of its own: vLLM fails to start
+    with pytest.raises(AssertionError, match=r"kvtier: 'redis\.url': cannot reach"):
+        run_job(tmp_path, "down", tiny_model, prompts(tiny_model, [300], seed=5), extra)
+
+
+def test_an_unreachable_optional_redis_is_a_warning(tiny_model: Path, reference: Any) -> None:
+    token_prompts = prompts(tiny_model, [300], seed=5)
+    expected = reference(tiny_model, token_prompts)  # before: one engine at a time
+    extra = redis_extra("redis://127.0.0.1:1/0", required=False)
+    with engine(tiny_model, kv_transfer_config=kvtier_transfer(**extra)) as llm:
+        assert generate(llm, token_prompts) == expected
+        assert "redis" not in kvtier.stats(llm).tiers
