@@ -22,8 +22,12 @@ PIP_QUIET := 2>&1 | { grep -v -E '^ *(WARNING: )?Location .* is ignored' || true
 # TEST_SETUP runs in the same shell just before pytest, e.g. start a Redis server and stop it on
 # exit:  TEST_SETUP = redis-server --port 6390 --daemonize yes ...; trap '...' EXIT
 # TEST_ENV adds environment variables for pytest, e.g. KVTIER_TEST_REDIS_URL=redis://127.0.0.1:6390
-TEST_SETUP ?= :
-TEST_ENV ?=
+# The Redis tier's tests start real redis-server processes on 127.0.0.1 (tests/redis_fixtures.py):
+# install Debian's redis-server when it is missing (as root), and make a missing server a failure
+# rather than a skip.
+TEST_SETUP ?= command -v redis-server >/dev/null || { apt-get update -qq && \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+TEST_ENV ?= KVTIER_TEST_REQUIRE_REDIS=1
 # -------------------------------------------------------------------------------------------
 
 # Run after the install: vLLM and kvtier import, and none of the removed CUDA packages came back.
