@@ -1,0 +1,292 @@
+"""RedisStore: the one client of the Redis tier (a server or a Redis Cluster), for every thread.
+
+    check()                           at start-up: reachable, credentials, TLS, cluster mode;
+                                      ValueError naming the setting (``redis_check.py``)
+    exists(names)   -> [bool]         pipelined, one round trip per node
+    set_many(items) -> [bool]         pipelined SETs (``PX`` with ``ttl_s``); a refused one
+                                      (``-OOM``) is False
+    delete(names)
+    send_get(name, lane) -> Ticket    a GET sent now; its reply read later, in order, by
+    read_get(ticket, into) -> T|None  ``into(Bulk)`` straight from the socket; None: absent
+
+Each thread has its own connections (one per node and lane: the scheduler's lookup thread, a
+worker's load and write threads never share one). Commands run on a connection of their own
+(lane -1); GETs on lanes 0.. , where replies wait in order: reading a ticket drops the replies
+sent before it that nobody read. A Redis Cluster is routed by key slot; a ``MOVED`` reply
+refreshes the slot map and the command is retried once (``ASK``: once at the node named, after
+``ASKING``).
+
+**Circuit breaker**: a connection error or timeout closes the thread's connections, raises
+``RedisUnavailable`` and opens the breaker: for 0.5 s (doubling on each failure in a row, up to
+30 s; a success resets it) every call raises ``RedisUnavailable`` at once without touching the
+network. After the window one call tries (reconnecting); the others keep failing fast until it
+succeeded. Every socket call is bounded by ``timeout_s``, connect included.
+"""
+
+from __future__ import annotations
+
+import ssl
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
+
+from kvtier.config import RedisConfig
+from kvtier.tiers.redis_breaker import Breaker, RedisUnavailable
+from kvtier.tiers.redis_check import check_node
+from kvtier.tiers.redis_cluster import SlotMap, key_slot
+from kvtier.tiers.redis_conn import Bulk, Connection, Value
+from kvtier.tiers.redis_errors import AskError, AuthError, MovedError, RespError
+from kvtier.tiers.redis_url import RedisAddress, parse_url
+
+COMMANDS = -1  # the lane of commands whose replies are read at once
+T = TypeVar("T")
+
+__all__ = ["RedisStore", "RedisUnavailable", "Ticket"]
+
+
+class Ticket:
+    """A GET sent on ``conn``, its reply not read yet."""
+
+    def __init__(self, name: bytes, conn: Connection, lane: int) -> None:
+        self.name, self.conn, self.lane = name, conn, lane
+        self.dropped = False  # its reply was skipped: send it again to read it
+
+
+class RedisStore:
+    def __init__(self, config: RedisConfig) -> None:
+        self.config = config
+        keys = ["redis.url", *["redis.seeds"] * len(config.seeds)]
+        self.addresses = [parse_url(url, key, config.password_env)
+                          for url, key in zip(config.urls, keys)]  # fmt: skip
+        self.setting_names = keys
+        self._tls: ssl.SSLContext | None = None
+        if any(address.tls for address in self.addresses):
+            self._tls = ssl.create_default_context(cafile=config.tls_ca)
+        self.breaker = Breaker(config.timeout_s * 2)
+        self.slots = SlotMap()
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._generation = 0  # bumped by a failure: every thread drops its connections
+        self._all: set[Connection] = set()
+
+    @property
+    def available(self) -> bool:
+        """False while the circuit breaker is open."""
+        return self.breaker.closed
+
+    def describe(self) -> str:
+        kind = "Redis Cluster" if self.config.cluster else "Redis"
+        return f"{kind} at {', '.join(a.describe() for a in self.addresses)}"
+
+    def check(self) -> None:
+        """Connect to every URL once: ValueError naming the setting and the cause."""
+        for address, key in zip(self.addresses, self.setting_names):
+            check_node(address, key, self.config, self._tls if address.tls else None)
+
+    # ---- batched commands ------------------------------------------------------------------
+
+    def exists(self, names: Sequence[bytes]) -> list[bool]:
+        replies = self._guarded(lambda: self._commands(names, [[b"EXISTS", n] for n in names]))
+        return [reply == 1 for reply in replies]
+
+    def set_many(self, items: Sequence[tuple[bytes, Value]]) -> list[bool]:
+        """SET each (name, value); False where Redis refused it (out of memory, an error)."""
+        ttl = self.config.ttl_s
+        px = [b"PX", b"%d" % max(1, round(ttl * 1000))] if ttl is not None else []
+        commands: list[list[Value]] = [[b"SET", name, value, *px] for name, value in items]
+        names = [name for name, _ in items]
+        replies = self._guarded(lambda: self._commands(names, commands))
+        return [reply == "OK" for reply in replies]
+
+    def delete(self, names: Sequence[bytes]) -> None:
+        self._guarded(lambda: self._commands(names, [[b"DEL", n] for n in names]))
+
+    def _commands(self, names: Sequence[bytes], commands: Sequence[list[Value]]) -> list[Any]:
+        """Replies to ``commands`` (command i about key ``names[i]``), one pipeline per node;
+        a redirected one retried once. An error reply is returned, an AuthError raised."""
+        targets = [(self._address(name), False) for name in names]
+        replies = self._pipelines(targets, commands)
+        again = [i for i, reply in enumerate(replies) if isinstance(reply, MovedError)]
+        if again:
+            if any(not isinstance(replies[i], AskError) for i in again):
+                self.refresh_slots()
+            retry = [_redirect(replies[i], self._address(names[i])) for i in again]
+            for i, reply in zip(again, self._pipelines(retry, [commands[i] for i in again])):
+                if isinstance(reply, MovedError):
+                    raise ConnectionError(f"Redis Cluster keeps redirecting: {reply}")
+                replies[i] = reply
+        return replies
+
+    def _pipelines(
+        self, targets: Sequence[tuple[RedisAddress, bool]], commands: Sequence[list[Value]]
+    ) -> list[Any]:
+        """Send each command to its (node, after ASKING?), all nodes at once, then read."""
+        groups: dict[tuple[str, int], tuple[Connection, list[int]]] = {}
+        for i, (address, _) in enumerate(targets):
+            if address.node not in groups:
+                groups[address.node] = (self.connection(address, COMMANDS), [])
+            groups[address.node][1].append(i)
+        for conn, positions in groups.values():
+            sent: list[Sequence[Value]] = []
+            for i in positions:
+                sent += [[b"ASKING"], commands[i]] if targets[i][1] else [commands[i]]
+            conn.send(sent)
+        replies: list[Any] = [None] * len(commands)
+        for conn, positions in groups.values():
+            for i in positions:
+                if targets[i][1]:
+                    conn.read_reply()  # ASKING's +OK
+                replies[i] = conn.read_reply()
+                if isinstance(replies[i], AuthError):
+                    raise replies[i]
+        return replies
+
+    # ---- pipelined GETs --------------------------------------------------------------------
+
+    def send_get(self, name: bytes, lane: int = 0) -> Ticket:
+        """Send ``GET name`` on this thread's connection ``lane`` to its node."""
+        return self._guarded(lambda: self._send_get(name, lane, self._address(name), False))
+
+    def _send_get(self, name: bytes, lane: int, address: RedisAddress, asking: bool) -> Ticket:
+        conn = self.connection(address, lane)
+        if asking:
+            conn.send([[b"ASKING"], [b"GET", name]])
+            conn.waiting.append(Ticket(name, conn, lane))  # ASKING's reply: dropped unread
+        else:
+            conn.send([[b"GET", name]])
+        ticket = Ticket(name, conn, lane)
+        conn.waiting.append(ticket)
+        return ticket
+
+    def read_get(self, ticket: Ticket, into: Callable[[Bulk], T]) -> T | None:
+        """``into`` the value of ``ticket``'s GET (None: the key is absent). ``into`` may raise
+        (a ChunkError): the rest of the value is dropped, the connection stays in step."""
+        return self._guarded(lambda: self._read_get(ticket, into, redirects=1))
+
+    def _read_get(self, ticket: Ticket, into: Callable[[Bulk], T], redirects: int) -> T | None:
+        self._connections()  # after a failure anywhere, old connections are closed first
+        if ticket.dropped or ticket.conn.closed or ticket not in ticket.conn.waiting:
+            ticket = self._send_get(ticket.name, ticket.lane, self._address(ticket.name), False)
+        conn = ticket.conn
+        while conn.waiting[0] is not ticket:  # replies sent earlier that nobody read
+            conn.waiting.popleft().dropped = True
+            conn.skip_reply()
+        conn.waiting.popleft()
+        try:
+            length = conn.read_bulk_head()
+        except MovedError as moved:
+            if not redirects:
+                raise ConnectionError(f"Redis Cluster keeps redirecting: {moved}") from None
+            if not isinstance(moved, AskError):
+                self.refresh_slots()
+            node, asking = _redirect(moved, self._address(ticket.name))
+            retry = self._send_get(ticket.name, ticket.lane, node, asking)
+            return self._read_get(retry, into, redirects - 1)
+        except AuthError:
+            raise
+        except RespError:
+            return None  # refused (e.g. a busy script): a miss like an absent key
+        if length is None:
+            return None
+        bulk = Bulk(conn, length)
+        try:
+            return into(bulk)
+        finally:
+            if not conn.closed:
+                bulk.finish()
+
+    # ---- the breaker -----------------------------------------------------------------------
+
+    def _guarded(self, call: Callable[[], T]) -> T:
+        """``call()``, or RedisUnavailable: the breaker is open, or ``call`` failed (opens it)."""
+        self.breaker.enter()
+        try:
+            result = call()
+        except (OSError, AuthError) as error:
+            self._failed(error)
+        except BaseException:  # Redis answered (a ChunkError of a value, say)
+            self.breaker.succeeded()
+            raise
+        self.breaker.succeeded()
+        return result
+
+    def _failed(self, error: BaseException) -> NoReturn:
+        """Close this thread's connections, make the others drop theirs, open the breaker."""
+        with self._lock:
+            self._generation += 1
+        self._drop_connections()
+        window = self.breaker.failed()
+        if isinstance(error, RedisUnavailable):
+            raise error
+        raise RedisUnavailable(f"Redis unavailable ({type(error).__name__}: {error}); "
+                               f"not asked for {window:.1f} s") from error  # fmt: skip
+
+    # ---- connections and routing -----------------------------------------------------------
+
+    def _connections(self) -> dict[tuple[str, int, int], Connection]:
+        """This thread's connections, by (host, port, lane); dropped after any failure."""
+        local = self._local
+        if getattr(local, "generation", None) != self._generation:
+            self._drop_connections()
+            local.conns, local.generation = {}, self._generation
+        conns: dict[tuple[str, int, int], Connection] = local.conns
+        return conns
+
+    def _drop_connections(self) -> None:
+        for conn in getattr(self._local, "conns", {}).values():
+            conn.close()
+            with self._lock:
+                self._all.discard(conn)
+        self._local.conns = {}
+
+    def connection(self, address: RedisAddress, lane: int) -> Connection:
+        """This thread's connection to ``address`` on ``lane``, opened when needed."""
+        conns = self._connections()
+        place = (*address.node, lane)
+        conn = conns.get(place)
+        if conn is None or conn.closed:
+            conn = Connection(address, self.config.timeout_s, self._tls if address.tls else None)
+            conns[place] = conn
+            with self._lock:
+                self._all.add(conn)
+        return conn
+
+    def _address(self, name: bytes) -> RedisAddress:
+        if not self.config.cluster:
+            return self.addresses[0]
+        slot = key_slot(name)
+        node = self.slots.node(slot)
+        if node is None:
+            self.refresh_slots()
+            node = self.slots.node(slot)
+            if node is None:
+                raise ConnectionError(f"no Redis Cluster node serves slot {slot}")
+        return node
+
+    def refresh_slots(self) -> None:
+        """The slot map from the first seed that answers ``CLUSTER SLOTS``."""
+        error: BaseException | None = None
+        for seed in self.addresses:
+            try:
+                reply = self.connection(seed, COMMANDS).call(b"CLUSTER", b"SLOTS")
+            except (OSError, RespError) as failure:
+                error = failure
+                continue
+            self.slots.update(reply, seed)
+            return
+        raise ConnectionError(f"no Redis Cluster seed answered CLUSTER SLOTS: {error}")
+
+    def close(self) -> None:
+        """Close every thread's connections (a later call opens new ones)."""
+        with self._lock:
+            self._generation += 1
+            conns, self._all = self._all, set()
+        for conn in conns:
+            conn.close()
+
+
+def _redirect(reply: Any, address: RedisAddress) -> tuple[RedisAddress, bool]:
+    """Where to send a redirected command again: (node, after ASKING?)."""
+    if isinstance(reply, AskError):
+        return address.at(reply.host, reply.port), True
+    return address, False

@@ -1,0 +1,132 @@
+"""A Redis Cluster of 3 masters: key slots as Redis computes them, chunks spread over the nodes
+and read back, and a slot that moves under a store's feet (``ASK``, then ``MOVED``)."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+import torch
+from redis.cluster import key_slot as redis_py_key_slot
+
+from kvtier.bench.redis_server import RedisClusterServers, RedisServer
+from kvtier.config import RedisConfig
+from kvtier.keys import ChunkKey, make_key
+from kvtier.layout import build_layout
+from kvtier.tiers.redis import RedisTier
+from kvtier.tiers.redis_cluster import key_slot
+from kvtier.tiers.redis_keys import redis_key
+from kvtier.tiers.redis_store import RedisStore
+
+FP = bytes(range(16))
+
+
+def _store(cluster: RedisClusterServers) -> RedisStore:
+    url, *seeds = cluster.urls
+    config = RedisConfig(url, timeout_s=1.0, cluster=True, seeds=tuple(seeds),
+                         prefix=f"c{time.monotonic_ns()}")  # fmt: skip
+    return RedisStore(config)
+
+
+def _key(n: int) -> ChunkKey:
+    return make_key(FP, n, n % 3)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [b"", b"plain", b"{tag}a", b"a{tag}b", b"{}x", b"x{}", b"{{x}}", b"{x", b"x}{y}", b"a{b}{c}"],
+)
+def test_key_slot_honours_hash_tags_as_redis_does(name: bytes) -> None:
+    assert key_slot(name) == redis_py_key_slot(name)
+
+
+def test_key_slot_matches_redis_py_on_many_keys() -> None:
+    rng = random.Random(7)
+    names = [rng.randbytes(rng.randrange(0, 80)) for _ in range(2000)]
+    names += [redis_key("kvtier", _key(n), rank) for n in range(200) for rank in (0, 3)]
+    assert [key_slot(n) for n in names] == [redis_py_key_slot(n) for n in names]
+
+
+def test_every_rank_of_a_chunk_is_on_one_node() -> None:
+    assert len({key_slot(redis_key("kv", _key(5), rank)) for rank in range(8)}) == 1
+
+
+def test_chunks_spread_over_the_nodes_and_read_back(redis_cluster: RedisClusterServers) -> None:
+    caches = {"a": torch.zeros(8, 64), "b": torch.zeros(8, 64)}
+    layout = build_layout(caches, [["a", "b"], ["a", "b"], ["a", "b"]], 8)
+    store = _store(redis_cluster)
+    store.check()
+    tier = RedisTier(store, 0, b"fp" * 8, "test layout", layout, 2)
+    keys = [_key(n) for n in range(60)]
+    rng = np.random.default_rng(0)
+    payloads = [[rng.integers(0, 256, n, dtype=np.uint8) for n in tier.view_bytes(0)]
+                for _ in keys]  # fmt: skip
+    assert None not in tier.write_many(keys, payloads)
+    per_node = [_count(server, store.config.prefix) for server in redis_cluster.servers]
+    assert sum(per_node) == 60 and min(per_node) > 5
+    assert store.exists([tier.name(key) for key in keys]) == [True] * 60
+    for n in range(4):
+        tier.prefetch(keys[n])
+    for n, key in enumerate(keys):
+        if n + 4 < len(keys):
+            tier.prefetch(keys[n + 4])
+        out = [np.zeros(size, dtype=np.uint8) for size in tier.view_bytes(0)]
+        tier.read(key, out)
+        assert all(np.array_equal(a, b) for a, b in zip(out, payloads[n]))
+
+
+def test_a_slot_that_moves_is_followed(redis_cluster: RedisClusterServers) -> None:
+    store = _store(redis_cluster)
+    name, other = (redis_key(store.config.prefix, _key(n), 0) for n in (1, 2))
+    assert store.set_many([(name, b"v1"), (other, b"v2")]) == [True, True]  # the map is cached
+    source = _server_of(redis_cluster, name)
+    target = next(s for s in redis_cluster.servers if s is not source)
+    slot = key_slot(name)
+    _start_moving(slot, source, target, name)  # name is on target: source answers ASK
+    with pytest.raises(redis.exceptions.AskError):
+        source.client().get(name)
+    assert store.exists([name]) == [True]
+    assert _get(store, name) == b"v1"
+    _finish_moving(redis_cluster, slot, target)  # source answers MOVED
+    with pytest.raises(redis.exceptions.MovedError):
+        source.client().get(name)
+    assert store.exists([name, other]) == [True, True]
+    assert store.set_many([(name, b"v3")]) == [True]
+    assert _get(store, name) == b"v3"
+    assert store.slots.node(slot) is not None and store.slots.node(slot).port == target.port
+
+
+def _count(server: RedisServer, prefix: str) -> int:
+    return sum(1 for _ in server.client().scan_iter(match=f"{prefix}:*"))
+
+
+def _get(store: RedisStore, name: bytes) -> bytes | None:
+    return store.read_get(store.send_get(name), lambda bulk: bulk.read_bytes(bulk.length))
+
+
+def _server_of(cluster: RedisClusterServers, name: bytes) -> RedisServer:
+    slot = key_slot(name)
+    return next(s for s in cluster.servers
+                if _command(s.client(), "CLUSTER", "COUNTKEYSINSLOT", slot))  # fmt: skip
+
+
+def _command(client: redis.Redis, *args: Any) -> Any:
+    return client.execute_command(*args)
+
+
+def _start_moving(slot: int, source: RedisServer, target: RedisServer, name: bytes) -> None:
+    src, dst = source.client(), target.client()
+    src_id, dst_id = _command(src, "CLUSTER", "MYID"), _command(dst, "CLUSTER", "MYID")
+    _command(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+    _command(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+    _command(src, "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", name)
+
+
+def _finish_moving(cluster: RedisClusterServers, slot: int, target: RedisServer) -> None:
+    target_id = _command(target.client(), "CLUSTER", "MYID")
+    for server in [target, *(s for s in cluster.servers if s is not target)]:
+        _command(server.client(), "CLUSTER", "SETSLOT", slot, "NODE", target_id)
