@@ -6,6 +6,7 @@ dies and comes back."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -187,3 +188,31 @@ def test_a_dead_redis_fails_fast_and_is_used_again_after_a_restart(
     assert _load(tier, [1, 2]) == {1: "RecordAbsent", 2: "RecordAbsent"}
     _write(tier, [1, 2])
     assert _load(tier, [1, 2]) == {1: "ok", 2: "ok"}
+
+
+def test_a_load_thread_and_a_write_thread_share_the_store(redis_server: RedisServer) -> None:
+    tier = _tier(redis_server.url)
+    writer = RedisTier(tier.store, 0, FP, "test layout", tier.layout, FACTOR)
+    _write(tier, range(50))
+    failures: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for first in range(100, 300, 20):
+                assert None not in _write(writer, range(first, first + 20))
+        except BaseException as error:  # noqa: BLE001  (reported below)
+            failures.append(error)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    outcomes = [_load(tier, list(range(50))) for _ in range(4)]
+    thread.join(timeout=30)
+    assert not thread.is_alive() and not failures
+    assert all(outcome == {n: "ok" for n in range(50)} for outcome in outcomes)
+    assert _load(tier, [100, 299]) == {100: "ok", 299: "ok"}
+
+
+def test_records_over_tls(redis_tls: RedisServer) -> None:
+    tier = _tier(redis_tls.url, page_words=1 << 16, tls_ca=redis_tls.ca_file)  # 1 MiB records
+    _write(tier, range(3))
+    assert _load(tier, [0, 1, 2]) == {0: "ok", 1: "ok", 2: "ok"}
