@@ -59,9 +59,7 @@ class RedisStore:
         self.addresses = [parse_url(url, key, config.password_env)
                           for url, key in zip(config.urls, keys)]  # fmt: skip
         self.setting_names = keys
-        self._tls: ssl.SSLContext | None = None
-        if any(address.tls for address in self.addresses):
-            self._tls = ssl.create_default_context(cafile=config.tls_ca)
+        self._tls: ssl.SSLContext | None = None  # made at the first TLS connection
         self.breaker = Breaker(config.timeout_s * 2)
         self.slots = SlotMap()
         self._local = threading.local()
@@ -81,7 +79,7 @@ class RedisStore:
     def check(self) -> None:
         """Connect to every URL once: ValueError naming the setting and the cause."""
         for address, key in zip(self.addresses, self.setting_names):
-            check_node(address, key, self.config, self._tls if address.tls else None)
+            check_node(address, key, self.config, self._tls_for(address, checking=True))
 
     # ---- batched commands ------------------------------------------------------------------
 
@@ -245,11 +243,25 @@ class RedisStore:
         place = (*address.node, lane)
         conn = conns.get(place)
         if conn is None or conn.closed:
-            conn = Connection(address, self.config.timeout_s, self._tls if address.tls else None)
+            conn = Connection(address, self.config.timeout_s, self._tls_for(address))
             conns[place] = conn
             with self._lock:
                 self._all.add(conn)
         return conn
+
+    def _tls_for(self, address: RedisAddress, checking: bool = False) -> ssl.SSLContext | None:
+        """The TLS context of ``rediss://`` addresses (the system's CAs, or ``tls_ca``)."""
+        if not address.tls:
+            return None
+        if self._tls is None:
+            try:
+                self._tls = ssl.create_default_context(cafile=self.config.tls_ca)
+            except (OSError, ssl.SSLError) as error:
+                if not checking:
+                    raise
+                raise ValueError(f"kvtier: 'redis.tls_ca': cannot load {self.config.tls_ca!r} "
+                                 f"as a CA file: {error}") from None  # fmt: skip
+        return self._tls
 
     def _address(self, name: bytes) -> RedisAddress:
         if not self.config.cluster:

@@ -107,6 +107,11 @@ def test_tls_with_its_ca_works_and_without_it_is_not_trusted(redis_tls: RedisSer
     _check_fails(_store(redis_tls.url), r"'redis\.url'.*not trusted.*'redis\.tls_ca'")
 
 
+def test_a_ca_file_that_cannot_be_read(redis_tls: RedisServer, tmp_path: Path) -> None:
+    store = _store(redis_tls.url, tls_ca=str(tmp_path / "missing.pem"))  # no I/O yet
+    _check_fails(store, r"^kvtier: 'redis\.tls_ca': cannot load")
+
+
 def test_a_database_that_does_not_exist(redis_server: RedisServer) -> None:
     _check_fails(_store(redis_server.url.replace("/0", "/999")), r"database 999 does not exist")
 
