@@ -167,10 +167,14 @@ class RedisIndex:
         """Nothing to pin: a chunk Redis evicts before it is read is a miss of that load."""
 
     def complete_load(self, keys: Sequence[ChunkKey], bad: Sequence[ChunkKey] = ()) -> None:
-        """Forget the ``bad`` chunks (gone, or found bad and deleted); the others were used."""
+        """Forget the ``bad`` chunks (gone, found bad and deleted, or unreadable: a worker's
+        Redis down): absent for ``ABSENT_S``, so the engine's retry computes them instead of
+        loading them again; the others were used."""
+        now = time.monotonic()
         with self._lock:
             for key in bad:
                 self._present.pop(key, None)
+                self._absent[key] = now
             bad_keys = set(bad)
             for key in reversed(keys):
                 if key in self._present and key not in bad_keys:

@@ -136,6 +136,9 @@ def test_a_failed_load_forgets_the_chunks_and_they_are_written_again(redis_serve
     rig.connector.on_report(WorkerReport({load.job_id: JobOutcome(1, 1, bad=[1, 2])}))
     assert set(rig.index.known()) == {keys[0], keys[3]}
     assert rig.connector.stats.tiers["redis"].failed_loads == 1
+    # the engine's retry computes the bad chunks: not loaded again (a loop while a worker's
+    # Redis is down), though Redis still answers that they exist
+    assert rig.connector.lookup("b", HASHES, 0, 33) == 4
 
 
 def test_stores_reach_redis_write_through(redis_server: Any) -> None:
