@@ -1,5 +1,5 @@
-"""The ``kvtier`` command: ``kvtier demo``, ``kvtier bench copy|ttft|disk|scheduler``,
-``kvtier inspect``, ``kvtier serve``."""
+"""The ``kvtier`` command: ``kvtier demo``,
+``kvtier bench copy|ttft|disk|transfer|redis|scheduler``, ``kvtier inspect``, ``kvtier serve``."""
 
 from __future__ import annotations
 
@@ -80,6 +80,17 @@ def main(argv: list[str] | None = None) -> int:
         help="also the TTFT split through kvtier proxy (real engines, the bench model; minutes)",
     )
     transfer.add_argument("--out", type=Path, default=Path("bench/results"))
+    redis_bench = which.add_parser(
+        "redis", help="the Redis tier vs redis-py and a raw TCP stream (loopback); TTFT"
+    )
+    redis_bench.add_argument("--quick", action="store_true", help="16 MiB a round, 3 rounds")
+    redis_bench.add_argument("--rounds", type=int, default=None, help="after a warm-up (9)")
+    redis_bench.add_argument("--device", default=None, help="engine device (cuda if present)")
+    redis_bench.add_argument("--url", default=None, help="a running Redis instead of a new one")
+    redis_bench.add_argument(
+        "--ttft", action="store_true", help="also TTFT of a 4k prompt from Redis (minutes)"
+    )
+    redis_bench.add_argument("--out", type=Path, default=Path("bench/results"))
     scheduler = which.add_parser(
         "scheduler",
         help="the scheduler half's cost per engine step / a bare loop over the new blocks",
@@ -184,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
             from kvtier.bench import transfer_ttft
 
             transfer_ttft.run(args.out, quick=args.quick)
+    elif args.bench == "redis":
+        from kvtier.bench import redis as redis_bench_module
+
+        redis_bench_module.run(args.out, quick=args.quick, rounds=args.rounds,
+                               device=args.device, url=args.url, ttft=args.ttft)  # fmt: skip
     elif args.bench == "scheduler":
         from kvtier.bench import scheduler as scheduler_bench
 

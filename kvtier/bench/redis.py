@@ -23,7 +23,7 @@ their median, min and max; goals: load / GET >= 2.0 and load / raw stream >= 0.5
 rounds, the parts of a load are timed alone (``_Rig.phases``: fetch and verify, checksum,
 scatter): where kvtier's load time goes. ``other_load_cores``: CPU taken meanwhile by anything but
 this process and redis-server (above 0.1 the timings are disturbed). The TTFT section (a 4k-token
-prompt from Redis vs recompute vs the host tier) hooks in at ``measure_ttft``; not built yet.
+prompt from Redis vs recompute vs the host tier, ``redis_ttft.py``) runs with ``ttft``.
 """
 
 from __future__ import annotations
@@ -57,7 +57,6 @@ from kvtier.tiers.disk_format import Buffer, payload_checksum
 from kvtier.tiers.redis import RedisTier
 from kvtier.tiers.redis_store import RedisStore
 from kvtier.worker.base import TransferHandler
-from kvtier.worker.disk_io import READ_AHEAD
 from kvtier.worker.redis_io import RedisLoadHandler
 
 LAYERS, KV_HEADS, HEAD_DIM, ENGINE_BLOCK = 8, 8, 64, 32
@@ -82,7 +81,7 @@ def run(
 
     ``rounds`` after the warm-up (default 9; 3 with ``quick``). ``url``: a running server to use
     instead of starting one (its keys under ``kvtier-bench:`` are overwritten, then deleted).
-    ``ttft``: also the TTFT section (not built yet: raises NotImplementedError). Returns the JSON
+    ``ttft``: also the TTFT section (real engines of the bench model; minutes). Returns the JSON
     document. Raises RuntimeError when a load did not bring back the bytes stored.
     """
     payload = (16 << 20) if quick else (64 << 20)
@@ -113,13 +112,20 @@ def run(
     write_json(out_dir / "redis.json", "redis", rows, **meta)
     redis_report.plot(rows, meta, out_dir / "redis.png")
     redis_report.print_table(rows, meta, console or Console())
+    if ttft:
+        redis_report.print_ttft(meta["ttft"], console or Console())
     return {**meta, "rows": rows}
 
 
-def measure_ttft(url: str) -> dict[str, Any]:
-    """The TTFT section: a 4k-token prompt served from Redis vs recompute vs the host tier, in
-    real vLLM, against the server at ``url``. Not built yet."""
-    raise NotImplementedError("kvtier bench redis: the TTFT section is not built yet")
+def measure_ttft(url: str, tokens: int = 4096, repeats: int = 3) -> dict[str, Any]:
+    """The TTFT section (``redis_ttft.py``): a ``tokens``-token prompt served from Redis by
+    another engine vs recompute vs the host tier, in real vLLM, against the server at ``url``."""
+    import tempfile
+
+    from kvtier.bench import redis_ttft
+
+    with tempfile.TemporaryDirectory(prefix="kvtier-bench-redis-") as work:
+        return redis_ttft.measure(Path(work), url, tokens, repeats, "bench", "bfloat16")
 
 
 def measure_size(
@@ -230,7 +236,7 @@ class _Rig:
 
     def phases(self) -> dict[str, Callable[[], None]]:
         """The parts of a load, each alone over every chunk, on this thread: ``fetch_verify``
-        (``RedisTier.prefetch`` ``READ_AHEAD`` ahead and ``read`` into one staging chunk: the
+        (``RedisTier.prefetch`` ``read_ahead`` ahead and ``read`` into one staging chunk: the
         GETs, the receive, the header and checksum checks), ``checksum`` (xxh3 of the payload,
         part of ``fetch_verify``) and ``scatter`` (the staged rows into the engine blocks)."""
         staging = [np.empty(n, dtype=np.uint8) for n in self.tier.view_bytes(0)]
@@ -238,11 +244,12 @@ class _Rig:
         factor = self.tier.factor
 
         def fetch_verify() -> None:
-            for key in self.keys[:READ_AHEAD]:
+            ahead = self.tier.read_ahead
+            for key in self.keys[:ahead]:
                 self.tier.prefetch(key)
             for n, key in enumerate(self.keys):
-                if n + READ_AHEAD < len(self.keys):
-                    self.tier.prefetch(self.keys[n + READ_AHEAD])
+                if n + ahead < len(self.keys):
+                    self.tier.prefetch(self.keys[n + ahead])
                 self.tier.read(key, staging)
 
         def checksum() -> None:

@@ -129,3 +129,16 @@ def plot(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
 def _tick(size: dict[str, Any]) -> str:
     return (f"{size['chunk_tokens']} tokens, {size['chunk_bytes'] >> 10} KiB\n"
             f"({size['engine_block_tokens']}-token engine blocks)")  # fmt: skip
+
+
+def print_ttft(ttft: dict[str, Any], console: Console) -> None:
+    """The TTFT section's ratios and verdict."""
+    verdict = "[green]met[/]" if ttft["goal_met"] else "[red]not met[/]"
+    console.print(
+        f"TTFT of a {ttft['prompt_tokens']}-token prompt ({ttft['model']}, median of "
+        f"{ttft['repeats']}): from Redis {ttft['kvtier_redis_s'] * 1e3:.1f} ms, host tier "
+        f"{ttft['kvtier_host_s'] * 1e3:.1f} ms, recompute {ttft['recompute_s'] * 1e3:.1f} ms; "
+        f"Redis / recompute {ttft['kvtier_redis_over_recompute']:.3f} (goal <= "
+        f"{ttft['goal_redis_over_recompute']}: {verdict}), Redis / host "
+        f"{ttft['kvtier_redis_over_host']:.3f}"
+    )

@@ -26,6 +26,7 @@ from kvtier.tiers.disk_format import Buffer
 class ChunkTier(Protocol):
     factor: int
     layout: KVLayout
+    read_ahead: int  # chunks the load handler prefetches ahead of the one it reads
 
     def prefetch(self, key: ChunkKey) -> None: ...
 

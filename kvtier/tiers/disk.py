@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 class DiskTier:
     """Rank ``rank``'s chunk files under ``root``; ``fingerprint`` is this rank's layout digest."""
 
+    read_ahead = 4  # chunk files the kernel is asked to read ahead of the one being loaded
+
     def __init__(
         self,
         root: Path,

@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 WRITE_BATCH = 32  # records per pipelined round of SETs
 MAX_PREFETCHED = 64  # GETs sent and not read yet; older ones are forgotten (read again if asked)
+SEND_BATCH = 8  # prefetched GETs sent together (one system call), or sooner when one is read
 
 
 class RecordAbsent(ChunkError):
@@ -51,6 +52,8 @@ class RecordAbsent(ChunkError):
 
 class RedisTier:
     """Rank ``rank``'s records in ``store``; ``fingerprint`` is this rank's layout digest."""
+
+    read_ahead = 16  # chunks the load handler prefetches ahead of the one it reads
 
     def __init__(
         self,
@@ -69,6 +72,7 @@ class RedisTier:
         self.factor = block_size_factor
         self.prefix = store.config.prefix
         self._sent: dict[ChunkKey, Ticket] = {}  # GETs sent, replies not read, in sending order
+        self._unsent: list[ChunkKey] = []  # prefetched, to send with the next batch
         self._lanes = store.config.connections
         self._next_lane = 0
 
@@ -90,16 +94,25 @@ class RedisTier:
     # ---- loads -----------------------------------------------------------------------------
 
     def prefetch(self, key: ChunkKey) -> None:
-        """Send ``key``'s GET now (best effort: a failure shows at ``read``)."""
+        """Ask for ``key``'s record: its GET goes out with the next ``SEND_BATCH`` (best effort:
+        a failure shows at ``read``)."""
+        self._unsent.append(key)
+        if len(self._unsent) >= SEND_BATCH:
+            self._send_unsent()
+
+    def _send_unsent(self) -> None:
+        keys, self._unsent = self._unsent, []
         try:
-            ticket = self.store.send_get(self.name(key), self._next_lane % self._lanes)
+            tickets = self.store.send_gets([self.name(key) for key in keys],
+                                           self._next_lane % self._lanes)  # fmt: skip
         except OSError:
             self._sent.clear()  # the store dropped this thread's connections
             return
         self._next_lane += 1
-        self._sent.pop(key, None)
-        self._sent[key] = ticket
-        if len(self._sent) > MAX_PREFETCHED:
+        for key, ticket in zip(keys, tickets):
+            self._sent.pop(key, None)
+            self._sent[key] = ticket
+        while len(self._sent) > MAX_PREFETCHED:
             del self._sent[next(iter(self._sent))]
 
     def read(self, key: ChunkKey, out: Sequence[np.ndarray]) -> None:
@@ -107,6 +120,8 @@ class RedisTier:
         view of its group). ChunkError: absent (``RecordAbsent``), or bad (then deleted);
         OSError: Redis down or slow. ``out`` is meaningful only when no error was raised."""
         name = self.name(key)
+        if key in self._unsent:
+            self._send_unsent()
         try:
             ticket = self._sent.pop(key, None) or self.store.send_get(name)
             found = self.store.read_get(ticket, lambda bulk: self._receive(bulk, key, out))
@@ -127,6 +142,14 @@ class RedisTier:
 
     def _receive(self, bulk: Bulk, key: ChunkKey, out: Sequence[np.ndarray]) -> bool:
         """Check the head of a record, then receive its payload straight into ``out``."""
+        header = self._head(bulk, key, [buffer.nbytes for buffer in out])
+        for buffer in out:
+            bulk.read_into(buffer.data.cast("B"))
+        check_payload(header, out)
+        return True
+
+    def _head(self, bulk: Bulk, key: ChunkKey, views: Sequence[int]) -> ChunkHeader:
+        """The record's header, checked against ``key``, this rank, its layout and ``views``."""
         if bulk.length < PREFIX.size:
             raise ChunkError(f"truncated: {bulk.length} bytes")
         prefix = bulk.read_bytes(PREFIX.size)
@@ -134,12 +157,8 @@ class RedisTier:
         if head > bulk.length:
             raise ChunkError(f"truncated: {bulk.length} bytes, a header to byte {head}")
         header = decode_header(prefix + bulk.read_bytes(head - PREFIX.size))
-        views = [buffer.nbytes for buffer in out]
         check_header(header, key, self.rank, self.fingerprint, views, bulk.length, head)
-        for buffer in out:
-            bulk.read_into(buffer.data.cast("B"))
-        check_payload(header, out)
-        return True
+        return header
 
     # ---- writes ----------------------------------------------------------------------------
 
@@ -179,6 +198,7 @@ class RedisTier:
 
     def close(self) -> None:
         self._sent.clear()
+        self._unsent.clear()
         self.store.close()
 
 

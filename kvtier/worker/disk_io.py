@@ -96,12 +96,13 @@ class DiskLoadHandler(ThreadedHandler):
             chunk_of_row = copy.host_rows // factor
             for chunk in dict.fromkeys(chunk_of_row.tolist()):
                 reads.append((chunk, copy, np.flatnonzero(chunk_of_row == chunk)))
-        for n in range(min(READ_AHEAD, len(reads))):
+        ahead = self.tier.read_ahead
+        for n in range(min(ahead, len(reads))):
             self.tier.prefetch(keys[reads[n][0]])
         bad: list[int] = []
         for n, (chunk, copy, mine) in enumerate(reads):
-            if n + READ_AHEAD < len(reads):  # the kernel reads it while this one is handled
-                self.tier.prefetch(keys[reads[n + READ_AHEAD][0]])
+            if n + ahead < len(reads):  # fetched while this one is handled
+                self.tier.prefetch(keys[reads[n + ahead][0]])
             views = self.layout.groups[copy.group]
             try:
                 self.tier.read(keys[chunk], [self._staging_bytes[v] for v in views])
