@@ -100,7 +100,7 @@ class RedisConfig:
     cluster: bool = False
     seeds: tuple[str, ...] = ()
     connections: int = 2
-    max_queued_chunks: int = 1024
+    max_queued_chunks: int = 256
     password_env: str = "KVTIER_REDIS_PASSWORD"
     required: bool = True
     tls_ca: str | None = None
@@ -144,7 +144,7 @@ class RedisConfig:
             cluster=_optional(raw, key, "cluster", _bool, False),
             seeds=_optional(raw, key, "seeds", _redis_urls, ()),
             connections=_optional(raw, key, "connections", _positive_int, 2),
-            max_queued_chunks=_optional(raw, key, "max_queued_chunks", _positive_int, 1024),
+            max_queued_chunks=_optional(raw, key, "max_queued_chunks", _positive_int, 256),
             password_env=_optional(
                 raw, key, "password_env", _non_empty_str, "KVTIER_REDIS_PASSWORD"
             ),

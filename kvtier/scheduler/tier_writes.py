@@ -30,6 +30,8 @@ from kvtier.scheduler.lower_tier import LowerTier
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.step_plan import DiskWriteJob
 
+MAX_STAGED = 128  # chunks copied aside (staged writes) or being written, when chunks are evicted
+
 
 class TierWrites:
     def __init__(
@@ -70,7 +72,8 @@ class TierWrites:
         dirty = [(key, slot) for key, slot in chunks if key in self._dirty]
         for key, _ in dirty:
             del self._dirty[key]
-        room = max(0, 2 * self.max_in_flight - self._in_flight)  # staged copies cost memory
+        # staged copies cost memory: at most MAX_STAGED chunks, whatever the tier's queue
+        room = max(0, min(2 * self.max_in_flight, MAX_STAGED) - self._in_flight)
         admitted = set(self.index.prepare_store([key for key, _ in dirty[:room]]))
         self.stats.skipped_stores += len(dirty) - len(admitted)
         kept = [(key, slot) for key, slot in dirty if key in admitted]

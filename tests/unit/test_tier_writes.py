@@ -7,8 +7,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from kvtier.counters import TierStats
 from kvtier.keys import ChunkKey, LayoutFingerprint, make_key
+from kvtier.scheduler import tier_writes
 from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.scheduler.job_table import JobTable
 from kvtier.scheduler.manager import ChunkManager
@@ -240,6 +243,22 @@ def test_at_most_max_in_flight_chunks_are_written_at_once(tmp_path: Path) -> Non
     assert second.dst.keys == (key(3), key(4))
     rig.finish(second)
     assert not rig.writes.pending
+
+
+def test_staged_writes_stop_at_max_staged_whatever_the_tier_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tier with a long queue (Redis: max_queued_chunks) still copies aside at most
+    MAX_STAGED evicted chunks: each copy costs a chunk of memory."""
+    monkeypatch.setattr(tier_writes, "MAX_STAGED", 3)
+    rig = Rig(tmp_path, max_in_flight=64)
+    rig.store([key(1), key(2), key(3), key(4)])
+
+    rig.store([key(5), key(6), key(7), key(8)])  # evicts four dirty chunks at once
+
+    (job,) = rig.flush(idle=False)
+    assert job.dst.keys == (key(1), key(2), key(3)) and job.dst.staged
+    assert rig.stats.skipped_stores == 1
 
 
 def test_staged_writes_of_evicted_chunks_stop_at_twice_max_in_flight(tmp_path: Path) -> None:
