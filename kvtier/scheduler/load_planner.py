@@ -194,12 +194,13 @@ class LoadPlanner:
                 state.tail_done = True  # loaded: never stored again
         self._count_lookup(state, counted or [0] * (1 + len(self.lower)))
         if num_external_tokens:
+            # each tier's tokens, from the first full-attention group (its last part ends at
+            # ``end``); without one, the host tier names the whole hit
             names = ["cpu", *(tier.name for tier in self.lower)]
-            if not ends:  # no full-attention group: the host tier names the whole hit
-                ends = [end]
-            edges = [start, *ends]
-            tokens = {name: edges[i + 1] - edges[i] for i, name in enumerate(names[: len(ends)])}
-            tokens[names[len(ends) - 1]] += end - edges[-1]
+            edges = [start, *(ends or [end])]
+            tokens = {
+                name: edges[i + 1] - edges[i] for i, name in enumerate(names[: len(edges) - 1])
+            }
             state.loaded_tokens = _nonzero(tokens)
         loads = []
         if host.keys:
