@@ -19,12 +19,10 @@ RUN_ENV := VLLM_USE_V2_MODEL_RUNNER=0 HF_HUB_OFFLINE=1 KVTIER_MODELS_DIR=$(MODEL
 PIP_QUIET := 2>&1 | { grep -v -E '^ *(WARNING: )?Location .* is ignored' || true; }
 
 # ---- hook: extra set-up for `make test` ---------------------------------------------------
-# TEST_SETUP runs in the same shell just before pytest, e.g. start a Redis server and stop it on
-# exit:  TEST_SETUP = redis-server --port 6390 --daemonize yes ...; trap '...' EXIT
-# TEST_ENV adds environment variables for pytest, e.g. KVTIER_TEST_REDIS_URL=redis://127.0.0.1:6390
-# The Redis tier's tests start real redis-server processes on 127.0.0.1 (tests/redis_fixtures.py):
-# install Debian's redis-server when it is missing (as root), and make a missing server a failure
-# rather than a skip.
+# TEST_SETUP runs in the same shell just before pytest; TEST_ENV adds environment variables for
+# pytest. The Redis tier's tests start real redis-server processes on 127.0.0.1
+# (tests/redis_fixtures.py): install Debian's redis-server when it is missing (as root), and make
+# a missing server a failure rather than a skip.
 TEST_SETUP ?= command -v redis-server >/dev/null || { apt-get update -qq && \
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 TEST_ENV ?= KVTIER_TEST_REQUIRE_REDIS=1
