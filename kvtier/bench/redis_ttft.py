@@ -28,14 +28,7 @@ from tqdm import tqdm
 import kvtier
 from kvtier.bench.report import median
 from kvtier.bench.ttft_engine import on_engine
-from kvtier.bench.ttft_setup import (
-    CHUNK_TOKENS,
-    ENGINE_ENV,
-    ENGINE_ENV_DEFAULTS,
-    HIT_FRACTION,
-    Setup,
-    Workload,
-)
+from kvtier.bench.ttft_setup import CHUNK_TOKENS, HIT_FRACTION, Setup, Workload, set_engine_env
 from kvtier.bench.ttft_timing import timed
 from kvtier.models import make_prompt, model_path
 
@@ -79,10 +72,7 @@ def measure(
     Sets the engine environment (in-process engines) for the whole process. Raises
     ``RuntimeError`` when a hit did not come from Redis.
     """
-    for name, value in ENGINE_ENV.items():
-        os.environ[name] = value
-    for name, value in ENGINE_ENV_DEFAULTS.items():
-        os.environ.setdefault(name, value)
+    set_engine_env()
     model_dir = model if isinstance(model, Path) else model_path(model)
     setup = _RedisSetup(model_dir, dtype, (tokens,), repeats, Workload(), work / "example",
                         url=url, prefix=f"bench-{os.getpid()}-{tokens}")  # fmt: skip

@@ -33,3 +33,8 @@ class ChunkTier(Protocol):
     def read(self, key: ChunkKey, out: Sequence[np.ndarray]) -> None: ...
 
     def write(self, key: ChunkKey, payload: Sequence[Buffer]) -> int: ...
+
+
+def view_bytes(layout: KVLayout, group: int, factor: int) -> list[int]:
+    """Payload bytes of a chunk of ``group`` (``factor`` blocks) in each of its views, in order."""
+    return [layout.page_bytes[view] * factor for view in layout.groups[group]]

@@ -19,6 +19,7 @@ import numpy as np
 
 from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
+from kvtier.tiers.chunk_tier import view_bytes
 from kvtier.tiers.disk_format import (
     HEADER_BYTES,
     Buffer,
@@ -57,8 +58,7 @@ class DiskTier:
 
     def view_bytes(self, group: int) -> list[int]:
         """Payload bytes of a chunk of ``group`` in each of its views, in order."""
-        page = self.layout.page_bytes
-        return [page[view] * self.factor for view in self.layout.groups[group]]
+        return view_bytes(self.layout, group, self.factor)
 
     def file_bytes(self, group: int) -> int:
         return HEADER_BYTES + sum(self.view_bytes(group))

@@ -25,6 +25,7 @@ import numpy as np
 
 from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
+from kvtier.tiers.chunk_tier import view_bytes
 from kvtier.tiers.disk_format import Buffer, ChunkError, ChunkHeader, payload_checksum
 from kvtier.tiers.redis_conn import Bulk
 from kvtier.tiers.redis_keys import redis_key
@@ -78,8 +79,7 @@ class RedisTier:
 
     def view_bytes(self, group: int) -> list[int]:
         """Payload bytes of a chunk of ``group`` in each of its views, in order."""
-        page = self.layout.page_bytes
-        return [page[view] * self.factor for view in self.layout.groups[group]]
+        return view_bytes(self.layout, group, self.factor)
 
     def file_bytes(self, group: int) -> int:
         """The bytes of a record of ``group`` (a few fewer if its checksum is below 2**32:

@@ -248,20 +248,17 @@ class KVTierConnector(ConnectorObservability, PeerTransfer, KVConnectorBase_V1, 
         """This rank's disk tier: its files are named by its rank, its layout fingerprinted."""
         if self.config.disk is None:
             return None
-        from vllm.distributed.parallel_state import (
-            get_pp_group,
-            get_tensor_model_parallel_rank,
-        )
-
-        tp_rank, pp_rank = get_tensor_model_parallel_rank(), get_pp_group().rank_in_group
-        tp_size = self._vllm_config.parallel_config.tensor_parallel_size
-        fingerprint = self._fingerprint(self._vllm_config, "", tp_rank, pp_rank, self._factor)
-        return DiskSettings(Path(self.config.disk.path), pp_rank * tp_size + tp_rank, fingerprint)
+        return DiskSettings(Path(self.config.disk.path), *self._rank_identity())
 
     def _redis_settings(self) -> RedisSettings | None:
         """This rank's Redis tier: its records are keyed by its rank, its layout fingerprinted."""
         if self.config.redis is None:
             return None
+        return RedisSettings(self.config.redis, *self._rank_identity())
+
+    def _rank_identity(self) -> tuple[int, LayoutFingerprint]:
+        """This worker's rank among all (pipeline stage, then tensor rank) and its fingerprint,
+        which names its share of a chunk in a lower tier."""
         from vllm.distributed.parallel_state import (
             get_pp_group,
             get_tensor_model_parallel_rank,
@@ -270,7 +267,7 @@ class KVTierConnector(ConnectorObservability, PeerTransfer, KVConnectorBase_V1, 
         tp_rank, pp_rank = get_tensor_model_parallel_rank(), get_pp_group().rank_in_group
         tp_size = self._vllm_config.parallel_config.tensor_parallel_size
         fingerprint = self._fingerprint(self._vllm_config, "", tp_rank, pp_rank, self._factor)
-        return RedisSettings(self.config.redis, pp_rank * tp_size + tp_rank, fingerprint)
+        return pp_rank * tp_size + tp_rank, fingerprint
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         # called before every forward (and on steps without one): take the plan, flush stores
