@@ -20,11 +20,10 @@ PIP_QUIET := 2>&1 | { grep -v -E '^ *(WARNING: )?Location .* is ignored' || true
 
 # ---- hook: extra set-up for `make test` ---------------------------------------------------
 # TEST_SETUP runs in the same shell just before pytest; TEST_ENV adds environment variables for
-# pytest. The Redis tier's tests start real redis-server processes on 127.0.0.1
-# (tests/redis_fixtures.py): install Debian's redis-server when it is missing (as root), and make
-# a missing server a failure rather than a skip.
-TEST_SETUP ?= command -v redis-server >/dev/null || { apt-get update -qq && \
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+# pytest. The Redis tier's tests start real redis-server and valkey-server processes on
+# 127.0.0.1 (tests/redis_fixtures.py): install whichever is missing (as root), and make a missing
+# server a failure rather than a skip.
+TEST_SETUP ?= scripts/install-test-servers
 TEST_ENV ?= KVTIER_TEST_REQUIRE_REDIS=1
 # -------------------------------------------------------------------------------------------
 

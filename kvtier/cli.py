@@ -88,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     redis_bench.add_argument("--device", default=None, help="engine device (cuda if present)")
     redis_bench.add_argument("--url", default=None, help="a running Redis instead of a new one")
     redis_bench.add_argument(
+        "--server", choices=("redis", "valkey"), default=None,
+        help="the server to start (default: redis-server, else valkey-server)",
+    )  # fmt: skip
+    redis_bench.add_argument(
         "--ttft", action="store_true", help="also TTFT of a 4k prompt from Redis (minutes)"
     )
     redis_bench.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -199,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         from kvtier.bench import redis as redis_bench_module
 
         redis_bench_module.run(args.out, quick=args.quick, rounds=args.rounds,
-                               device=args.device, url=args.url, ttft=args.ttft)  # fmt: skip
+                               device=args.device, url=args.url, ttft=args.ttft,
+                               server=args.server)  # fmt: skip
     elif args.bench == "scheduler":
         from kvtier.bench import scheduler as scheduler_bench
 

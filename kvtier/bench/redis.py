@@ -75,12 +75,14 @@ def run(
     device: str | None = None,
     url: str | None = None,
     ttft: bool = False,
+    server: str | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
     """Measure, print a table, write ``redis.json`` and ``redis.png`` under ``out_dir``.
 
     ``rounds`` after the warm-up (default 9; 3 with ``quick``). ``url``: a running server to use
-    instead of starting one (its keys under ``kvtier-bench:`` are overwritten, then deleted).
+    instead of starting one (its keys under ``kvtier-bench:`` are overwritten, then deleted);
+    ``server``: the kind started, "redis" or "valkey" (None: redis-server, else valkey-server).
     ``ttft``: also the TTFT section (real engines of the bench model; minutes). Returns the JSON
     document. Raises RuntimeError when a load did not bring back the bytes stored.
     """
@@ -90,16 +92,17 @@ def run(
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
         if url is None:  # kvtier's and redis-py's copies of one chunk size, with room to spare
-            server = RedisServer(maxmemory=4 * payload + (256 << 20), maxmemory_policy="noeviction")
-            url = stack.enter_context(server).url
+            started_server = RedisServer(kind=server, maxmemory=4 * payload + (256 << 20),
+                                         maxmemory_policy="noeviction")  # fmt: skip
+            url = stack.enter_context(started_server).url
         client = stack.enter_context(redis.Redis.from_url(url))
         others = OtherLoad(lambda: own_cpu_seconds() + _server_cpu_seconds(client))
         sizes = []
         with tqdm(total=len(CHUNK_TOKENS) * (rounds + 1), desc="bench redis", unit="round") as bar:
             for tokens in CHUNK_TOKENS:
                 sizes.append(measure_size(url, tokens, payload, rounds, target, bar.update))
-        meta = {
-            "device": str(target), "server_version": client.info("server")["redis_version"],
+        meta: dict[str, Any] = {
+            "device": str(target), "server": _server_name(client.info("server")),
             "redis_py": redis.__version__, "hiredis": redis.utils.HIREDIS_AVAILABLE,
             "parser": _parser_name(client), "payload_mib": payload >> 20, "rounds": rounds,
             "layers": LAYERS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "dtype": "bfloat16",
@@ -115,6 +118,13 @@ def run(
     if ttft:
         redis_report.print_ttft(meta["ttft"], console or Console())
     return {**meta, "rows": rows}
+
+
+def _server_name(info: dict[str, Any]) -> str:
+    """ "valkey 8.0.1" or "redis 7.0.15" (Valkey also reports a Redis version, for clients)."""
+    if "valkey_version" in info:
+        return f"valkey {info['valkey_version']}"
+    return f"redis {info['redis_version']}"
 
 
 def measure_ttft(url: str, tokens: int = 4096, repeats: int = 3) -> dict[str, Any]:

@@ -55,7 +55,7 @@ def ratio_rows(sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def print_table(rows: list[dict[str, Any]], meta: dict[str, Any], console: Console) -> None:
     title = (
-        f"kvtier Redis tier / a baseline, same run: redis-server {meta['server_version']} on "
+        f"kvtier Redis tier / a baseline, same run: {meta['server']} on "
         f"loopback, redis-py {meta['redis_py']} ({meta['parser']}), {meta['payload_mib']} MiB "
         f"a round, {meta['rounds']} rounds after a warm-up; throughput in MiB/s"
     )

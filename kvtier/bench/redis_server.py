@@ -7,6 +7,8 @@
         server.url, server.ca_file                 rediss://127.0.0.1:PORT/0, the CA's PEM
     with RedisClusterServers(3) as cluster:
         cluster.urls                               one URL per master, slots spread, state ok
+    RedisServer(kind="valkey")                     the same with valkey-server (both kinds speak
+                                                   the same protocol and read the same options)
 
 Options are redis.conf directives (``maxmemory_policy="allkeys-lru"``: underscores become
 dashes). Every wait is bounded; a server that does not come up raises with the end of its log.
@@ -31,8 +33,19 @@ import redis
 START_S = 15.0  # bound on a server's start, a cluster's agreement, a process's exit
 
 
+KINDS = ("redis", "valkey")
+
+
 def redis_server_binary() -> str | None:
-    return shutil.which("redis-server") or shutil.which("valkey-server")
+    """redis-server, else valkey-server: whichever is installed (None: neither)."""
+    return server_binary("redis") or server_binary("valkey")
+
+
+def server_binary(kind: str) -> str | None:
+    """``redis-server`` or ``valkey-server`` on PATH (None: not installed)."""
+    if kind not in KINDS:
+        raise ValueError(f"server kind must be one of {KINDS}, got {kind!r}")
+    return shutil.which(f"{kind}-server")
 
 
 def free_port() -> int:
@@ -42,13 +55,23 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """One ``redis-server``; ``options`` are redis.conf directives, e.g. ``maxmemory="2mb"``."""
+    """One ``redis-server`` or ``valkey-server`` (``kind``; None: whichever is installed, Redis
+    first); ``options`` are redis.conf directives, e.g. ``maxmemory="2mb"``."""
 
-    def __init__(self, *, cluster: bool = False, tls: bool = False, **options: str | int) -> None:
-        binary = redis_server_binary()
+    def __init__(
+        self,
+        *,
+        kind: str | None = None,
+        cluster: bool = False,
+        tls: bool = False,
+        **options: str | int,
+    ) -> None:
+        binary = redis_server_binary() if kind is None else server_binary(kind)
         if binary is None:
-            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+            missing = f"{kind}-server is" if kind else "neither redis-server nor valkey-server is"
+            raise RuntimeError(f"{missing} installed (see scripts/install-test-servers)")
         self.binary = binary
+        self.kind = Path(binary).name.removesuffix("-server")
         self.tls = tls
         self.options = {"save": '""', "appendonly": "no"}
         self.options |= {name.replace("_", "-"): str(value) for name, value in options.items()}
@@ -116,7 +139,7 @@ class RedisServer:
                 if self._process.poll() is not None or time.monotonic() > deadline:
                     log = self.log()
                     self.kill()
-                    raise RuntimeError(f"redis-server on port {self.port} did not start "
+                    raise RuntimeError(f"{self.kind}-server on port {self.port} did not start "
                                        f"within {START_S} s; its log:\n{log}")  # fmt: skip
                 try:
                     if client.ping():
@@ -187,8 +210,8 @@ class RedisServer:
 class RedisClusterServers:
     """``masters`` cluster-mode servers, the 16384 slots split between them, state ok."""
 
-    def __init__(self, masters: int = 3) -> None:
-        self.servers = [RedisServer(cluster=True) for _ in range(masters)]
+    def __init__(self, masters: int = 3, kind: str | None = None) -> None:
+        self.servers = [RedisServer(kind=kind, cluster=True) for _ in range(masters)]
 
     @property
     def urls(self) -> list[str]:

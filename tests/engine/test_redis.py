@@ -37,11 +37,12 @@ def _served(stats: dict[str, Any]) -> int:
 
 
 def test_a_second_engine_process_is_served_from_redis(
-    tiny_model: Path, reference: Any, tmp_path: Path, redis_server: Any
+    tiny_model: Path, reference: Any, tmp_path: Path, store_server: Any
 ) -> None:
+    """The same on redis-server and on valkey-server: Valkey works unchanged."""
     token_prompts = prompts(tiny_model, LENGTHS, seed=21)
     expected = reference(tiny_model, token_prompts)
-    extra = redis_extra(redis_server.url, prefix=f"two-{time.monotonic_ns()}")
+    extra = redis_extra(store_server.url, prefix=f"two-{time.monotonic_ns()}")
     a = run_job(tmp_path, "a", tiny_model, token_prompts, extra)
     assert a["outputs"] == [expected]
     wanted = full_chunks(token_prompts, CHUNK)

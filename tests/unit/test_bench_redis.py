@@ -37,3 +37,9 @@ def test_quick_bench_writes_every_row_ratio_and_the_figure(
     assert sizes[256]["engine_block_tokens"] == 32 and sizes[256]["chunk_bytes"] == 4 << 20
     assert (tmp_path / "redis.png").stat().st_size > 0
     assert not redis_server.client().keys(f"{redis_bench.PREFIX}:*")  # the bench cleaned up
+
+
+def test_the_report_names_the_server_it_ran_on(store_server: RedisServer) -> None:
+    info = store_server.client().info("server")
+    name = redis_bench._server_name(info)
+    assert name.split() == [store_server.kind, info[f"{store_server.kind}_version"]]

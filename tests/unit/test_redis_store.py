@@ -43,13 +43,13 @@ def silent_port() -> Iterator[int]:
 
 
 @pytest.fixture
-def secured(fresh_redis: RedisServer) -> RedisServer:
-    fresh_redis.client().config_set("requirepass", "right-pw")
-    return fresh_redis
+def secured(fresh_store_server: RedisServer) -> RedisServer:
+    fresh_store_server.client().config_set("requirepass", "right-pw")
+    return fresh_store_server
 
 
-def test_a_server_that_answers_passes(redis_server: RedisServer) -> None:
-    _store(redis_server.url).check()
+def test_a_server_that_answers_passes(store_server: RedisServer) -> None:
+    _store(store_server.url).check()
 
 
 def test_the_password_may_come_from_the_environment(
@@ -90,8 +90,8 @@ def test_a_server_that_never_answers_is_a_timeout(silent_port: int) -> None:
     _check_fails(_store(f"redis://127.0.0.1:{silent_port}/0"), r"no answer .* within")
 
 
-def test_tls_to_a_plain_port(redis_server: RedisServer) -> None:
-    url = redis_server.url.replace("redis://", "rediss://")
+def test_tls_to_a_plain_port(store_server: RedisServer) -> None:
+    url = store_server.url.replace("redis://", "rediss://")
     _check_fails(_store(url), r"'redis\.url'.*TLS handshake .* plain port")
 
 
@@ -112,40 +112,40 @@ def test_a_ca_file_that_cannot_be_read(redis_tls: RedisServer, tmp_path: Path) -
     _check_fails(store, r"^kvtier: 'redis\.tls_ca': cannot load")
 
 
-def test_a_database_that_does_not_exist(redis_server: RedisServer) -> None:
-    _check_fails(_store(redis_server.url.replace("/0", "/999")), r"database 999 does not exist")
+def test_a_database_that_does_not_exist(store_server: RedisServer) -> None:
+    _check_fails(_store(store_server.url.replace("/0", "/999")), r"database 999 does not exist")
 
 
 def test_cluster_mode_must_match(
-    redis_server: RedisServer, redis_cluster: RedisClusterServers
+    store_server: RedisServer, redis_cluster: RedisClusterServers
 ) -> None:
-    _check_fails(_store(redis_server.url, cluster=True), r"'redis\.url'.*not in cluster mode")
+    _check_fails(_store(store_server.url, cluster=True), r"'redis\.url'.*not in cluster mode")
     _check_fails(_store(redis_cluster.urls[0]), r"is a Redis Cluster node.*'redis\.cluster'")
     seeds = (redis_cluster.urls[1], f"redis://127.0.0.1:{free_port()}/0")
     _check_fails(_store(redis_cluster.urls[0], cluster=True, seeds=seeds),
                  r"^kvtier: 'redis\.seeds': nothing listens")  # fmt: skip
 
 
-def test_pipelined_commands(redis_server: RedisServer) -> None:
-    store = _store(redis_server.url, ttl_s=60.0)
+def test_pipelined_commands(store_server: RedisServer) -> None:
+    store = _store(store_server.url, ttl_s=60.0)
     names = [b"cmd:%d" % n for n in range(100)]
     assert store.set_many([(name, (b"head-", b"x" * 20_000)) for name in names]) == [True] * 100
-    assert redis_server.client().get(b"cmd:7") == b"head-" + b"x" * 20_000
-    assert 0 < redis_server.client().pttl(b"cmd:7") <= 60_000
+    assert store_server.client().get(b"cmd:7") == b"head-" + b"x" * 20_000
+    assert 0 < store_server.client().pttl(b"cmd:7") <= 60_000
     store.delete(names[::2])
     assert store.exists([*names[:4], b"cmd:never"]) == [False, True, False, True, False]
 
 
-def test_a_full_redis_refuses_a_write_without_an_error(fresh_redis: RedisServer) -> None:
-    fresh_redis.client().config_set("maxmemory", "2mb")  # policy noeviction: writes refused
-    store = _store(fresh_redis.url)
+def test_a_full_redis_refuses_a_write_without_an_error(fresh_store_server: RedisServer) -> None:
+    fresh_store_server.client().config_set("maxmemory", "2mb")  # policy noeviction: writes refused
+    store = _store(fresh_store_server.url)
     stored = store.set_many([(b"full:%d" % n, b"x" * 100_000) for n in range(40)])
     assert stored[0] and not stored[-1]
     assert store.available and store.exists([b"full:0"]) == [True]
 
 
-def test_threads_use_their_own_connections(redis_server: RedisServer) -> None:
-    store = _store(redis_server.url)
+def test_threads_use_their_own_connections(store_server: RedisServer) -> None:
+    store = _store(store_server.url)
     errors: list[BaseException] = []
 
     def work(n: int) -> None:
@@ -165,10 +165,10 @@ def test_threads_use_their_own_connections(redis_server: RedisServer) -> None:
     assert not errors and not any(thread.is_alive() for thread in threads)
 
 
-def test_the_breaker_fails_fast_and_closes_after_a_restart(fresh_redis: RedisServer) -> None:
-    store = _store(fresh_redis.url)
+def test_the_breaker_fails_fast_and_closes_after_a_restart(fresh_store_server: RedisServer) -> None:
+    store = _store(fresh_store_server.url)
     assert store.exists([b"k"]) == [False]
-    fresh_redis.kill()
+    fresh_store_server.kill()
     started = time.monotonic()
     with pytest.raises(RedisUnavailable):
         store.exists([b"k"])
@@ -179,7 +179,7 @@ def test_the_breaker_fails_fast_and_closes_after_a_restart(fresh_redis: RedisSer
         with pytest.raises(RedisUnavailable, match="breaker open"):
             store.set_many([(b"k", b"v")])
         assert time.monotonic() - started < 0.05
-    fresh_redis.restart()
+    fresh_store_server.restart()
     deadline = time.monotonic() + 5
     while not store.available:
         assert time.monotonic() < deadline
@@ -188,9 +188,9 @@ def test_the_breaker_fails_fast_and_closes_after_a_restart(fresh_redis: RedisSer
     assert store.breaker.failures == 0
 
 
-def test_the_breaker_window_doubles_while_redis_stays_down(fresh_redis: RedisServer) -> None:
-    store = _store(fresh_redis.url)
-    fresh_redis.kill()
+def test_the_breaker_window_doubles_while_redis_stays_down(fresh_store_server: RedisServer) -> None:
+    store = _store(fresh_store_server.url)
+    fresh_store_server.kill()
     windows = []
     for _ in range(3):
         with pytest.raises(RedisUnavailable):

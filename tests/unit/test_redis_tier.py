@@ -74,15 +74,15 @@ def _write(tier: RedisTier, chunks: range | list[int]) -> list[int | None]:
     return tier.write_many([_key(n) for n in chunks], [_payload(tier, n) for n in chunks])
 
 
-def test_records_round_trip_through_the_pipeline(redis_server: RedisServer) -> None:
-    tier = _tier(redis_server.url)
+def test_records_round_trip_through_the_pipeline(store_server: RedisServer) -> None:
+    tier = _tier(store_server.url)
     assert _write(tier, range(10)) == [tier.file_bytes(0)] * 10
     assert tier.file_bytes(0) < sum(tier.view_bytes(0)) + 300  # compact: no 4 KiB header
     assert _load(tier, list(range(10))) == {n: "ok" for n in range(10)}
 
 
-def test_reads_out_of_prefetch_order_and_unprefetched_reads(redis_server: RedisServer) -> None:
-    tier = _tier(redis_server.url, connections=2)
+def test_reads_out_of_prefetch_order_and_unprefetched_reads(store_server: RedisServer) -> None:
+    tier = _tier(store_server.url, connections=2)
     _write(tier, range(8))
     for n in range(6):
         tier.prefetch(_key(n))
@@ -90,17 +90,17 @@ def test_reads_out_of_prefetch_order_and_unprefetched_reads(redis_server: RedisS
     assert _read(tier, 7) and _read(tier, 5) and _read(tier, 1)  # 7 never prefetched
 
 
-def test_a_large_record_is_received_intact(redis_server: RedisServer) -> None:
-    tier = _tier(redis_server.url, timeout_s=5.0, page_words=1 << 20)  # 2 x 2 x 4 MiB
+def test_a_large_record_is_received_intact(store_server: RedisServer) -> None:
+    tier = _tier(store_server.url, timeout_s=5.0, page_words=1 << 20)  # 2 x 2 x 4 MiB
     assert sum(tier.view_bytes(0)) == 16 << 20
     _write(tier, [1, 2])
     assert _load(tier, [1, 2]) == {1: "ok", 2: "ok"}
 
 
 def test_an_absent_record_is_a_miss_and_nothing_is_deleted(
-    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+    store_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    tier = _tier(redis_server.url)
+    tier = _tier(store_server.url)
     _write(tier, [1])
     with caplog.at_level(logging.WARNING):
         assert _load(tier, [0, 1]) == {0: "RecordAbsent", 1: "ok"}
@@ -114,10 +114,10 @@ def test_an_absent_record_is_a_miss_and_nothing_is_deleted(
     ["garbage", "empty", "truncated", "flipped", "other chunk", "other rank", "other model"],
 )
 def test_a_bad_record_is_a_miss_is_deleted_and_the_pipeline_stays_in_step(
-    redis_server: RedisServer, damage: str
+    store_server: RedisServer, damage: str
 ) -> None:
-    tier = _tier(redis_server.url)
-    client = redis_server.client()
+    tier = _tier(store_server.url)
+    client = store_server.client()
     _write(tier, [0, 1, 2, 3])
     name = tier.name(_key(1))
     record = bytearray(client.get(name) or b"")
@@ -141,11 +141,11 @@ def test_a_bad_record_is_a_miss_is_deleted_and_the_pipeline_stays_in_step(
     assert client.exists(name) == 0  # deleted: the next store writes it afresh
 
 
-def test_evicted_records_are_misses(fresh_redis: RedisServer) -> None:
-    client = fresh_redis.client()
+def test_evicted_records_are_misses(fresh_store_server: RedisServer) -> None:
+    client = fresh_store_server.client()
     client.config_set("maxmemory", "2mb")
     client.config_set("maxmemory-policy", "allkeys-lru")
-    tier = _tier(fresh_redis.url)
+    tier = _tier(fresh_store_server.url)
     written = _write(tier, range(300))  # 300 x 2 KiB records in a 2 MiB Redis
     outcome = _load(tier, list(range(300)))
     assert set(outcome.values()) == {"ok", "RecordAbsent"}
@@ -153,9 +153,9 @@ def test_evicted_records_are_misses(fresh_redis: RedisServer) -> None:
     assert None not in written
 
 
-def test_a_full_redis_refuses_writes_without_an_error(fresh_redis: RedisServer) -> None:
-    fresh_redis.client().config_set("maxmemory", "2mb")  # noeviction: writes are refused
-    tier = _tier(fresh_redis.url, page_words=8192)  # 64 KiB records
+def test_a_full_redis_refuses_writes_without_an_error(fresh_store_server: RedisServer) -> None:
+    fresh_store_server.client().config_set("maxmemory", "2mb")  # noeviction: writes are refused
+    tier = _tier(fresh_store_server.url, page_words=8192)  # 64 KiB records
     written = _write(tier, range(60))
     assert written[0] == tier.file_bytes(0) and written[-1] is None
     with pytest.raises(OSError, match="refused"):
@@ -164,13 +164,13 @@ def test_a_full_redis_refuses_writes_without_an_error(fresh_redis: RedisServer) 
 
 
 def test_a_dead_redis_fails_fast_and_is_used_again_after_a_restart(
-    fresh_redis: RedisServer,
+    fresh_store_server: RedisServer,
 ) -> None:
-    tier = _tier(fresh_redis.url)
+    tier = _tier(fresh_store_server.url)
     _write(tier, range(6))
     for n in range(4):
         tier.prefetch(_key(n))
-    fresh_redis.kill()  # with replies in flight, or already received
+    fresh_store_server.kill()  # with replies in flight, or already received
     started = time.monotonic()
     with pytest.raises(RedisUnavailable):
         _read(tier, 5)
@@ -180,7 +180,7 @@ def test_a_dead_redis_fails_fast_and_is_used_again_after_a_restart(
     with pytest.raises(RedisUnavailable, match="breaker open"):
         tier.write(_key(5), _payload(tier, 5))
     assert time.monotonic() - started < 0.1  # the breaker is open: nothing tried
-    fresh_redis.restart()  # an empty Redis on the same port
+    fresh_store_server.restart()  # an empty Redis on the same port
     deadline = time.monotonic() + 5
     while not tier.store.available:
         assert time.monotonic() < deadline
@@ -190,8 +190,8 @@ def test_a_dead_redis_fails_fast_and_is_used_again_after_a_restart(
     assert _load(tier, [1, 2]) == {1: "ok", 2: "ok"}
 
 
-def test_a_load_thread_and_a_write_thread_share_the_store(redis_server: RedisServer) -> None:
-    tier = _tier(redis_server.url)
+def test_a_load_thread_and_a_write_thread_share_the_store(store_server: RedisServer) -> None:
+    tier = _tier(store_server.url)
     writer = RedisTier(tier.store, 0, FP, "test layout", tier.layout, FACTOR)
     _write(tier, range(50))
     failures: list[BaseException] = []

@@ -80,8 +80,8 @@ class Rig:
         return answer
 
 
-def test_a_hit_is_one_run_across_disk_and_redis(tmp_path: Path, redis_server: Any) -> None:
-    rig = Rig(redis_server.url, tmp_path / "disk")
+def test_a_hit_is_one_run_across_disk_and_redis(tmp_path: Path, store_server: Any) -> None:
+    rig = Rig(store_server.url, tmp_path / "disk")
     keys = rig.keys(HASHES)
     rig.on_disk(keys[:2])
     rig.in_redis(keys[:6])  # the disk's two, then four more
@@ -104,30 +104,30 @@ def test_a_hit_is_one_run_across_disk_and_redis(tmp_path: Path, redis_server: An
     rig.connector.check_integrity()
 
 
-def test_a_chunk_is_found_only_when_every_rank_wrote_it(redis_server: Any) -> None:
-    rig = Rig(redis_server.url, None, ranks=2)
+def test_a_chunk_is_found_only_when_every_rank_wrote_it(store_server: Any) -> None:
+    rig = Rig(store_server.url, None, ranks=2)
     keys = rig.keys(HASHES)
     rig.in_redis(keys[:4])
     rig.in_redis(keys[4:6], ranks=[0])  # rank 1's share is missing
     assert rig.lookup("a", HASHES, 33) == 16
 
 
-def test_a_lookup_is_pending_until_redis_answered(redis_server: Any) -> None:
-    rig = Rig(redis_server.url, None)
+def test_a_lookup_is_pending_until_redis_answered(store_server: Any) -> None:
+    rig = Rig(store_server.url, None)
     rig.in_redis(rig.keys(HASHES))
     assert rig.connector.lookup("a", HASHES, 0, 33) is None  # asked; no step waited
     assert rig.lookup("a", HASHES, 33) == 32
 
 
-def test_a_short_redis_hit_is_not_worth_a_step(redis_server: Any) -> None:
-    rig = Rig(redis_server.url, None, wait_s=1.0)
+def test_a_short_redis_hit_is_not_worth_a_step(store_server: Any) -> None:
+    rig = Rig(store_server.url, None, wait_s=1.0)
     rig.connector._policy = rig.connector._policy._replace(min_async_load_tokens=64)
     rig.in_redis(rig.keys(HASHES[:2]))
     assert rig.lookup("a", HASHES, 33) == 0  # 8 tokens from Redis: computed instead
 
 
-def test_a_failed_load_forgets_the_chunks_and_they_are_written_again(redis_server: Any) -> None:
-    rig = Rig(redis_server.url, None)
+def test_a_failed_load_forgets_the_chunks_and_they_are_written_again(store_server: Any) -> None:
+    rig = Rig(store_server.url, None)
     keys = rig.keys(HASHES)
     rig.in_redis(keys[:4])
     assert rig.lookup("a", HASHES, 33) == 16
@@ -141,8 +141,8 @@ def test_a_failed_load_forgets_the_chunks_and_they_are_written_again(redis_serve
     assert rig.connector.lookup("b", HASHES, 0, 33) == 4
 
 
-def test_stores_reach_redis_write_through(redis_server: Any) -> None:
-    rig = Rig(redis_server.url, None)
+def test_stores_reach_redis_write_through(store_server: Any) -> None:
+    rig = Rig(store_server.url, None)
     connector = rig.connector
     assert rig.lookup("a", HASHES[:4], 17) == 0
     connector.on_alloc("a", [[10, 11, 12, 13, 14]], 0)
@@ -159,10 +159,10 @@ def test_stores_reach_redis_write_through(redis_server: Any) -> None:
     connector.check_integrity()
 
 
-def test_a_dead_redis_is_a_miss_within_the_timeout(fresh_redis: Any) -> None:
-    rig = Rig(fresh_redis.url, None)
+def test_a_dead_redis_is_a_miss_within_the_timeout(fresh_store_server: Any) -> None:
+    rig = Rig(fresh_store_server.url, None)
     rig.in_redis(rig.keys(HASHES))
-    fresh_redis.kill()
+    fresh_store_server.kill()
     started = time.monotonic()
     assert rig.lookup("a", HASHES, 33) == 0
     assert time.monotonic() - started < 1.0 + 1.0
