@@ -15,6 +15,7 @@ MAX_SAMPLES = 4096  # job durations kept per (tier, direction) between two takes
 class TierStats:
     hit_chunks: int = 0  # chunks a lookup found ready (and the engine then loaded)
     miss_chunks: int = 0  # chunks looked up and not found
+    failed_lookups: int = 0  # lookups that got no answer (timed out, store down): misses
     loaded_chunks: int = 0
     loaded_bytes: int = 0  # summed over ranks
     load_seconds: float = 0.0  # slowest rank per job, summed over jobs
@@ -51,6 +52,7 @@ def _tier_line(name: str, tier: TierStats) -> str:
     looked = tier.hit_chunks + tier.miss_chunks
     rate = tier.hit_chunks / looked if looked else 0.0
     bad = f", bad chunks {tier.bad_chunks}" if tier.bad_chunks else ""
+    bad += f", failed lookups {tier.failed_lookups}" if tier.failed_lookups else ""
     return (
         f"{name} hit {tier.hit_chunks}/{looked} chunks ({rate:.0%}), "
         f"loaded {tier.loaded_bytes / 2**20:.1f} MiB in {tier.load_seconds:.3f} s, "

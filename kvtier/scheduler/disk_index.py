@@ -91,6 +91,7 @@ class DiskIndex:
         self._entries: OrderedDict[ChunkKey, _Entry] = OrderedDict()
         self.used = 0
         self.evicted = 0  # chunks removed to make room, since start
+        self.failed_lookups = 0  # a lookup reads memory: it always has an answer
         self._refused: dict[ChunkKey, float] = {}  # key -> newest mtime of files a load refused
         root.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()

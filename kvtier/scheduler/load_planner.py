@@ -244,6 +244,8 @@ class LoadPlanner:
             self.stats.tiers[name].hit_chunks += served
             self.stats.tiers[name].miss_chunks += left - served
             left -= served
+        for tier in self.lower:  # counted by the tier, off the step
+            self.stats.tiers[tier.name].failed_lookups = tier.failed_lookups
         state.lookup_start = state.lookup_end = 0
 
     def _load(

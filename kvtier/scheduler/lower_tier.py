@@ -13,7 +13,8 @@ provenance), ``spec`` (the address of its chunks in a transfer: a worker handler
 medium), ``synchronous`` (a short load may run before the forward: local disk yes, a network
 store never), ``write_through`` (write a chunk as soon as the host tier stored it, or only when
 it is evicted or the engine is idle), ``max_in_flight`` (chunks being written at once: more are
-skipped and counted), ``used``/``room`` (bytes; ``room`` None: no budget of ours), ``evicted``.
+skipped and counted), ``used``/``room`` (bytes; ``room`` None: no budget of ours), ``evicted``,
+``failed_lookups`` (lookups that got no answer and were misses: a remote tier's timeouts).
 
 The chain is the order of a hit: host memory, then the first tier of the chain, then the next,
 each looked up from where the one before stopped. Disk (``disk_index.py``) and Redis
@@ -49,6 +50,9 @@ class LowerTier(Protocol):
 
     @property
     def evicted(self) -> int: ...
+
+    @property
+    def failed_lookups(self) -> int: ...
 
     def lookup(self, keys: Sequence[ChunkKey]) -> int | None: ...
 

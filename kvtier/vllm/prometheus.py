@@ -7,7 +7,8 @@ Every series carries vLLM's labels (``model_name``, ``engine``) and, per tier, `
     vllm:kvtier_{hit,miss,loaded,stored}_{chunks,tokens}   counters per tier (tokens: chunks x
                                                             the chunk's tokens)
     vllm:kvtier_{loaded,stored}_bytes                       counters per tier (summed over ranks)
-    vllm:kvtier_{evicted_chunks,bad_chunks,failed_loads,failed_stores,skipped_stores}
+    vllm:kvtier_{evicted_chunks,bad_chunks,failed_loads,failed_stores,skipped_stores,
+                 failed_lookups}
     vllm:kvtier_{load,store}_seconds                        histograms per tier (one per job)
     vllm:kvtier_used_bytes                                  gauge per tier
     vllm:kvtier_lookups, vllm:kvtier_preemptions            counters
@@ -30,6 +31,7 @@ PREFIX = "vllm:kvtier_"
 TIER_COUNTERS = {  # TierStats field -> documentation
     "hit_chunks": "Chunks a lookup found in the tier (the engine then loaded them).",
     "miss_chunks": "Chunks looked up and not found in the tier.",
+    "failed_lookups": "Lookups that got no answer (timed out, or the store is down): misses.",
     "loaded_chunks": "Chunks loaded from the tier into the engine.",
     "loaded_bytes": "Bytes loaded from the tier into the engine, summed over ranks.",
     "stored_chunks": "Chunks stored in the tier.",

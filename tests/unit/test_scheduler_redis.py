@@ -167,3 +167,8 @@ def test_a_dead_redis_is_a_miss_within_the_timeout(fresh_store_server: Any) -> N
     assert rig.lookup("a", HASHES, 33) == 0
     assert time.monotonic() - started < 1.0 + 1.0
     assert rig.index.failed_lookups == 1
+    rig.connector.on_alloc("a", [list(range(10, 19))], 0)
+    redis_stats = rig.connector.stats.tiers["redis"]
+    assert (redis_stats.failed_lookups, redis_stats.miss_chunks) == (1, 8)  # in /metrics too
+    assert "redis hit 0/8 chunks" in rig.connector.stats.log_line()
+    assert "failed lookups 1" in rig.connector.stats.log_line()
