@@ -216,3 +216,11 @@ def test_records_over_tls(redis_tls: RedisServer) -> None:
     tier = _tier(redis_tls.url, page_words=1 << 16, tls_ca=redis_tls.ca_file)  # 1 MiB records
     _write(tier, range(3))
     assert _load(tier, [0, 1, 2]) == {0: "ok", 1: "ok", 2: "ok"}
+
+
+@pytest.mark.parametrize(("page_words", "ahead"), [(256, 16), (1 << 18, 8), (1 << 20, 2)])
+def test_read_ahead_holds_about_32_mib_of_records(
+    redis_server: RedisServer, page_words: int, ahead: int
+) -> None:
+    """4 KiB, 4 MiB and 16 MiB records: replies in flight stay near 32 MiB, 2 to 16 records."""
+    assert _tier(redis_server.url, page_words=page_words).read_ahead == ahead
