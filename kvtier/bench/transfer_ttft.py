@@ -4,23 +4,30 @@ A prefill ``kvtier serve`` (kv_producer), a decode ``kvtier serve`` (kv_consumer
 proxy`` in front, on loopback, with the bench model. For each prompt length, every repeat sends
 two fresh prompts (never seen by either engine), interleaved:
 
-    prefill_s   prompt A straight to the prefill engine (max_tokens=1): the prefill's TTFT
-    transfer_s  the decode engine's pull of A (kvtier's load seconds on its /metrics)
-    step_s      one decode step: the median time between A's streamed tokens on the decode engine
-    first_s     A's first token from the decode engine (the pull, then its first step)
-    proxy_s     prompt B through the proxy, streamed: the time to its first token
+    prefill_s         prompt A straight to the prefill engine (max_tokens=1): the prefill's TTFT
+    transfer_s        the decode engine's pull of A (kvtier's load seconds on its /metrics)
+    step_s            one decode step: the median time between A's streamed tokens on the decode
+                      engine
+    first_s           A's first token from the decode engine (the pull, then its first step)
+    own_first_s       A again on the decode engine, which now holds its KV (vLLM's own prefix
+                      hit): the first token of a decode engine that needs no transfer at all
+    proxy_s           prompt B through the proxy, streamed: the time to its first token
+    proxy_prefill_s   B's prefill as the proxy timed it (its ``Server-Timing`` header)
+    proxy_transfer_s  the decode engine's pull of B
 
-``prefill_s + first_s`` is prefill→decode without the proxy: ``proxy_s`` minus it is what the
-proxy adds (one more hop).
-
-Goal: ``proxy_s <= prefill_s + transfer_s + 1.2 * step_s`` (the ratio ``proxy_s / bound`` <= 1):
-the proxy and the hand-over add no more than a fifth of a decode step.
+Goal: ``proxy_s <= prefill + transfer + 1.2 * step`` for each prompt B (the ratio of the two,
+median over the repeats, <= 1): the proxy and the hand-over add no more than a fifth of a decode
+step. B's own prefill and pull make its bound (prompts of one length differ in prefill time by
+up to a tenth here, more than the goal's margin). ``ideal_ratio`` divides ``proxy_s`` by B's
+prefill plus ``own_first_s``: what the hand-over costs beyond a decode engine that already held
+the KV.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import tempfile
 import time
@@ -87,28 +94,36 @@ def measure(
 ) -> list[dict[str, Any]]:
     rows = []
     for length in lengths:
-        samples: dict[str, list[float]] = {
-            "prefill": [], "transfer": [], "step": [], "first": [], "proxy": []
-        }  # fmt: skip
+        samples: dict[str, list[float]] = {}
         for repeat in range(repeats + 1):  # the first is a warm-up, not kept
             seed = 7000 + length * 100 + 2 * repeat  # every prompt of the run differs
             found = _one(servers, make_prompt(model, length, seed=seed),
                          make_prompt(model, length, seed=seed + 1))  # fmt: skip
             if repeat:
                 for name, value in found.items():
-                    samples[name].append(value)
-        row: dict[str, Any] = {"prompt_tokens": length}
-        for name, values in samples.items():
-            row[f"{name}_s"] = median(values)
-            row[f"{name}_samples"] = values
-        bound = row["prefill_s"] + row["transfer_s"] + 1.2 * row["step_s"]
-        ratios = [p / (a + t + 1.2 * s) for p, a, t, s in zip(
-            samples["proxy"], samples["prefill"], samples["transfer"], samples["step"], strict=True
-        )]  # fmt: skip
-        row.update(bound_s=bound, ratio=row["proxy_s"] / bound, ratio_min=min(ratios),
-                   ratio_max=max(ratios), passes=row["proxy_s"] / bound <= GOAL)  # fmt: skip
-        rows.append(row)
+                    samples.setdefault(name, []).append(value)
+        rows.append(_row(length, samples))
     return rows
+
+
+def _row(length: int, samples: dict[str, list[float]]) -> dict[str, Any]:
+    """Medians of every part, and the ratios each repeat's prompt B makes, paired."""
+    row: dict[str, Any] = {"prompt_tokens": length}
+    for name, values in samples.items():
+        row[f"{name}_s"] = median(values)
+        row[f"{name}_samples"] = values
+    parts = zip(samples["proxy"], samples["proxy_prefill"], samples["proxy_transfer"],
+                samples["step"], samples["own_first"], strict=True)  # fmt: skip
+    bounds, ratios, ideal = [], [], []
+    for proxy, prefill, transfer, step, own_first in parts:
+        bounds.append(prefill + transfer + 1.2 * step)
+        ratios.append(proxy / bounds[-1])
+        ideal.append(proxy / (prefill + own_first))
+    row.update(bound_s=median(bounds), ratio_samples=ratios, ratio=median(ratios),
+               ratio_min=min(ratios), ratio_max=max(ratios), passes=median(ratios) <= GOAL,
+               ideal_ratio=median(ideal), ideal_ratio_min=min(ideal),
+               ideal_ratio_max=max(ideal))  # fmt: skip
+    return row
 
 
 def _one(servers: dict[str, Server], direct: list[int], proxied: list[int]) -> dict[str, float]:
@@ -119,12 +134,16 @@ def _one(servers: dict[str, Server], direct: list[int], proxied: list[int]) -> d
     prefill_s = time.perf_counter() - started
     loaded = sample(decode.url, "vllm:kvtier_load_seconds_sum", tier="peer")
     params = answer["kv_transfer_params"]
-    times = _stream(decode.url, _body(direct, STEP_TOKENS, kv_transfer_params=params))
+    times = _stream(decode.url, _body(direct, STEP_TOKENS, kv_transfer_params=params))[0]
     transfer_s = sample(decode.url, "vllm:kvtier_load_seconds_sum", tier="peer") - loaded
     steps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    proxy_s = _stream(servers["proxy"].url, _body(proxied, 2))[0]
+    own_first = _stream(decode.url, _body(direct, 2))[0]  # the decode engine holds A's KV now
+    loaded = sample(decode.url, "vllm:kvtier_load_seconds_sum", tier="peer")
+    proxy_times, timing = _stream(servers["proxy"].url, _body(proxied, 2), with_timing=True)
+    proxy_transfer = sample(decode.url, "vllm:kvtier_load_seconds_sum", tier="peer") - loaded
     return {"prefill": prefill_s, "transfer": transfer_s, "step": median(steps),
-            "first": times[0], "proxy": proxy_s}  # fmt: skip
+            "first": times[0], "own_first": own_first[0], "proxy": proxy_times[0],
+            "proxy_prefill": timing, "proxy_transfer": proxy_transfer}  # fmt: skip
 
 
 def _body(prompt: list[int], max_tokens: int, **more: Any) -> dict[str, Any]:
@@ -132,19 +151,28 @@ def _body(prompt: list[int], max_tokens: int, **more: Any) -> dict[str, Any]:
             "ignore_eos": True, **more}  # fmt: skip
 
 
-def _stream(url: str, body: dict[str, Any]) -> list[float]:
-    """Seconds from the request to each streamed token."""
+def _stream(url: str, body: dict[str, Any], with_timing: bool = False) -> tuple[list[float], float]:
+    """Seconds from the request to each streamed token; ``with_timing``: and the prefill's
+    seconds the proxy's ``Server-Timing`` header gives."""
     data = json.dumps({**body, "stream": True}).encode()
     request = urllib.request.Request(url + "/v1/completions", data,
                                      {"Content-Type": "application/json"})  # fmt: skip
     started, times = time.perf_counter(), []
     with urllib.request.urlopen(request, timeout=WAIT_S) as response:
+        timing = _prefill_timing(response.headers.get("server-timing")) if with_timing else 0.0
         for line in response:
             text = line.decode().strip()
             if text.startswith("data: ") and text != "data: [DONE]":
                 if json.loads(text[6:])["choices"][0].get("text") is not None:
                     times.append(time.perf_counter() - started)
-    return times
+    return times, timing
+
+
+def _prefill_timing(header: str | None) -> float:
+    match = re.search(r"\bprefill;dur=([\d.]+)", header or "")
+    if match is None:
+        raise RuntimeError(f"the proxy's answer has no prefill Server-Timing: {header!r}")
+    return float(match[1]) / 1e3
 
 
 def run(out_dir: Path, quick: bool = False) -> list[dict[str, Any]]:
@@ -157,17 +185,20 @@ def run(out_dir: Path, quick: bool = False) -> list[dict[str, Any]]:
         with disaggregated(model, Path(work), dtype, max(lengths) + 64) as servers:
             rows = measure(servers, model, lengths, repeats)
     meta = {"model": name, "dtype": dtype, "repeats": repeats, "goal": GOAL,
-            "goal_text": "proxy_s <= prefill_s + transfer_s + 1.2 * step_s"}  # fmt: skip
+            "goal_text": "proxy <= prefill + transfer + 1.2 * step, for each prompt B (its own "
+                         "prefill from the proxy's Server-Timing, its own pull)"}  # fmt: skip
     write_json(out_dir / "transfer-ttft.json", "transfer-ttft", rows, **meta)
     _plot(rows, meta, out_dir / "transfer-ttft.png")
     for row in rows:
         print(
             f"prefill→decode {row['prompt_tokens']} tokens: through the proxy "
-            f"{row['proxy_s'] * 1e3:.1f} ms / (prefill {row['prefill_s'] * 1e3:.1f} + transfer "
-            f"{row['transfer_s'] * 1e3:.1f} + 1.2 x step {row['step_s'] * 1e3:.1f}) = "
-            f"{row['ratio']:.2f} (min {row['ratio_min']:.2f}, max {row['ratio_max']:.2f}; "
-            f"goal <= {GOAL}: {'met' if row['passes'] else 'NOT met'}); without the proxy "
-            f"{(row['prefill_s'] + row['first_s']) * 1e3:.1f} ms"
+            f"{row['proxy_s'] * 1e3:.1f} ms / (prefill {row['proxy_prefill_s'] * 1e3:.1f} + "
+            f"transfer {row['proxy_transfer_s'] * 1e3:.1f} + 1.2 x step "
+            f"{row['step_s'] * 1e3:.1f}) = {row['ratio']:.2f} (min {row['ratio_min']:.2f}, max "
+            f"{row['ratio_max']:.2f}; goal <= {GOAL}: {'met' if row['passes'] else 'NOT met'}); "
+            f"the decode's first token {row['first_s'] * 1e3:.1f} ms after a pull, "
+            f"{row['own_first_s'] * 1e3:.1f} ms holding the KV already; through the proxy / "
+            f"(prefill + that) = {row['ideal_ratio']:.2f}"
         )
     return rows
 
@@ -181,9 +212,10 @@ def _plot(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
     figure, axes = plt.subplots(figsize=(8, 4.5))
     ticks = range(len(rows))
     bottom = [0.0] * len(rows)
-    for name, scale in (("prefill", 1.0), ("transfer", 1.0), ("step", 1.2)):
+    parts = (("proxy_prefill", 1.0, "prefill"), ("proxy_transfer", 1.0, "transfer"),
+             ("step", 1.2, "1.2 x decode step"))  # fmt: skip
+    for name, scale, label in parts:
         values = [row[f"{name}_s"] * scale * 1e3 for row in rows]
-        label = "1.2 x decode step" if name == "step" else name
         axes.bar([t - 0.2 for t in ticks], values, 0.38, bottom=bottom, label=label)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     proxied = [row["proxy_s"] * 1e3 for row in rows]

@@ -1,7 +1,8 @@
 """An engine's answer, handed to the client as it came: status, headers and bytes.
 
-    relay(exchange) -> Response   a server-sent-event stream goes through chunk by chunk
-                                  (``StreamRelay``); any other body is read whole, then sent
+    relay(exchange, more) -> Response   a server-sent-event stream goes through chunk by chunk
+                                        (``StreamRelay``); any other body is read whole, then
+                                        sent; ``more``: headers of the proxy's own to add
     passthrough_headers(answer)   the answer's headers, less those of its own connection
 
 The stream's bytes are not parsed. An engine that fails mid-stream ends the stream with an
@@ -11,6 +12,7 @@ error event; a client that goes away closes the engine's connection (vLLM aborts
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import anyio
 import httpx
@@ -29,13 +31,13 @@ CONNECTION_HEADERS = frozenset(
 )
 
 
-async def relay(exchange: Exchange) -> Response:
+async def relay(exchange: Exchange, more: Sequence[tuple[bytes, bytes]] = ()) -> Response:
     """The client's response for ``exchange`` (which it closes, now or when the stream ends)."""
     answer = exchange.response
     if answer.is_success and answer.headers.get("content-type", "").startswith("text/event-stream"):
-        return StreamRelay(exchange)
+        return StreamRelay(exchange, more)
     response = Response(await exchange.read(), answer.status_code)
-    response.raw_headers.extend(passthrough_headers(answer))
+    response.raw_headers.extend([*passthrough_headers(answer), *more])
     return response
 
 
@@ -46,9 +48,9 @@ def passthrough_headers(answer: httpx.Response) -> list[tuple[bytes, bytes]]:
 class StreamRelay(Response):
     """Streams an engine's event stream to the client as it arrives."""
 
-    def __init__(self, exchange: Exchange) -> None:
+    def __init__(self, exchange: Exchange, more: Sequence[tuple[bytes, bytes]] = ()) -> None:
         self.status_code = exchange.response.status_code
-        self.raw_headers = passthrough_headers(exchange.response)
+        self.raw_headers = [*passthrough_headers(exchange.response), *more]
         self.background = None
         self.exchange = exchange
 

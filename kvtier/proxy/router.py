@@ -8,7 +8,9 @@
     Router.health()                     see ``kvtier.proxy.health``
     Router.aclose()                     closes every engine's connection pool
 
-Both hops carry one ``X-Request-Id`` and the client's ``Authorization``.
+Both hops carry one ``X-Request-Id`` and the client's ``Authorization``. The answer carries
+``Server-Timing: prefill;dur=MS`` (the prefill hop as the proxy saw it), so a client can split its
+time to first token into the prefill and what followed.
 """
 
 from __future__ import annotations
@@ -56,16 +58,19 @@ class Router:
         """The answer to a completion request ``raw`` sent to ``path``."""
         request_id = uuid.uuid4().hex
         headers = _headers(request_id, authorization)
-        deadline = asyncio.get_running_loop().time() + self.config.timeout_s
+        clock = asyncio.get_running_loop().time
+        deadline = clock() + self.config.timeout_s
         try:
             request = _json_object(raw)
             if not self.decode.any_up():  # fail before a prefill holds KV for no one
                 raise EnginesDown("decode", self.decode.down_reasons())
+            started = clock()
             offer = await self._prefill(path, request, headers, deadline)
+            timing = (b"server-timing", b"prefill;dur=%.1f" % ((clock() - started) * 1e3))
             body = json.dumps(decode_body(request, offer)).encode()
             exchange = await open_exchange(self.decode, "POST", path, body, headers, deadline)
             logger.debug("%s: decode on %s", request_id, exchange.engine.url)
-            return await relay(exchange)
+            return await relay(exchange, [timing])
         except ProxyError as exc:
             logger.debug("%s %s: %s", request_id, path, exc.message)
             return exc.response()

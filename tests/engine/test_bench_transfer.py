@@ -13,7 +13,8 @@ from kvtier.bench import transfer_ttft
 
 pytestmark = pytest.mark.engine
 
-PARTS = ("prefill", "transfer", "step", "first", "proxy")
+PARTS = ("prefill", "transfer", "step", "first", "own_first", "proxy", "proxy_prefill",
+         "proxy_transfer")  # fmt: skip
 
 
 def test_bench_transfer_ttft_writes_the_split_and_its_ratio(tmp_path: Path) -> None:
@@ -23,8 +24,12 @@ def test_bench_transfer_ttft_writes_the_split_and_its_ratio(tmp_path: Path) -> N
     assert document["rows"] == rows and (tmp_path / "transfer-ttft.png").stat().st_size > 0
     (row,) = rows
     assert row["prompt_tokens"] == 1024
-    assert all(row[f"{part}_s"] > 0 for part in PARTS)  # a pull happened: its seconds counted
-    bound = row["prefill_s"] + row["transfer_s"] + 1.2 * row["step_s"]
+    assert all(row[f"{part}_s"] > 0 for part in PARTS)  # pulls happened: their seconds counted
+    # B's ratio to its own bound: the proxy's Server-Timing gave its prefill
+    (proxy,), (prefill,), (transfer,) = (row[f"{p}_samples"] for p in PARTS[5:])
+    assert prefill < proxy and transfer < proxy
+    bound = prefill + transfer + 1.2 * row["step_samples"][0]
     assert row["bound_s"] == pytest.approx(bound)
-    assert row["ratio"] == pytest.approx(row["proxy_s"] / bound)
+    assert row["ratio"] == pytest.approx(proxy / bound)
+    assert row["ideal_ratio"] == pytest.approx(proxy / (prefill + row["own_first_s"]))
     assert isinstance(row["passes"], bool)

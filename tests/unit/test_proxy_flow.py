@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ CHAT = {
 STREAM = {"stream": True, "stream_options": {"include_usage": True}}
 TEXTS = ["t0 ", "t1 ", "t2 "]
 AUTH = "Bearer sk-1"
+PREFILL_S = 0.05
 
 
 def _offer(prefill: FakeEngine, number: int) -> dict[str, Any]:
@@ -40,6 +43,7 @@ def test_prefill_makes_one_token_and_decode_answers_with_its_kv(path: str, strea
     request = {**(CHAT if path.endswith("chat/completions") else COMPLETION)}
     request.update(STREAM if stream else {})
     prefill, decode = FakeEngine("p"), FakeEngine("d")
+    prefill.before_answer = lambda: asyncio.sleep(PREFILL_S)  # the prefill's forward
 
     async def scenario() -> None:
         async with serving(prefill.app, decode.app) as (p_url, d_url):
@@ -58,6 +62,8 @@ def test_prefill_makes_one_token_and_decode_answers_with_its_kv(path: str, strea
         assert {prefilled.headers["authorization"], decoded.headers["authorization"]} == {AUTH}
 
         assert answer.status_code == 200
+        timing = re.fullmatch(r"prefill;dur=(\d+\.\d)", answer.headers["server-timing"])
+        assert timing is not None and PREFILL_S * 1e3 <= float(timing[1]) < 1e3
         if stream:
             assert answer.headers["content-type"].startswith("text/event-stream")
             assert stream_texts(answer.text) == TEXTS
