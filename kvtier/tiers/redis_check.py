@@ -15,6 +15,7 @@ import socket
 import ssl
 
 from kvtier.config import RedisConfig
+from kvtier.connect import ResolveTimeout
 from kvtier.tiers.redis_conn import Connection
 from kvtier.tiers.redis_errors import AuthError, ProtocolError, RespError, TlsHandshakeError
 from kvtier.tiers.redis_url import RedisAddress
@@ -72,6 +73,9 @@ def explain(error: BaseException, address: RedisAddress, config: RedisConfig) ->
         return f"{where} answered an error: {error}"
     if isinstance(error, ConnectionRefusedError):
         return f"nothing listens at {where} (connection refused)"
+    if isinstance(error, ResolveTimeout):
+        return (f"cannot resolve the host of {where} within 'redis.timeout_s' "
+                f"({config.timeout_s} s): is the DNS server answering?")  # fmt: skip
     if isinstance(error, TimeoutError):
         return f"no answer from {where} within 'redis.timeout_s' ({config.timeout_s} s)"
     if isinstance(error, ConnectionResetError | BrokenPipeError | ProtocolError):

@@ -12,7 +12,7 @@ redis-py reads a large value into fresh bytes objects and joins them; here a GET
 straight into the caller's buffers with ``recv_into`` (the record's header through a small
 buffer, its payload into the destination rows), and a SET's payload leaves with ``sendmsg``
 from the caller's buffers, unjoined. Every socket call is bounded by ``timeout_s`` (the whole
-connect, handshake and login too). An error reply (``-MOVED``, ``-OOM``, ``-WRONGPASS`` ...) is a
+name lookup, connect, handshake and login too: ``kvtier.connect``). An error reply (``-MOVED``, ``-OOM``, ``-WRONGPASS`` ...) is a
 typed ``RespError`` and leaves the connection in step; any other failure closes the connection
 (``closed``) so that it is never read again from the middle of a reply.
 """
@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from kvtier.connect import connect
 from kvtier.tiers.redis_errors import ProtocolError, RespError, TlsHandshakeError, error_reply
 from kvtier.tiers.redis_url import RedisAddress
 
@@ -65,7 +66,7 @@ class Connection:
                 sock.close()
                 raise
             return sock
-        sock = socket.create_connection((address.host, address.port), timeout=_left(deadline))
+        sock = connect(address.host, address.port, _left(deadline))  # the lookup bounded too
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if tls is None:

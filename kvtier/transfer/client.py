@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
+from kvtier.connect import connect
 from kvtier.transfer import auth, wire
 from kvtier.transfer.base import BlockRows, PeerIdentity, TransferError, request_rows
 from kvtier.transfer.pool import ConnectionPool
@@ -130,7 +131,7 @@ class TransferClient:
     def _connect(self, host: str, port: int) -> socket.socket:
         peer = f"peer {host}:{port}"
         try:
-            sock = socket.create_connection((host, port), timeout=self._timeout_s)
+            sock = connect(host, port, self._timeout_s)  # the name lookup bounded too
         except OSError as e:
             raise TransferError(f"{peer}: cannot connect: {e}") from None
         try:
