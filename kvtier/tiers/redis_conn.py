@@ -12,9 +12,10 @@ redis-py reads a large value into fresh bytes objects and joins them; here a GET
 straight into the caller's buffers with ``recv_into`` (the record's header through a small
 buffer, its payload into the destination rows), and a SET's payload leaves with ``sendmsg``
 from the caller's buffers, unjoined. Every socket call is bounded by ``timeout_s`` (the whole
-name lookup, connect, handshake and login too: ``kvtier.connect``). An error reply (``-MOVED``, ``-OOM``, ``-WRONGPASS`` ...) is a
-typed ``RespError`` and leaves the connection in step; any other failure closes the connection
-(``closed``) so that it is never read again from the middle of a reply.
+name lookup, connect, handshake and login too: ``kvtier.connect``). An error reply (``-MOVED``,
+``-OOM``, ``-WRONGPASS`` ...) is a typed ``RespError`` and leaves the connection in step; any
+other failure closes the connection (``closed``) so that it is never read again from the middle
+of a reply.
 """
 
 from __future__ import annotations
