@@ -130,12 +130,18 @@ class PeerConsumer:
     def lookup(
         self, params: Mapping[str, Any] | None, num_prompt_tokens: int, num_computed_tokens: int
     ) -> int:
-        """Tokens to pull beyond the engine's own hit (0: none, or params not for a pull)."""
+        """Tokens to pull beyond the engine's own hit (0: none, or params not for a pull).
+
+        Less than a block is not pulled: it is the prompt's last, partly filled block past the
+        engine's own hit, and a pull would cost the request a scheduling step (it waits for
+        it) to save computing those few tokens beside the last one, which is computed anyway.
+        """
         if not self.wants_pull(params):
             return 0
         assert params is not None
         remote = int(params.get("remote_num_tokens") or num_prompt_tokens)
-        return max(0, min(remote, num_prompt_tokens) - num_computed_tokens)
+        tokens = min(remote, num_prompt_tokens) - num_computed_tokens
+        return tokens if tokens >= self.block_tokens else 0
 
     def wants_pull(self, params: Mapping[str, Any] | None) -> bool:
         if not params or not params.get("do_remote_prefill"):

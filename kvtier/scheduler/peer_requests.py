@@ -48,6 +48,8 @@ class PeerRequests:
         if self.consumer is None or not self.consumer.wants_pull(params):
             return 0
         tokens = self.consumer.lookup(params, num_prompt_tokens, num_computed_tokens)
+        if tokens == 0:  # computed here, as any request (no pull planned, no state kept)
+            return 0
         state = self._state(req_id, block_hashes)
         state.num_computed_tokens = num_computed_tokens
         state.peer_params = params

@@ -137,6 +137,25 @@ def test_a_decode_that_never_comes_frees_the_blocks_after_the_hold(pair: Pair) -
     assert found["kvtier"]["failed_tokens"] > 0 and len(tokens) == MAX_TOKENS
 
 
+def test_a_decode_that_needs_less_than_a_block_frees_the_offer_at_once(pair: Pair) -> None:
+    """The decode engine's own prefix hit covers the prompt but for its last, partly filled
+    block (700 tokens: 21 whole blocks of 32, then 28 tokens): it computes those 28 with the last
+    one instead of waiting a step for a pull, and releases the offer, so the prefill engine frees
+    its blocks well before ``hold_s``."""
+    prompt = make_prompt(pair.model, 700, seed=601)
+    wait(lambda: _idle(pair.prefill), WAIT_S, "an idle prefill engine")
+    first, found = _decode(pair.decode.url, prompt, _prefill(pair, prompt))  # pulled
+    assert found["kvtier"]["peer"] >= 699 - 32, found["kvtier"]
+    wait(lambda: _idle(pair.prefill), WAIT_S, "the first offer pulled and released")
+    params = _prefill(pair, prompt)
+    assert params["do_remote_prefill"] is True and not _idle(pair.prefill)
+    again, found = _decode(pair.decode.url, prompt, params)
+    assert again == first
+    kv = found["kvtier"]
+    assert (kv["engine_cached_tokens"], kv["peer"], kv["computed"]) == (672, 0, 28), kv
+    wait(lambda: _idle(pair.prefill), HOLD_S / 2, "the offer released before its hold")
+
+
 @pytest.mark.parametrize("stranger", ["wrong secret", "another model"])
 def test_a_stranger_is_refused_with_what_differs_and_recomputes(
     pair: Pair, reference: Any, stranger: str, tmp_path: Path

@@ -84,6 +84,7 @@ def test_a_decode_request_pulls_its_prompt_past_its_own_hit_into_its_blocks() ->
     decode = _connector(producer=False)
     # the engine has the first block itself: 10 of 14 tokens are pulled, asynchronously
     assert decode.peer_lookup("d1", HASHES, params, 14, 4) == 10
+    assert decode.peer_lookup("d2", HASHES, params, 14, 10) == 4  # one block: worth a pull
     decode.on_alloc("d1", [[40, 41, 42, 43]], 10)
     (load,) = decode.build_plan([]).loads
     assert isinstance(load.src, PeerBlocks) and not load.sync
@@ -143,11 +144,14 @@ def test_nixl_style_params_without_per_rank_ports_use_port_plus_rank() -> None:
     assert load.src.endpoints == (("127.0.0.1", 5000), ("127.0.0.1", 5001))
 
 
-def test_a_decode_request_that_pulls_nothing_frees_the_offer_at_once() -> None:
+@pytest.mark.parametrize("own_hit", [14, 13, 12, 11])
+def test_a_decode_request_that_pulls_nothing_frees_the_offer_at_once(own_hit: int) -> None:
     _, params = _prefilled()
     decode = _connector(producer=False)
-    # its own prefix cache holds the whole prompt: nothing to pull, the offer is released
-    assert decode.peer_lookup("d1", HASHES, params, 14, 14) == 0
+    # its own prefix cache holds the prompt but for less than a block (4 tokens): those few are
+    # computed with the last one, not worth a step's wait; the offer is released
+    assert decode.peer_lookup("d1", HASHES, params, 14, own_hit) == 0
+    assert "d1" not in decode.requests  # a request like any other: nothing waits for a pull
     assert decode.peer_release(params) is True
     (release,) = decode.build_plan([]).releases
     assert release.req_id == "p1" and release.block_ids == ((),)
