@@ -132,18 +132,23 @@ def _one(servers: dict[str, Server], direct: list[int], proxied: list[int]) -> d
     started = time.perf_counter()
     answer = post(prefill.url, "/v1/completions", _body(direct, 1, kv_transfer_params=asks))
     prefill_s = time.perf_counter() - started
-    loaded = sample(decode.url, "vllm:kvtier_load_seconds_sum", tier="peer")
+    loaded = _pulled_s(decode)
     params = answer["kv_transfer_params"]
     times = _stream(decode.url, _body(direct, STEP_TOKENS, kv_transfer_params=params))[0]
-    transfer_s = sample(decode.url, "vllm:kvtier_load_seconds_sum", tier="peer") - loaded
+    transfer_s = _pulled_s(decode) - loaded
     steps = [b - a for a, b in zip(times, times[1:], strict=False)]
     own_first = _stream(decode.url, _body(direct, 2))[0]  # the decode engine holds A's KV now
-    loaded = sample(decode.url, "vllm:kvtier_load_seconds_sum", tier="peer")
-    proxy_times, timing = _stream(servers["proxy"].url, _body(proxied, 2), with_timing=True)
-    proxy_transfer = sample(decode.url, "vllm:kvtier_load_seconds_sum", tier="peer") - loaded
+    loaded = _pulled_s(decode)
+    proxy_times, timing = _stream(servers["proxy"].url, _body(proxied, 2))
+    proxy_transfer = _pulled_s(decode) - loaded
     return {"prefill": prefill_s, "transfer": transfer_s, "step": median(steps),
             "first": times[0], "own_first": own_first[0], "proxy": proxy_times[0],
-            "proxy_prefill": timing, "proxy_transfer": proxy_transfer}  # fmt: skip
+            "proxy_prefill": _prefill_timing(timing), "proxy_transfer": proxy_transfer}  # fmt: skip
+
+
+def _pulled_s(decode: Server) -> float:
+    """The decode engine's pull seconds so far (kvtier's load seconds from the peer)."""
+    return sample(decode.url, "vllm:kvtier_load_seconds_sum", tier="peer")
 
 
 def _body(prompt: list[int], max_tokens: int, **more: Any) -> dict[str, Any]:
@@ -151,15 +156,14 @@ def _body(prompt: list[int], max_tokens: int, **more: Any) -> dict[str, Any]:
             "ignore_eos": True, **more}  # fmt: skip
 
 
-def _stream(url: str, body: dict[str, Any], with_timing: bool = False) -> tuple[list[float], float]:
-    """Seconds from the request to each streamed token; ``with_timing``: and the prefill's
-    seconds the proxy's ``Server-Timing`` header gives."""
+def _stream(url: str, body: dict[str, Any]) -> tuple[list[float], str | None]:
+    """Seconds from the request to each streamed token, and the answer's ``Server-Timing``."""
     data = json.dumps({**body, "stream": True}).encode()
     request = urllib.request.Request(url + "/v1/completions", data,
                                      {"Content-Type": "application/json"})  # fmt: skip
     started, times = time.perf_counter(), []
     with urllib.request.urlopen(request, timeout=WAIT_S) as response:
-        timing = _prefill_timing(response.headers.get("server-timing")) if with_timing else 0.0
+        timing = response.headers.get("server-timing")
         for line in response:
             text = line.decode().strip()
             if text.startswith("data: ") and text != "data: [DONE]":
@@ -169,6 +173,7 @@ def _stream(url: str, body: dict[str, Any], with_timing: bool = False) -> tuple[
 
 
 def _prefill_timing(header: str | None) -> float:
+    """The prefill's seconds in the proxy's ``Server-Timing``."""
     match = re.search(r"\bprefill;dur=([\d.]+)", header or "")
     if match is None:
         raise RuntimeError(f"the proxy's answer has no prefill Server-Timing: {header!r}")
