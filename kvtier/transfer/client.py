@@ -18,7 +18,7 @@ from kvtier.transfer.pool import ConnectionPool
 
 log = logging.getLogger(__name__)
 
-HELPERS_PER_CONNECTION = 4  # helper threads per extra connection, for concurrent pulls
+HELPERS_PER_CONNECTION = 4  # per extra connection: a helper for each of 4 pulls at once
 MIN_PART_BYTES = 1 << 20  # a pull is split only into parts at least this large
 
 

@@ -5,6 +5,9 @@ get_finished()        results since the last call, each once
 wait(job_ids)         block until those jobs finished
 wait_any(timeout)     block until a job finished (or none is queued), at most ``timeout``
 shutdown()            finish what is queued, stop the thread
+
+``lanes > 1``: one thread per ``key`` of ``submit`` (up to ``lanes`` keys, ``KeyedThreads``);
+jobs of one key run in submission order, jobs of different keys side by side.
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Collection
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Collection, Hashable
+from concurrent.futures import Future, wait
 
 import torch
 
 from kvtier.worker.base import TransferHandler, TransferResult
+from kvtier.worker.keyed_threads import KeyedThreads
 
 logger = logging.getLogger(__name__)
 
@@ -44,14 +48,11 @@ def bind_thread(device: torch.device, background: bool = False) -> None:
 
 
 class JobThread:
-    def __init__(self, name: str, device: torch.device, background: bool = False) -> None:
-        self._pool = ThreadPoolExecutor(
-            max_workers=1,
-            thread_name_prefix=name,
-            initializer=self._start,
-            initargs=(device, background),
-        )
-        self._idents: set[int] = set()  # the pool's thread, once started
+    def __init__(
+        self, name: str, device: torch.device, background: bool = False, lanes: int = 1
+    ) -> None:
+        self._pool = KeyedThreads(name, lanes, self._start, (device, background))
+        self._idents: set[int] = set()  # the pool's threads, once started
         self._lock = threading.Lock()
         self._done = threading.Condition(self._lock)  # notified as each job finishes
         self._pending: dict[int, Future[None]] = {}  # guarded by _lock
@@ -61,11 +62,11 @@ class JobThread:
         bind_thread(device, background)
         self._idents.add(threading.get_ident())
 
-    def submit(self, job_id: int, run: Callable[[], TransferResult]) -> None:
+    def submit(self, job_id: int, run: Callable[[], TransferResult], key: Hashable = None) -> None:
         with self._lock:
             if job_id in self._pending:
                 raise ValueError(f"kvtier: transfer job {job_id} is already in flight")
-            self._pending[job_id] = self._pool.submit(self._run, job_id, run)
+            self._pending[job_id] = self._pool.submit(key, lambda: self._run(job_id, run))
 
     def _run(self, job_id: int, run: Callable[[], TransferResult]) -> None:
         started = time.perf_counter()
@@ -95,8 +96,8 @@ class JobThread:
             self._done.wait_for(lambda: self._finished or not self._pending, timeout)
 
     def shutdown(self) -> None:
-        """Finish the queued jobs and stop the thread; from the job thread itself (a finalizer
-        the garbage collector ran there), stop it without waiting for itself."""
+        """Finish the queued jobs and stop the threads; from a job thread itself (a finalizer
+        the garbage collector ran there), stop them without waiting for itself."""
         self._pool.shutdown(wait=threading.get_ident() not in self._idents)
 
 

@@ -5,6 +5,8 @@ it, and a request is released once the decode engine pulled it or its hold expir
 ``PeerLoadHandler`` (kv_consumer, peer -> engine): each pull runs on a thread bound to the
 worker's device, receiving straight into the engine blocks; a failed pull fails the job (the
 engine recomputes those blocks, or fails the request), never waits past the client's timeout.
+Pulls from one prefill engine run one after another; pulls from different ones (up to
+``PULL_LANES``) side by side, so that a peer that hangs until the timeout delays only its own.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -30,8 +31,11 @@ from kvtier.transfer import (
 )
 from kvtier.worker.base import TransferResult
 from kvtier.worker.job_thread import JobThread, ThreadedHandler
+from kvtier.worker.keyed_threads import KeyedThreads
 
 logger = logging.getLogger(__name__)
+
+PULL_LANES = 4  # prefill engines pulled from at once by one decode rank (one thread each)
 
 
 @dataclass(frozen=True)
@@ -108,13 +112,13 @@ class PeerLoadHandler(ThreadedHandler):
     def __init__(self, client: TransferClient, rank: int, device: torch.device) -> None:
         self.client = client
         self.rank = rank
-        self._thread = JobThread("kvtier-peer", device)
+        self._thread = JobThread("kvtier-peer", device, lanes=PULL_LANES)
         # releases: no rows, no result; best effort (an unreleased offer expires on its own)
-        self._releases = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtier-release")
+        self._releases = KeyedThreads("kvtier-release", PULL_LANES)
 
     def release(self, src: PeerBlocks) -> None:
         """Tell the prefill rank to free ``src``'s offer, off the engine's step."""
-        self._releases.submit(self._release, src)
+        self._releases.submit(src.endpoints[self.rank], lambda: self._release(src))
 
     def _release(self, src: PeerBlocks) -> None:
         host, port = src.endpoints[self.rank]
@@ -130,7 +134,8 @@ class PeerLoadHandler(ThreadedHandler):
         for size in dst.group_sizes:
             local.append(ids[start : start + size])
             start += size
-        self._thread.submit(job_id, lambda: self._pull(job_id, src, local))
+        peer = src.endpoints[self.rank]
+        self._thread.submit(job_id, lambda: self._pull(job_id, src, local), key=peer)
         return True
 
     def _pull(self, job_id: int, src: PeerBlocks, local: list[list[int]]) -> TransferResult:

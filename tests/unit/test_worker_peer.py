@@ -5,6 +5,7 @@ through the engine's calls (``finished``), as vLLM sees them."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -55,11 +56,16 @@ def _until(condition: Callable[[], object], timeout_s: float = 10.0) -> object:
 
 
 def _pull(
-    address: tuple[str, int] | None, remote: list[int], local: list[int], job: int, req: str = "p1"
+    address: tuple[str, int] | None,
+    remote: list[int],
+    local: list[int],
+    job: int,
+    req: str = "p1",
+    decode_req: str = "d1",
 ) -> LoadJob:
     assert address is not None
     src = PeerBlocks((address,), req, (tuple(remote),))
-    return LoadJob(job, "d1", src, EngineBlocks(np.array(local), (len(local),), (0,)))
+    return LoadJob(job, decode_req, src, EngineBlocks(np.array(local), (len(local),), (0,)))
 
 
 def test_offered_blocks_are_pulled_into_the_decode_blocks_then_released(
@@ -100,6 +106,24 @@ def test_a_pull_from_a_gone_prefill_engine_fails_its_blocks(pair: tuple[Rank, Ra
     assert time.monotonic() - started < 10
     assert decode.take_failed_blocks() == {10, 11}
     assert decode.report().jobs[6].failed == 1
+
+
+def test_a_peer_that_hangs_holds_up_only_its_own_pull(pair: tuple[Rank, Rank]) -> None:
+    """A decode rank pulling from two prefill engines: one accepts the connection and never
+    answers (a hung process); the other's pull, planned after it, lands long before the hung
+    one's 5 s timeout."""
+    (prefill, source, address), (decode, destination, _) = pair
+    prefill.begin_step(StepPlan(offers=[PeerOffer("p1", ((3,),), 30.0)], forward=False))
+    with socket.create_server(("127.0.0.1", 0)) as hung:  # never accepts: the kernel does
+        loads = [_pull(hung.getsockname()[:2], [5], [12], 7, decode_req="d1"),
+                 _pull(address, [3], [10], 8, decode_req="d2")]  # fmt: skip
+        decode.begin_step(StepPlan(loads=loads, forward=False))
+        decode.start_loads()
+        assert _until(lambda: decode.finished(set())[1], timeout_s=3.0) == {"d2"}
+        assert torch.equal(destination[10], source[3])
+    # the listener closed: its queued connection is reset, and the pull fails at once
+    assert _until(lambda: decode.finished(set())[2], timeout_s=3.0) == {"d1"}
+    assert decode.take_failed_blocks() == {12}
 
 
 def test_nothing_is_left_behind_after_pulls_and_shutdown() -> None:
