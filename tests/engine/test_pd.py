@@ -156,6 +156,34 @@ def test_a_decode_that_needs_less_than_a_block_frees_the_offer_at_once(pair: Pai
     wait(lambda: _idle(pair.prefill), HOLD_S / 2, "the offer released before its hold")
 
 
+def test_a_decode_aborted_while_it_waits_for_its_turn_frees_the_offer_at_once(pair: Pair) -> None:
+    """An in-process decode engine that runs one request at a time: a request carrying the
+    prefill engine's params waits behind a long one and is aborted before its turn. It pulls
+    nothing, and the decode engine tells the prefill engine to free the offer then, well before
+    ``hold_s``."""
+    prompt = make_prompt(pair.model, 500, seed=611)
+    config = kvtier_transfer(transfer={"secret": SECRET}) | {"kv_role": "kv_consumer"}
+    with engine(pair.model, max_model_len=1024, max_num_seqs=1, kv_transfer_config=config) as llm:
+        wait(lambda: _idle(pair.prefill), WAIT_S, "an idle prefill engine")
+        params = _prefill(pair, prompt)  # once the decode engine is up: within its hold
+        assert not _idle(pair.prefill)  # held for the decode engine
+        core = llm.llm_engine
+        long = SamplingParams(temperature=0.0, max_tokens=900, ignore_eos=True)
+        core.add_request("long", {"prompt_token_ids": make_prompt(pair.model, 20, seed=612)}, long)
+        pulled = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                extra_args={"kv_transfer_params": params})  # fmt: skip
+        core.add_request("waiting", {"prompt_token_ids": prompt}, pulled)
+        for _ in range(3):  # the long request holds the one seat; the other waits for it
+            core.step()
+        aborted = time.monotonic()
+        core.abort_request(["waiting"])
+        while not _idle(pair.prefill):
+            assert time.monotonic() - aborted < HOLD_S / 2, "the offer was held after the abort"
+            core.step()
+        peer = kvtier.stats(llm).tiers["peer"]
+        assert (peer.loaded_bytes, peer.failed_loads) == (0, 0)  # it never got to pull
+
+
 @pytest.mark.parametrize("stranger", ["wrong secret", "another model"])
 def test_a_stranger_is_refused_with_what_differs_and_recomputes(
     pair: Pair, reference: Any, stranger: str, tmp_path: Path
