@@ -9,18 +9,24 @@ two fresh prompts (never seen by either engine), interleaved:
     step_s            one decode step: the median time between A's streamed tokens on the decode
                       engine
     first_s           A's first token from the decode engine (the pull, then its first step)
-    own_first_s       A again on the decode engine, which now holds its KV (vLLM's own prefix
-                      hit): the first token of a decode engine that needs no transfer at all
+    own_first_s       A and one more token on the decode engine, which now holds A's KV (vLLM's
+                      own prefix hit, one token left to compute, as after a pull): the first
+                      token of a decode engine that needs no transfer at all
     proxy_s           prompt B through the proxy, streamed: the time to its first token
     proxy_prefill_s   B's prefill as the proxy timed it (its ``Server-Timing`` header)
     proxy_transfer_s  the decode engine's pull of B
+    proxy_decode_*    B on the decode engine, from vLLM's own request metrics there: ``ttft``
+                      (from its arrival), ``queue`` (until scheduled: the pull and the wait for
+                      the step after it), ``forward`` (scheduled to first token)
 
 Goal: ``proxy_s <= prefill + transfer + 1.2 * step`` for each prompt B (the ratio of the two,
 median over the repeats, <= 1): the proxy and the hand-over add no more than a fifth of a decode
 step. B's own prefill and pull make its bound (prompts of one length differ in prefill time by
 up to a tenth here, more than the goal's margin). ``ideal_ratio`` divides ``proxy_s`` by B's
 prefill plus ``own_first_s``: what the hand-over costs beyond a decode engine that already held
-the KV.
+the KV. Where B's time beyond its bound goes: ``forward_steps`` (its first forward in decode
+steps), ``wait_after_pull_s`` (queued beyond the pull) and ``hops_s`` (the rest: the proxy, and
+the decode request's HTTP and input processing before vLLM timestamps its arrival).
 """
 
 from __future__ import annotations
@@ -48,12 +54,18 @@ from kvtier.bench.servers import (
     sample,
     serve_command,
     stop,
+    wait,
     wait_healthy,
 )
 from kvtier.models import make_prompt, model_path
 
 LENGTHS = (1024, 2048, 4096)
 STEP_TOKENS = 9  # tokens streamed from the decode engine to time its steps
+DECODE_SPLIT = {  # B's time on the decode engine, from vLLM's request metrics there
+    "ttft": "vllm:time_to_first_token_seconds_sum",
+    "queue": "vllm:request_queue_time_seconds_sum",
+    "forward": "vllm:request_prefill_time_seconds_sum",
+}
 GOAL = 1.0
 CORES = os.cpu_count() or 1
 
@@ -123,6 +135,16 @@ def _row(length: int, samples: dict[str, list[float]]) -> dict[str, Any]:
                ratio_min=min(ratios), ratio_max=max(ratios), passes=median(ratios) <= GOAL,
                ideal_ratio=median(ideal), ideal_ratio_min=min(ideal),
                ideal_ratio_max=max(ideal))  # fmt: skip
+    decode = zip(samples["proxy"], samples["proxy_prefill"], samples["proxy_transfer"],
+                 samples["step"], samples["proxy_decode_ttft"], samples["proxy_decode_queue"],
+                 samples["proxy_decode_forward"], strict=True)  # fmt: skip
+    forward_steps, waits, hops = [], [], []
+    for proxy, prefill, transfer, step, ttft, queue, forward in decode:
+        forward_steps.append(forward / step)
+        waits.append(queue - transfer)
+        hops.append(proxy - prefill - ttft)
+    row.update(forward_steps=median(forward_steps), wait_after_pull_s=median(waits),
+               hops_s=median(hops))  # fmt: skip
     return row
 
 
@@ -137,13 +159,28 @@ def _one(servers: dict[str, Server], direct: list[int], proxied: list[int]) -> d
     times = _stream(decode.url, _body(direct, STEP_TOKENS, kv_transfer_params=params))[0]
     transfer_s = _pulled_s(decode) - loaded
     steps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    own_first = _stream(decode.url, _body(direct, 2))[0]  # the decode engine holds A's KV now
-    loaded = _pulled_s(decode)
+    # the decode engine holds A's KV now; one more token leaves one to compute, as after a pull
+    # (A alone is block-aligned: vLLM would compute its whole last block again)
+    own_first = _stream(decode.url, _body(direct + direct[:1], 2))[0]
+    loaded, before = _pulled_s(decode), _decode_split(decode)
     proxy_times, timing = _stream(servers["proxy"].url, _body(proxied, 2))
-    proxy_transfer = _pulled_s(decode) - loaded
+    wait(lambda: _finished(decode) > before["finished"], WAIT_S, "B's metrics on the decode engine")
+    after = _decode_split(decode)
+    split = {f"proxy_decode_{name}": after[name] - before[name] for name in DECODE_SPLIT}
     return {"prefill": prefill_s, "transfer": transfer_s, "step": median(steps),
             "first": times[0], "own_first": own_first[0], "proxy": proxy_times[0],
-            "proxy_prefill": _prefill_timing(timing), "proxy_transfer": proxy_transfer}  # fmt: skip
+            "proxy_prefill": _prefill_timing(timing),
+            "proxy_transfer": _pulled_s(decode) - loaded, **split}  # fmt: skip
+
+
+def _decode_split(decode: Server) -> dict[str, float]:
+    """vLLM's request-time sums on the decode engine, and how many requests they count."""
+    found = {name: sample(decode.url, metric) for name, metric in DECODE_SPLIT.items()}
+    return found | {"finished": _finished(decode)}
+
+
+def _finished(decode: Server) -> float:
+    return sample(decode.url, "vllm:e2e_request_latency_seconds_count")
 
 
 def _pulled_s(decode: Server) -> float:
@@ -203,7 +240,9 @@ def run(out_dir: Path, quick: bool = False) -> list[dict[str, Any]]:
             f"{row['ratio_max']:.2f}; goal <= {GOAL}: {'met' if row['passes'] else 'NOT met'}); "
             f"the decode's first token {row['first_s'] * 1e3:.1f} ms after a pull, "
             f"{row['own_first_s'] * 1e3:.1f} ms holding the KV already; through the proxy / "
-            f"(prefill + that) = {row['ideal_ratio']:.2f}"
+            f"(prefill + that) = {row['ideal_ratio']:.2f}; on the decode engine B waited "
+            f"{row['wait_after_pull_s'] * 1e3:.1f} ms beyond its pull and its first forward took "
+            f"{row['forward_steps']:.2f} steps; the HTTP hops {row['hops_s'] * 1e3:.1f} ms"
         )
     return rows
 
