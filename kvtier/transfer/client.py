@@ -18,7 +18,6 @@ from kvtier.transfer.pool import ConnectionPool
 
 log = logging.getLogger(__name__)
 
-HELPERS_PER_CONNECTION = 4  # per extra connection: a helper for each of 4 pulls at once
 MIN_PART_BYTES = 1 << 20  # a pull is split only into parts at least this large
 
 
@@ -38,8 +37,9 @@ class TransferClient:
     ``pull`` may be called from several threads at once, to the same peer or others. Each peer
     has a pool of authenticated connections reused across pulls; a pull splits its rows over up to
     ``connections`` of them, the calling thread serving one part and helper threads (bound with
-    ``rows.bind_thread``) the others. ``timeout_s`` bounds every socket operation; it should exceed
-    the server's ``offer_wait_s``.
+    ``rows.bind_thread``) the others: enough for ``concurrent_pulls`` pulls at once, so that no
+    part waits for a helper held by another pull (one from a peer that hangs, say).
+    ``timeout_s`` bounds every socket operation; it should exceed the server's ``offer_wait_s``.
     """
 
     def __init__(
@@ -50,9 +50,12 @@ class TransferClient:
         *,
         timeout_s: float = 10.0,
         connections: int = 2,
+        concurrent_pulls: int = 4,
     ) -> None:
         if connections < 1:
             raise ValueError(f"connections must be >= 1, got {connections}")
+        if concurrent_pulls < 1:
+            raise ValueError(f"concurrent_pulls must be >= 1, got {concurrent_pulls}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self._rows = rows
@@ -64,7 +67,7 @@ class TransferClient:
         self._pools: dict[tuple[str, int], ConnectionPool] = {}
         self._closed = False
         self._helpers = concurrent.futures.ThreadPoolExecutor(
-            max_workers=max(1, (connections - 1) * HELPERS_PER_CONNECTION),
+            max_workers=max(1, (connections - 1) * concurrent_pulls),
             thread_name_prefix="kvtier-pull",
             initializer=rows.bind_thread,
         )

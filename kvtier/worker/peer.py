@@ -6,7 +6,8 @@ it, and a request is released once the decode engine pulled it or its hold expir
 worker's device, receiving straight into the engine blocks; a failed pull fails the job (the
 engine recomputes those blocks, or fails the request), never waits past the client's timeout.
 Pulls from one prefill engine run one after another; pulls from different ones (up to
-``PULL_LANES``) side by side, so that a peer that hangs until the timeout delays only its own.
+``PULL_LANES`` engines) side by side, so that a peer that hangs until the timeout delays only its
+own.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from kvtier.worker.keyed_threads import KeyedThreads
 
 logger = logging.getLogger(__name__)
 
-PULL_LANES = 4  # prefill engines pulled from at once by one decode rank (one thread each)
+PULL_LANES = 8  # prefill engines pulled from at once by one decode rank (a thread each, lazily)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ def peer_load_handler(layout: KVLayout, settings: PeerSettings) -> PeerLoadHandl
     client = TransferClient(
         block_rows(layout), settings.identity, settings.secret,
         timeout_s=settings.timeout_s, connections=settings.connections,
+        concurrent_pulls=PULL_LANES,
     )  # fmt: skip
     return PeerLoadHandler(client, settings.rank, layout.device)
 

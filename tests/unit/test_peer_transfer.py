@@ -11,9 +11,19 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from peer_setup import GROUPS, NUM_BLOCKS, deadline, peers, same_blocks, wait_done
+from peer_setup import (
+    GROUPS,
+    IDENTITY,
+    NUM_BLOCKS,
+    SECRET,
+    Engine,
+    deadline,
+    peers,
+    same_blocks,
+    wait_done,
+)
 
-from kvtier.transfer import PeerIdentity, request_rows
+from kvtier.transfer import PeerIdentity, TransferClient, request_rows
 from kvtier.transfer import client as client_module
 from kvtier.transfer.client import _split
 
@@ -122,3 +132,16 @@ def test_a_small_pull_is_not_split(monkeypatch: pytest.MonkeyPatch) -> None:
         client.pull(*server.address, "req", [[1, 2], [3]], [[4, 5], [6]])
         assert same_blocks(prefill, [[1, 2], [3]], decode, [[4, 5], [6]])
         assert server.counters.pulls == 1 and server.counters.connections == 1
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [({"connections": 0}, "connections must be >= 1, got 0"),
+     ({"concurrent_pulls": 0}, "concurrent_pulls must be >= 1, got 0"),
+     ({"timeout_s": 0.0}, "timeout_s must be > 0, got 0.0")],
+)  # fmt: skip
+def test_a_client_with_a_bad_setting_is_refused_naming_it(
+    setting: dict[str, float], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        TransferClient(Engine(seed=1).rows, IDENTITY, SECRET, **setting)  # type: ignore[arg-type]
