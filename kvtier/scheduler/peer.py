@@ -10,6 +10,13 @@ Consumer (``kv_consumer``): a request carrying those params loads its whole prom
 asynchronously (``PeerConsumer.lookup``), into the blocks the engine allocated beyond its own
 prefix hit (``PeerConsumer.pair``). A pull that fails is reported like any failed load: the
 engine recomputes the blocks, or fails the request, as ``load_failure_policy`` says.
+
+Sliding-window groups: the prefill engine's window is the one of the token after the prompt
+(vLLM frees the blocks before it, then finishes the request), while the decode engine computes
+the prompt's last token again, whose window starts one token earlier. When that token opens a
+block (prompt length n with n - window + 1 a multiple of the block), the block is gone on the
+prefill side: nothing is pulled and the decode engine computes the prompt, rather than attend to
+a block that was never written (``PeerConsumer.lookup``).
 """
 
 from __future__ import annotations
@@ -121,11 +128,24 @@ class PeerLoad:
 class PeerConsumer:
     """The decode side: how many tokens a request pulls, and into which blocks."""
 
-    def __init__(self, block_tokens: int, num_groups: int, tp_size: int, world_size: int) -> None:
+    def __init__(
+        self,
+        block_tokens: int,
+        num_groups: int,
+        tp_size: int,
+        world_size: int,
+        windows: Sequence[int | None] = (),
+    ) -> None:
+        """``windows``: each group's sliding window in tokens (None: full attention; none given:
+        every group has full attention)."""
         self.block_tokens = block_tokens
         self.num_groups = num_groups
         self.tp_size = tp_size
         self.world_size = world_size
+        self.windows = tuple(windows) or (None,) * num_groups
+        if len(self.windows) != num_groups:
+            raise ValueError(f"{len(self.windows)} sliding windows for {num_groups} groups")
+        self._told_window = False
 
     def lookup(
         self, params: Mapping[str, Any] | None, num_prompt_tokens: int, num_computed_tokens: int
@@ -141,7 +161,36 @@ class PeerConsumer:
         assert params is not None
         remote = int(params.get("remote_num_tokens") or num_prompt_tokens)
         tokens = min(remote, num_prompt_tokens) - num_computed_tokens
-        return tokens if tokens >= self.block_tokens else 0
+        if tokens < self.block_tokens:
+            return 0
+        end = num_computed_tokens + tokens
+        first = end - 1 if end == num_prompt_tokens else end  # vLLM computes the last one again
+        lost = self._window_lost(params["remote_block_ids"], num_computed_tokens, first)
+        if lost is not None:
+            log = logger.debug if self._told_window else logger.info
+            self._told_window = True
+            log(
+                "kvtier: the prefill engine no longer holds block %d of sliding-window group %d, "
+                "which the decode engine's token %d attends to (a %d-token prompt): computed here, "
+                "not pulled", lost[1], lost[0], first, num_prompt_tokens,
+            )  # fmt: skip
+            return 0
+        return tokens
+
+    def _window_lost(
+        self, raw: Any, num_computed_tokens: int, first: int
+    ) -> tuple[int, int] | None:
+        """(group, block index) of a block the tokens from ``first`` on attend to in a
+        sliding-window group that the prefill engine freed (None: every one is there)."""
+        remote = _groups(raw, self.num_groups)
+        for g, window in enumerate(self.windows):
+            if window is None:
+                continue
+            start = max(first - window + 1, num_computed_tokens, 0)  # before: this engine's own
+            for index in range(start // self.block_tokens, -(-first // self.block_tokens)):
+                if index < len(remote[g]) and remote[g][index] == NULL_BLOCK:
+                    return g, index
+        return None
 
     def wants_pull(self, params: Mapping[str, Any] | None) -> bool:
         if not params or not params.get("do_remote_prefill"):

@@ -102,12 +102,12 @@ class KVTierConnector(ConnectorObservability, PeerTransfer, KVConnectorBase_V1, 
                     Path(self.config.disk.path), self.config.disk.bytes, world_size,
                     fingerprint.digest(), chunk_file * world_size,
                 )  # fmt: skip
-            peers = scheduler_peers(
-                vllm_config, self.config, self._kv_role, engine_block, len(groups)
-            )
+            specs = [_group_spec(g.kv_cache_spec) for g in groups]
+            windows = [spec.sliding_window for spec in specs]
+            peers = scheduler_peers(vllm_config, self.config, self._kv_role, engine_block, windows)
             self._scheduler = SchedulerConnector(
                 self.config,
-                [_group_spec(g.kv_cache_spec) for g in groups],
+                specs,
                 num_chunks,
                 world_size,
                 ChunkKeyMaker(fingerprint, factor, self.config.hash_algo),

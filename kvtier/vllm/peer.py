@@ -57,8 +57,13 @@ def peer_role(vllm_config: VllmConfig, config: KVTierConfig) -> str:
 
 
 def scheduler_peers(
-    vllm_config: VllmConfig, config: KVTierConfig, role: str, block_tokens: int, num_groups: int
+    vllm_config: VllmConfig,
+    config: KVTierConfig,
+    role: str,
+    block_tokens: int,
+    windows: Sequence[int | None],
 ) -> tuple[PeerProducer | None, PeerConsumer | None]:
+    """The scheduler half's side of the role; ``windows``: each group's sliding window."""
     parallel = vllm_config.parallel_config
     if parallel.pipeline_parallel_size > 1 and role != "kv_both":
         raise ValueError(
@@ -70,7 +75,7 @@ def scheduler_peers(
         engine_id = str(getattr(transfer, "engine_id", None) or "kvtier")
         return PeerProducer(engine_id, config.transfer.hold_s, tp, world), None
     if role == "kv_consumer":
-        return None, PeerConsumer(block_tokens, num_groups, tp, world)
+        return None, PeerConsumer(block_tokens, len(windows), tp, world, windows)
     return None, None
 
 

@@ -160,3 +160,37 @@ def test_a_decode_request_that_pulls_nothing_frees_the_offer_at_once(own_hit: in
     assert decode.peer_release({"do_remote_prefill": True}) is False
     assert decode.peer_release(None) is False
     assert decode.build_plan([]).releases == []
+
+
+def _sliding_params(window_group: list[int]) -> dict[str, Any]:
+    """A 14-token prompt (blocks of 4) offered in two groups: full attention, then a sliding
+    window of 8 tokens whose leading blocks the prefill engine freed (``NULL_BLOCK``, 0)."""
+    return {"do_remote_prefill": True, "remote_engine_id": "p", "remote_request_id": "r",
+            "remote_block_ids": [[1, 2, 3, 4], window_group], "remote_host": "127.0.0.1",
+            "remote_port": 5000, "remote_num_tokens": 14, "tp_size": 1}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("window_group", "own_hit", "pulled"),
+    [
+        ([0, 6, 7, 8], 0, 14),  # token 13 attends to 6..13: blocks 1-3, all there
+        ([0, 0, 7, 8], 0, 0),  # block 1 (tokens 4-7) freed: computed here, not pulled
+        ([0, 0, 7, 8], 8, 6),  # ... unless this engine's own hit holds it
+        ([9, 6, 7, 8], 0, 14),
+    ],
+)
+def test_a_sliding_window_block_the_last_token_needs_but_the_prefill_freed_is_not_pulled(
+    window_group: list[int], own_hit: int, pulled: int
+) -> None:
+    consumer = PeerConsumer(block_tokens=4, num_groups=2, tp_size=1, world_size=1,
+                            windows=(None, 8))  # fmt: skip
+    assert consumer.lookup(_sliding_params(window_group), 14, own_hit) == pulled
+
+
+def test_a_full_attention_consumer_ignores_leading_null_blocks_and_windows_must_match_groups() -> (
+    None
+):
+    consumer = PeerConsumer(block_tokens=4, num_groups=2, tp_size=1, world_size=1)
+    assert consumer.lookup(_sliding_params([0, 0, 7, 8]), 14, 0) == 14
+    with pytest.raises(ValueError, match="1 sliding windows for 2 groups"):
+        PeerConsumer(block_tokens=4, num_groups=2, tp_size=1, world_size=1, windows=(8,))
