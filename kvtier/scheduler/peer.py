@@ -15,8 +15,11 @@ Sliding-window groups: the prefill engine's window is the one of the token after
 (vLLM frees the blocks before it, then finishes the request), while the decode engine computes
 the prompt's last token again, whose window starts one token earlier. When that token opens a
 block (prompt length n with n - window + 1 a multiple of the block), the block is gone on the
-prefill side: nothing is pulled and the decode engine computes the prompt, rather than attend to
-a block that was never written (``PeerConsumer.lookup``).
+prefill side. So the prefill engine computes such a prompt without its last token
+(``PeerProducer.backoff``, as NixlConnector's P-side truncation), which the decode engine
+computes; and a decode engine that still finds a block it needs freed (a prefill engine that did
+not back off) pulls nothing and computes the prompt, rather than attend to a block never written
+(``PeerConsumer.lookup``).
 """
 
 from __future__ import annotations
@@ -44,11 +47,22 @@ RELEASE_MARGIN_S = 30.0  # a held request the workers never released is forgotte
 class PeerProducer:
     """The prefill side: which finished requests the workers hold for a decode engine."""
 
-    def __init__(self, engine_id: str, hold_s: float, tp_size: int, world_size: int) -> None:
+    def __init__(
+        self,
+        engine_id: str,
+        hold_s: float,
+        tp_size: int,
+        world_size: int,
+        block_tokens: int = 1,
+        windows: Sequence[int | None] = (),
+    ) -> None:
+        """``windows``: each group's sliding window in tokens (None: full attention)."""
         self.engine_id = engine_id
         self.hold_s = hold_s
         self.tp_size = tp_size
         self.world_size = world_size
+        self.block_tokens = block_tokens
+        self.windows = tuple(w for w in windows if w is not None)
         self.endpoints: tuple[tuple[str, int], ...] = ()  # per worker rank, from the handshake
         self._held: dict[str, float] = {}  # request -> when to stop waiting for its release
 
@@ -96,6 +110,17 @@ class PeerProducer:
             "remote_num_tokens": num_computed_tokens,
             "tp_size": self.tp_size,
         }
+
+    def backoff(self, num_prompt_tokens: int) -> int:
+        """Trailing prompt tokens a request for a remote decode leaves to the decode engine: 1
+        when the block holding the first token the prompt's last token attends to in a
+        sliding-window group would be freed once the prompt is computed (the window of the token
+        after the prompt starts at that block's end), else 0."""
+        for window in self.windows:
+            skipped = num_prompt_tokens - window + 1  # tokens before the next token's window
+            if skipped > 0 and skipped % self.block_tokens == 0 and num_prompt_tokens > 1:
+                return 1
+        return 0
 
     def holds(self, req_id: str) -> bool:
         """``req_id`` was offered and is not released yet."""

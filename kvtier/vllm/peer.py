@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ROLES = ("kv_both", "kv_producer", "kv_consumer")
+TRUNCATED = "_kvtier_backed_off"  # in a prefill request's params: its prompt lost its tail once
 
 
 @dataclass
@@ -73,7 +74,8 @@ def scheduler_peers(
     if role == "kv_producer":
         transfer = vllm_config.kv_transfer_config
         engine_id = str(getattr(transfer, "engine_id", None) or "kvtier")
-        return PeerProducer(engine_id, config.transfer.hold_s, tp, world), None
+        hold_s = config.transfer.hold_s
+        return PeerProducer(engine_id, hold_s, tp, world, block_tokens, windows), None
     if role == "kv_consumer":
         return None, PeerConsumer(block_tokens, len(windows), tp, world, windows)
     return None, None
@@ -130,6 +132,28 @@ class PeerTransfer:
             if isinstance(meta, KVTierHandshake):
                 endpoints[tp_rank] = (meta.host, meta.port)
         self._scheduler.producer.set_endpoints(endpoints)
+
+    def on_new_request(self, request: Request) -> None:
+        """vLLM's hook for a request entering the scheduler: a prefill engine backs off a remote
+        decode's prompt by the tokens the decode engine will compute (``PeerProducer.backoff``)
+        the way NixlConnector truncates it, once, before anything is scheduled."""
+        params = request.kv_transfer_params
+        producer = self._scheduler.producer if self._scheduler is not None else None
+        if producer is None or not params or not params.get("do_remote_decode"):
+            return
+        backoff = producer.backoff(request.num_prompt_tokens)
+        if not backoff or params.get(TRUNCATED) or request.prompt_token_ids is None:
+            return
+        if request.num_computed_tokens or request.num_output_tokens:
+            return  # not before its first step: leave it whole
+        if request.get_skip_reading_prefix_cache():
+            return  # prompt logprobs: the decode engine computes the whole prompt anyway
+        # a new list: the caller's prompt (an in-process engine's) stays whole
+        request.prompt_token_ids = request.prompt_token_ids[:-backoff]
+        del request._all_token_ids[-backoff:]  # in place: ``all_token_ids`` wraps this list
+        request.num_prompt_tokens -= backoff
+        request.max_tokens = 1
+        params[TRUNCATED] = True
 
     def _peer_lookup(self, request: Request, num_computed_tokens: int) -> tuple[int, bool] | None:
         """A decode request's pull from its prefill engine; None: not one."""

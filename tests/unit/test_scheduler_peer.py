@@ -194,3 +194,29 @@ def test_a_full_attention_consumer_ignores_leading_null_blocks_and_windows_must_
     assert consumer.lookup(_sliding_params([0, 0, 7, 8]), 14, 0) == 14
     with pytest.raises(ValueError, match="1 sliding windows for 2 groups"):
         PeerConsumer(block_tokens=4, num_groups=2, tp_size=1, world_size=1, windows=(8,))
+
+
+@pytest.mark.parametrize(
+    ("windows", "prompt_tokens", "backoff"),
+    [
+        ((None, 8), 14, 0),  # the next token's window starts at 7: block 1 (4-7) is kept
+        ((None, 8), 15, 1),  # ... starts at 8: block 1 would go, token 14 attends to 7
+        ((None, 8), 19, 1),
+        ((None, 8), 5, 0),  # shorter than the window: nothing is freed
+        ((None,), 15, 0),  # full attention keeps every block
+    ],
+)
+def test_a_prefill_backs_off_the_last_token_when_its_window_would_drop_a_needed_block(
+    windows: tuple[int | None, ...], prompt_tokens: int, backoff: int
+) -> None:
+    producer = PeerProducer("p", 5.0, 1, 1, block_tokens=4, windows=windows)
+    assert producer.backoff(prompt_tokens) == backoff
+    if backoff:  # backed off, the decode engine finds every block it needs
+        consumer = PeerConsumer(block_tokens=4, num_groups=2, tp_size=1, world_size=1,
+                                windows=(None, 8))  # fmt: skip
+        kept = [0] * ((prompt_tokens - 1 - 8 + 1) // 4)  # what the prefill frees at n - 1
+        blocks = -(-(prompt_tokens - 1) // 4)
+        params = _sliding_params(kept + list(range(10, 10 + blocks - len(kept))))
+        params["remote_block_ids"][0] = list(range(1, blocks + 1))
+        params["remote_num_tokens"] = prompt_tokens - 1
+        assert consumer.lookup(params, prompt_tokens, 0) == prompt_tokens - 1
