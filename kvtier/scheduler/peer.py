@@ -113,9 +113,9 @@ class PeerProducer:
 
     def backoff(self, num_prompt_tokens: int) -> int:
         """Trailing prompt tokens a request for a remote decode leaves to the decode engine: 1
-        when the block holding the first token the prompt's last token attends to in a
-        sliding-window group would be freed once the prompt is computed (the window of the token
-        after the prompt starts at that block's end), else 0."""
+        when computing the whole prompt would free, in a sliding-window group, the block that
+        the decode engine's recomputed last token attends to first (n - window + 1 a positive
+        multiple of the block), else 0."""
         for window in self.windows:
             skipped = num_prompt_tokens - window + 1  # tokens before the next token's window
             if skipped > 0 and skipped % self.block_tokens == 0 and num_prompt_tokens > 1:
