@@ -55,6 +55,23 @@ def test_a_second_engine_process_is_served_from_redis(
     assert b["stats"]["tiers"]["cpu"]["hit_chunks"] == 0  # a new process: nothing in memory
 
 
+def test_a_hybrid_models_two_groups_come_from_redis(
+    hybrid_model: Path, reference: Any, tmp_path: Path, redis_server: Any
+) -> None:
+    """Sliding-window and full-attention groups (the window's chunks only), in a second
+    process, from what the first stored; lengths where the window starts on a block edge too."""
+    token_prompts = prompts(hybrid_model, [300, 319, 447, 500, 640], seed=23)
+    expected = reference(hybrid_model, token_prompts)
+    extra = redis_extra(redis_server.url, prefix=f"hybrid-{time.monotonic_ns()}")
+    a = run_job(tmp_path, "a", hybrid_model, token_prompts, extra)
+    assert a["outputs"] == [expected]
+    b = run_job(tmp_path, "b", hybrid_model, token_prompts, extra)
+    assert b["outputs"] == [expected]
+    redis = b["stats"]["tiers"]["redis"]
+    assert redis["hit_chunks"] >= 0.9 * full_chunks(token_prompts, CHUNK)
+    assert redis["bad_chunks"] == redis["failed_loads"] == 0
+
+
 def test_two_engines_share_a_redis_cluster(
     tiny_model: Path, reference: Any, tmp_path: Path, redis_cluster: Any
 ) -> None:
