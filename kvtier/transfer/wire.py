@@ -261,7 +261,10 @@ def recv_rows(sock: socket.socket, views: Sequence[memoryview], hasher: Hasher) 
                 hasher.update(received)
     finally:
         if lowat != 1:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+            except OSError:
+                pass  # closed meanwhile: the error that ended the receive is the one to raise
 
 
 class _Cursor:
