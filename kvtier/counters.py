@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 MAX_SAMPLES = 4096  # job durations kept per (tier, direction) between two takes
+LOST_CAUSES = ("evicted_dirty", "no_room", "tier_down", "write_error")  # TierStats.lost_*
 
 
 @dataclass
@@ -27,6 +28,27 @@ class TierStats:
     skipped_stores: int = 0  # chunks not stored: no room (everything pinned or in flight)
     evicted_chunks: int = 0
     bad_chunks: int = 0  # copies that failed a check on load (dropped; the engine recomputed)
+    untrusted_stores: int = 0  # chunks not stored: computed from a failed synchronous load
+    # chunks bound for this tier (below host memory) that never reached it, by cause:
+    lost_evicted_dirty: int = 0  # left host memory unwritten, no room to copy it aside (too
+    # many writes queued)
+    lost_no_room: int = 0  # left host memory unwritten; the tier had no room (its budget pinned)
+    lost_tier_down: int = 0  # left host memory unwritten, or its write failed, the tier down
+    lost_write_error: int = 0  # its write failed (an I/O error, Redis refused it): not retried
+
+    @property
+    def lost(self) -> dict[str, int]:
+        """Chunks lost on their way to this tier, by cause (``evicted_dirty``, ``no_room``,
+        ``tier_down``, ``write_error``); causes with none left out."""
+        return {name: getattr(self, f"lost_{name}") for name in LOST_CAUSES
+                if getattr(self, f"lost_{name}")}  # fmt: skip
+
+    def lose(self, cause: str, count: int) -> None:
+        """Count ``count`` chunks lost on their way to this tier, for ``cause`` (LOST_CAUSES)."""
+        if cause not in LOST_CAUSES:
+            raise ValueError(f"kvtier: unknown loss cause {cause!r} (known: {LOST_CAUSES})")
+        name = f"lost_{cause}"
+        setattr(self, name, getattr(self, name) + count)
 
 
 @dataclass
@@ -53,6 +75,9 @@ def _tier_line(name: str, tier: TierStats) -> str:
     rate = tier.hit_chunks / looked if looked else 0.0
     bad = f", bad chunks {tier.bad_chunks}" if tier.bad_chunks else ""
     bad += f", failed lookups {tier.failed_lookups}" if tier.failed_lookups else ""
+    if lost := tier.lost:
+        causes = ", ".join(f"{cause} {count}" for cause, count in lost.items())
+        bad += f", lost {sum(lost.values())} ({causes})"
     return (
         f"{name} hit {tier.hit_chunks}/{looked} chunks ({rate:.0%}), "
         f"loaded {tier.loaded_bytes / 2**20:.1f} MiB in {tier.load_seconds:.3f} s, "

@@ -64,6 +64,7 @@ class StepPlan:
     held: list[str] = field(default_factory=list)  # finished requests kept for their stores
     offers: list[PeerOffer] = field(default_factory=list)  # finished requests kept for a decode
     releases: list[PeerBlocks] = field(default_factory=list)  # offers a decode engine frees unused
+    forget: list[ChunkKey] = field(default_factory=list)  # host copies that hold no chunk
     num_chunks: int = 0  # the host tier's size as the scheduler manages it
     disk_room: int = 0  # bytes (all ranks) the disk tier may still take: a shutdown flush's bound
     forward: bool = True  # the step computes tokens (False: the engine only waits, e.g. for loads)

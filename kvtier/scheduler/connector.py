@@ -30,6 +30,7 @@ from kvtier.counters import KVTierStats, TierStats
 from kvtier.keys import ChunkKeyMaker
 from kvtier.scheduler.base import TierEvent
 from kvtier.scheduler.disk_index import DiskIndex
+from kvtier.scheduler.failed_loads import offer_again, untrusted_stores
 from kvtier.scheduler.hit_policy import HitPolicy, HitRequest, choose_hit
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.scheduler.load_planner import GroupSpec, HitRun, LoadPlanner
@@ -102,6 +103,8 @@ class SchedulerConnector(PeerRequests):
             stats = self.stats.tiers[tier.name] = TierStats()
             self._writes[tier.name] = TierWrites(tier, self.manager, self._jobs, stats)
         self._tiers = {tier.name: tier for tier in self.lower}
+        self._untrusted: dict[int, bool] = {}  # store jobs to fail as they complete
+        self._reported: dict[int, Job] = {}  # jobs the report being handled completed
 
     # ---- lookup and load -------------------------------------------------------------------
 
@@ -216,11 +219,17 @@ class SchedulerConnector(PeerRequests):
     # ---- completions -----------------------------------------------------------------------
 
     def on_report(self, report: WorkerReport) -> None:
-        """Count the ranks that finished each job; a job every rank finished is completed."""
+        """Count the ranks that finished each job; a job every rank finished is completed.
+
+        Loads complete before stores: a store whose KV came from a failed synchronous load must
+        be known as such when it completes (``failed_loads.py``)."""
+        done = self._reported  # completed by this report, not yet handled
         for job_id, outcome in report.jobs.items():
             job = self._jobs.report(job_id, outcome)
             if job is not None:
-                self._complete(job_id, job)
+                done[job_id] = job
+        for job_id in sorted(done, key=lambda job_id: done[job_id].store):  # loads first
+            self._complete(job_id, done.pop(job_id))
 
     def _complete(self, job_id: int, job: Job) -> None:
         self.job_log.finished(job, self.requests.get(job.req_id))
@@ -229,7 +238,7 @@ class SchedulerConnector(PeerRequests):
             return
         state = self.requests[job.req_id]
         if job.kind is JobKind.STORE:
-            self._complete_store(job)
+            self._complete_store(job, untrusted=self._untrusted.pop(job_id, False))
             state.store_jobs.discard(job_id)
         else:
             self._complete_load(job)
@@ -237,11 +246,16 @@ class SchedulerConnector(PeerRequests):
         if state.finished and state.idle:
             del self.requests[job.req_id]
 
-    def _complete_store(self, job: Job) -> None:
+    def _complete_store(self, job: Job, untrusted: bool) -> None:
+        """``untrusted``: its KV may come from a failed synchronous load; never stored."""
         cpu, outcome = self.stats.cpu, job.outcome
-        self.manager.complete_store(job.keys, success=not outcome.failed)
-        if outcome.failed:
+        failed = bool(outcome.failed) or untrusted
+        self.manager.complete_store(job.keys, success=not failed)
+        if failed:
             cpu.failed_stores += 1
+            cpu.untrusted_stores += untrusted * len(job.keys)
+            if job.keys:  # the workers' host copies name no chunk (a shutdown flush skips them)
+                self._plan.forget += job.keys
             return
         cpu.stored_chunks += len(job.keys)
         cpu.stored_bytes += outcome.bytes
@@ -276,12 +290,23 @@ class SchedulerConnector(PeerRequests):
                     writes.removed(removed)  # type: ignore[arg-type]
         if outcome.failed:
             stats.failed_loads += 1
+            if job.sync:
+                self._distrust(job)
             return
         if lower is None:
             self.manager.touch(job.keys)
         stats.loaded_chunks += len(job.keys)
         stats.loaded_bytes += outcome.bytes
         stats.load_seconds += outcome.seconds
+
+    def _distrust(self, load: Job) -> None:
+        """``load`` ran before its step's forward and failed: the stores in flight that may
+        hold KV computed from its blocks fail as they complete, and their chunks are offered
+        again once the engine recomputed them (``failed_loads.py``)."""
+        for job_id, state in untrusted_stores(load, self.requests).items():
+            self._untrusted[job_id] = True
+            job = self._jobs.get(job_id) or self._reported[job_id]
+            offer_again(state, job)
 
     def request_finished(self, req_id: str) -> bool:
         """The request ended. True: keep its blocks until the workers release them: its stores

@@ -1,6 +1,7 @@
 """Transfers in flight, as the scheduler half tracks them until every rank has reported.
 
 add(job)                 -> int         a new job id; a store's engine blocks are indexed
+get(job_id)              -> Job | None  a job in flight
 reading(blocks)          -> set[int]    the stores in flight that read any of these blocks
 report(job_id, outcome)  -> Job | None  counts one report; the job once all ranks finished it
 """
@@ -32,10 +33,14 @@ class Job:
     keys: list[ChunkKey]
     kind: JobKind
     blocks: list[int] = field(default_factory=list)  # engine blocks a store reads
+    writes: list[int] = field(default_factory=list)  # engine blocks a load writes
     outcome: JobOutcome = field(default_factory=JobOutcome)  # summed over the ranks so far
     pinned: bool = False  # holds pins on its host chunks (an asynchronous load, a disk write)
     host_only: bool = False  # a store never written to disk (a prompt's tail)
     tier: str = ""  # the lower tier a TIER_LOAD reads or a TIER_WRITE writes
+    sync: bool = False  # a load read before its step's forward (that step's stores follow it)
+    first_chunk: int = 0  # a store's first chunk in its request (any group): offered again
+    # from there if the store turns out to hold KV computed from a failed load
 
     @property
     def store(self) -> bool:
@@ -61,6 +66,9 @@ class JobTable:
         for block in job.blocks:
             self._readers.setdefault(block, set()).add(job_id)
         return job_id
+
+    def get(self, job_id: int) -> Job | None:
+        return self._jobs.get(job_id)
 
     def reading(self, blocks: Iterable[int]) -> set[int]:
         return {job for block in blocks for job in self._readers.get(block, ())}

@@ -256,6 +256,7 @@ class LoadPlanner:
         parts: _LoadParts,
         sync: bool,
     ) -> LoadJob:
+        job.sync, job.writes = sync, list(parts.ids)
         job_id = self.jobs.add(job)
         blocks = EngineBlocks(
             np.array(parts.ids, dtype=np.int64), tuple(parts.sizes), tuple(parts.starts)

@@ -15,7 +15,8 @@ class RequestState:
 
     ``block_hashes`` is the engine's own list (one hash per full engine block), which grows as
     tokens are appended; keys are derived from it lazily. ``stored_upto[g]``: chunks of group ``g``
-    below it are stored, loaded or skipped, never offered again.
+    below it are stored, loaded or given up, not offered again (unless a store is cut for
+    room or found untrustworthy: ``StorePlanner``, ``failed_loads.py`` lower it).
 
     ``block_ids[g]`` is kept up to date incrementally (the engine's new blocks appended each step,
     the whole table only when the engine hands it over again), so a step's work is proportional
@@ -32,6 +33,7 @@ class RequestState:
     block_ids: list[list[int]] = field(init=False)  # per group, as the engine allocated them
     planned: list[int] = field(init=False)  # per group: leading blocks build_plan has seen
     dropped: list[int] = field(init=False)  # per group: leading blocks never to read (window)
+    skipped_upto: list[int] = field(init=False)  # per group: chunks below it counted skipped
     lookup_start: int = 0  # chunk index where the last lookup started (the local hit)
     lookup_end: int = 0  # full prompt chunks at the last lookup; 0 once counted
     num_computed_tokens: int = 0  # the engine's local hit at the last lookup
@@ -56,6 +58,7 @@ class RequestState:
         self.block_ids = [[] for _ in range(self.num_groups)]
         self.planned = [0] * self.num_groups
         self.dropped = [0] * self.num_groups
+        self.skipped_upto = [0] * self.num_groups
 
     @property
     def idle(self) -> bool:

@@ -65,7 +65,9 @@ class StorePlanner:
             runs.append([(g, c, c + 1) for c in chunks])
         if not offered:
             return []
-        plan = self.reserve(offered)
+        plan, taken = self._reserve(offered)
+        if taken < len(offered):
+            self._offer_again(state, runs, offered[taken:])
         if plan is None:
             return []
         slot_of = dict(zip(plan.keys, plan.slots, strict=True))
@@ -84,15 +86,38 @@ class StorePlanner:
         Chunks pinned by loads or still being stored cannot be evicted, so a busy step may not
         fit all of them; the earliest chunks of a prompt are the most reused, so keep those.
         """
+        plan, kept = self._reserve(offered)
+        self.stats.skipped_stores += len(offered) - kept
+        return plan
+
+    def _reserve(self, offered: list[ChunkKey]) -> tuple[StorePlan | None, int]:
+        """``reserve``, uncounted: the plan, and how many leading chunks of ``offered`` it took."""
         for count in range(min(len(offered), self.manager.room), 0, -1):
             plan = self.manager.prepare_store(offered[:count])
             if plan is not None:
-                self.stats.skipped_stores += len(offered) - count
                 self.stats.evicted_chunks += len(plan.evicted)
                 self.evicted += zip(plan.evicted, plan.evicted_slots)  # type: ignore[arg-type]
-                return plan
-        self.stats.skipped_stores += len(offered)
-        return None
+                return plan, count
+        return None, 0
+
+    def _offer_again(
+        self, state: RequestState, runs: list[list[tuple[int, int, int]]], cut: list[ChunkKey]
+    ) -> None:
+        """Chunks ``cut`` for lack of room (pinned by loads, being stored or written) are
+        offered again on the request's next step while it holds their blocks: a host tier of
+        a few chunks still takes every chunk of a long prompt, and passes it on to the tiers
+        below. Counted as skipped once each."""
+        if self.manager.capacity == 0:
+            self.stats.skipped_stores += len(cut)
+            return
+        missing = set(cut)
+        for g, group_runs in enumerate(runs):
+            chunks = [c for _, c, _ in group_runs if state.keys[g][c] in missing]
+            if not chunks:
+                continue
+            self.stats.skipped_stores += sum(c >= state.skipped_upto[g] for c in chunks)
+            state.skipped_upto[g] = max(state.skipped_upto[g], chunks[-1] + 1)
+            state.stored_upto[g] = min(state.stored_upto[g], chunks[0])
 
     def _computed(self, state: RequestState, group: int, chunk: int) -> bool:
         """Whether every block of ``chunk`` is allocated and still held (not left a window)."""
@@ -122,7 +147,9 @@ class StorePlanner:
             ids += state.block_ids[g][first * self.factor : end * self.factor]
             sizes.append((end - first) * self.factor)
             starts.append(first * self.factor)
-        job_id = self.jobs.add(Job(state.req_id, keys, JobKind.STORE, blocks=ids))
+        first = min(run[1] for run in runs if run is not None)
+        job = Job(state.req_id, keys, JobKind.STORE, blocks=ids, first_chunk=first)
+        job_id = self.jobs.add(job)
         state.store_jobs.add(job_id)
         return StoreJob(
             job_id,

@@ -8,7 +8,7 @@ Every series carries vLLM's labels (``model_name``, ``engine``) and, per tier, `
                                                             the chunk's tokens)
     vllm:kvtier_{loaded,stored}_bytes                       counters per tier (summed over ranks)
     vllm:kvtier_{evicted_chunks,bad_chunks,failed_loads,failed_stores,skipped_stores,
-                 failed_lookups}
+                 failed_lookups,untrusted_stores}
     vllm:kvtier_{load,store}_seconds                        histograms per tier (one per job)
     vllm:kvtier_used_bytes                                  gauge per tier
     vllm:kvtier_lookups, vllm:kvtier_preemptions            counters
@@ -41,6 +41,7 @@ TIER_COUNTERS = {  # TierStats field -> documentation
     "failed_loads": "Load jobs that failed on a rank (the engine recomputed those tokens).",
     "failed_stores": "Chunks (disk) or store jobs (cpu) that failed to be stored.",
     "skipped_stores": "Chunks not stored for lack of room.",
+    "untrusted_stores": "Chunks not stored: computed from a synchronous load that failed.",
 }
 TOKEN_COUNTERS = {  # tokens series -> the chunks field it scales
     "hit_tokens": "hit_chunks",

@@ -221,6 +221,9 @@ class WorkerConnector:
         self._disk_room = plan.disk_room
         self._forward = plan.forward
         self._held.update(plan.held)
+        if plan.forget:  # stores the scheduler failed (KV from a failed load): never flushed
+            forget = set(plan.forget)
+            self._slot_keys = {s: k for s, k in self._slot_keys.items() if k not in forget}
         if plan.offers:
             assert self._serving is not None, "kvtier: an offer to a worker that does not serve"
             self._serving.offer(plan.offers)

@@ -14,12 +14,14 @@ HASHES = [b"h0", b"h1", b"h2"]  # three full blocks: 12 tokens
 
 
 def _connector(
-    ranks: int = 2, groups: tuple[GroupSpec, ...] = (GroupSpec(4),)
+    ranks: int = 2, groups: tuple[GroupSpec, ...] = (GroupSpec(4),), capacity: int = 8
 ) -> SchedulerConnector:
     fingerprint = LayoutFingerprint("m", "f32", "test", 0, 1, 0, 4)
     # hits of a few 4-token blocks: any asynchronous load is worth it here
     config = KVTierConfig(cpu_bytes_to_use=1, min_async_load_tokens=1)
-    return SchedulerConnector(config, list(groups), 8, ranks, ChunkKeyMaker(fingerprint, 1))
+    return SchedulerConnector(
+        config, list(groups), capacity, ranks, ChunkKeyMaker(fingerprint, 1)
+    )
 
 
 def _done(job_id: int, ranks: int = 1) -> WorkerReport:
@@ -126,3 +128,21 @@ def test_no_host_memory_means_no_hits(capacity_chunks: int) -> None:
     plan = connector.build_plan([ScheduledRequest("a", [[1, 2, 3]], 12)])
     assert plan.stores == []
     assert connector.stats.cpu.skipped_stores == 3
+
+
+def test_chunks_cut_for_room_are_offered_again_on_the_next_step() -> None:
+    """A host tier of 2 chunks takes a 3-chunk prompt over two steps (counted skipped once)."""
+    connector = _connector(ranks=1, capacity=2)
+    assert connector.lookup("a", HASHES, 0) == 0
+    connector.on_alloc("a", [[10, 11, 12]], 0)
+    (first,) = connector.build_plan([ScheduledRequest("a", [[10, 11, 12]], 12)]).stores
+    assert first.src.block_ids.tolist() == [10, 11]
+    assert connector.stats.cpu.skipped_stores == 1
+    assert connector.build_plan([ScheduledRequest("a", None, 13, 1, True)]).stores == []  # pinned
+    connector.on_report(_done(first.job_id))
+    (second,) = connector.build_plan([ScheduledRequest("a", None, 14, 1, True)]).stores
+    assert second.src.block_ids.tolist() == [12]
+    connector.on_report(_done(second.job_id))
+    assert connector.keys.keys(HASHES, 0)[2] in connector.manager.stored()
+    assert connector.stats.cpu.skipped_stores == 1
+    connector.check_integrity()
