@@ -4,8 +4,14 @@
     Pool.acquire        the engine with the fewest requests in flight, among those neither down
                         nor already tried; ties go round-robin. Counts the request in flight.
     Pool.release        the request ended (answered, failed or abandoned)
-    Pool.mark_down      skip an engine for ``backoff_s``: a connection to it failed
+    Pool.mark_down      skip an engine for ``backoff_s``: a connection to it failed (or, on the
+                        prefill side, a request to it)
+    Pool.set_health     record an engine's /health probe: one that failed skips the engine
+                        until one passes
     Pool.down_reasons   the engines skipped now, with why
+    Pool.is_up, named   one engine's state; the engine at a URL
+
+An engine is down while either holds: its backoff has not ended, or its last probe failed.
 
 Single-threaded: every call comes from the proxy's event loop.
 """
@@ -28,6 +34,7 @@ class Engine:
     in_flight: int = 0
     down_until: float = 0.0  # clock time; the engine is up again from then on
     down_reason: str = ""
+    unhealthy: str = ""  # why its last /health probe failed; "" once one passed (or none ran)
     warned_no_offer: bool = False  # logged once: its prefills return no kv_transfer_params
 
 
@@ -55,7 +62,7 @@ class Pool:
         for step in range(len(self.engines)):
             index = (self._turn + step) % len(self.engines)
             engine = self.engines[index]
-            if engine.url in tried or engine.down_until > now:
+            if engine.url in tried or not _up(engine, now):
                 continue
             if best is None or engine.in_flight < best.in_flight:
                 best, best_index = engine, index
@@ -74,12 +81,34 @@ class Pool:
         engine.down_until = self._clock() + self.backoff_s
         engine.down_reason = reason
 
+    def set_health(self, engine: Engine, probed: str) -> bool:
+        """Record a /health probe of ``engine``: ``""`` passed, else why it failed (the engine is
+        skipped until a probe passes). Whether the engine went down or came back by it."""
+        changed = bool(engine.unhealthy) != bool(probed)
+        engine.unhealthy = probed
+        return changed
+
+    def is_up(self, engine: Engine) -> bool:
+        """Whether ``acquire`` may return ``engine`` now."""
+        return _up(engine, self._clock())
+
+    def named(self, url: str) -> Engine:
+        """The engine at ``url`` (``KeyError`` if not of this side)."""
+        for engine in self.engines:
+            if engine.url == url:
+                return engine
+        raise KeyError(f"{self.side}: no engine {url}")
+
     def any_up(self) -> bool:
         """Whether ``acquire`` could return an engine now (nothing tried yet)."""
         now = self._clock()
-        return any(engine.down_until <= now for engine in self.engines)
+        return any(_up(engine, now) for engine in self.engines)
 
     def down_reasons(self) -> dict[str, str]:
         """URL -> why, for each engine skipped now, in the order the engines were given."""
         now = self._clock()
-        return {e.url: e.down_reason for e in self.engines if e.down_until > now}
+        return {e.url: e.unhealthy or e.down_reason for e in self.engines if not _up(e, now)}
+
+
+def _up(engine: Engine, now: float) -> bool:
+    return engine.down_until <= now and not engine.unhealthy

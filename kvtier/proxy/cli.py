@@ -32,7 +32,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--backoff-s", type=float, default=2.0,
-        help="an engine that could not be connected to is skipped this long",
+        help="an engine that could not be connected to (or a prefill engine that failed) is "
+        "skipped this long",
+    )  # fmt: skip
+    parser.add_argument(
+        "--prefill-timeout-s", type=float, default=60.0,
+        help="limit on the prefill hop, within --timeout-s: past it (or when the prefill engine "
+        "fails, or none is up) the decode engine computes the prompt itself",
+    )  # fmt: skip
+    parser.add_argument(
+        "--health-interval-s", type=float, default=2.0,
+        help="how often each prefill engine's /health is asked; one that fails it is skipped "
+        "until it passes again",
     )  # fmt: skip
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info",
                         help="debug: a line per request, and uvicorn's access log")  # fmt: skip
@@ -48,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         app = build_app(
             args.prefill, args.decode, timeout_s=args.timeout_s,
             connect_timeout_s=args.connect_timeout_s, backoff_s=args.backoff_s,
+            prefill_timeout_s=args.prefill_timeout_s, health_interval_s=args.health_interval_s,
         )  # fmt: skip
     except ValueError as exc:
         print(f"kvtier proxy: {exc}", file=sys.stderr)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+LIMITS = ("timeout_s", "connect_timeout_s", "backoff_s", "prefill_timeout_s", "health_interval_s")
+
 
 @dataclass(frozen=True)
 class ProxyConfig:
@@ -18,12 +20,17 @@ class ProxyConfig:
     decode: tuple[str, ...]
     timeout_s: float = 300.0  # a whole request, prefill and decode (the stream included)
     connect_timeout_s: float = 5.0  # one connection attempt; also each /health probe
-    backoff_s: float = 2.0  # an engine that could not be connected to is skipped this long
+    backoff_s: float = 2.0  # an engine that could not be connected to (or a failed prefill) is
+    #                         skipped this long
+    prefill_timeout_s: float = 60.0  # the prefill hop, within timeout_s; past it the decode
+    #                                  engine computes the prompt itself
+    health_interval_s: float = 2.0  # how often each prefill engine's /health is asked; one that
+    #                                 fails it is skipped until it passes again
 
     def __post_init__(self) -> None:
         for side in ("prefill", "decode"):
             object.__setattr__(self, side, _engine_urls(side, getattr(self, side)))
-        for key in ("timeout_s", "connect_timeout_s", "backoff_s"):
+        for key in LIMITS:
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
 

@@ -69,6 +69,8 @@ class EngineFailed(ProxyError):
 
     def __init__(self, side: str, url: str, reason: str, timed_out: bool) -> None:
         super().__init__(f"{side} engine {url} failed: {reason}")
+        self.url = url
+        self.reason = reason
         self.status = 504 if timed_out else 502
         self.kind = "GatewayTimeoutError" if timed_out else "BadGatewayError"
 

@@ -6,11 +6,15 @@
                                         engine's answer goes back as it came
     Router.models(auth)                 a decode engine's ``/v1/models``
     Router.health()                     see ``kvtier.proxy.health``
+    Router.watch()                      runs until cancelled: the prefill engines' /health
+    Router.metrics                      ``ProxyMetrics``, for ``GET /metrics``
     Router.aclose()                     closes every engine's connection pool
 
-Both hops carry one ``X-Request-Id`` and the client's ``Authorization``. The answer carries
-``Server-Timing: prefill;dur=MS`` (the prefill hop as the proxy saw it), so a client can split its
-time to first token into the prefill and what followed.
+Both hops carry one ``X-Request-Id`` and the client's ``Authorization``. Without a prefill engine
+up, or when the one asked fails, the request goes to a decode engine alone, which computes the
+prompt (see ``kvtier.proxy.prefill``). The answer carries ``x-kvtier-prefill`` (what the prefill
+hop did) and ``Server-Timing: prefill;dur=MS`` (the hop as the proxy saw it), so a client can
+split its time to first token into the prefill and what followed.
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ import httpx
 from starlette.responses import Response
 
 from kvtier.proxy.balancer import Engine, Pool
-from kvtier.proxy.bodies import decode_body, offered_params, prefill_body
+from kvtier.proxy.bodies import decode_body
 from kvtier.proxy.config import ProxyConfig
-from kvtier.proxy.errors import BadRequest, EngineAnswered, EngineFailed, EnginesDown, ProxyError
-from kvtier.proxy.health import check_health
+from kvtier.proxy.errors import BadRequest, EnginesDown, ProxyError
+from kvtier.proxy.health import check_health, watch
+from kvtier.proxy.metrics import ProxyMetrics
+from kvtier.proxy.prefill import prefill
 from kvtier.proxy.relay import relay
 from kvtier.proxy.upstream import open_exchange
 
@@ -45,6 +51,7 @@ class Router:
         self.prefill = Pool("prefill", [self._engine(url) for url in config.prefill],
                             config.backoff_s)  # fmt: skip
         self.decode = Pool("decode", [self._engine(url) for url in config.decode], config.backoff_s)
+        self.metrics = ProxyMetrics(self.prefill, self.decode)
 
     def _engine(self, url: str) -> Engine:
         timeout = httpx.Timeout(self.config.timeout_s, connect=self.config.connect_timeout_s)
@@ -58,47 +65,21 @@ class Router:
         """The answer to a completion request ``raw`` sent to ``path``."""
         request_id = uuid.uuid4().hex
         headers = _headers(request_id, authorization)
-        clock = asyncio.get_running_loop().time
-        deadline = clock() + self.config.timeout_s
+        deadline = asyncio.get_running_loop().time() + self.config.timeout_s
         try:
             request = _json_object(raw)
             if not self.decode.any_up():  # fail before a prefill holds KV for no one
                 raise EnginesDown("decode", self.decode.down_reasons())
-            started = clock()
-            offer = await self._prefill(path, request, headers, deadline)
-            timing = (b"server-timing", b"prefill;dur=%.1f" % ((clock() - started) * 1e3))
-            body = json.dumps(decode_body(request, offer)).encode()
+            hop = await prefill(self.prefill, path, request, headers, deadline,
+                                self.config.prefill_timeout_s)  # fmt: skip
+            body = json.dumps(decode_body(request, hop.offer)).encode()
             exchange = await open_exchange(self.decode, "POST", path, body, headers, deadline)
             logger.debug("%s: decode on %s", request_id, exchange.engine.url)
-            return await relay(exchange, [timing])
+            self.metrics.count(hop.outcome)
+            return await relay(exchange, hop.headers())
         except ProxyError as exc:
             logger.debug("%s %s: %s", request_id, path, exc.message)
             return exc.response()
-
-    async def _prefill(
-        self, path: str, request: dict[str, Any], headers: dict[str, str], deadline: float
-    ) -> dict[str, Any] | None:
-        """The prefill engine's ``kv_transfer_params`` for the decode engine (None: no offer)."""
-        body = json.dumps(prefill_body(request)).encode()
-        exchange = await open_exchange(self.prefill, "POST", path, body, headers, deadline)
-        engine, answer = exchange.engine, exchange.response
-        if not answer.is_success:
-            raise EngineAnswered("prefill", await relay(exchange))
-        try:
-            offer = offered_params(json.loads(await exchange.read()))
-        except ValueError:
-            raise EngineFailed(
-                "prefill", engine.url, "its answer is not JSON", timed_out=False
-            ) from None
-        logger.debug("%s: prefill on %s, %s", headers["x-request-id"], engine.url,
-                     "its KV offered" if offer else "no KV offered")  # fmt: skip
-        if offer is None and not engine.warned_no_offer:
-            engine.warned_no_offer = True
-            logger.warning(
-                "prefill engine %s answered without kv_transfer_params to hand its KV over (no KV "
-                "connector?): decode engines compute those prompts again", engine.url,
-            )  # fmt: skip
-        return offer
 
     async def models(self, authorization: str | None) -> Response:
         """A decode engine's ``GET /v1/models``, as it answered."""
@@ -114,6 +95,10 @@ class Router:
 
     async def health(self) -> Response:
         return await check_health(self.prefill, self.decode, self.config.connect_timeout_s)
+
+    async def watch(self) -> None:
+        """Probe the prefill engines' /health until cancelled (see ``kvtier.proxy.health``)."""
+        await watch(self.prefill, self.config.health_interval_s, self.config.connect_timeout_s)
 
     async def aclose(self) -> None:
         engines = [*self.prefill.engines, *self.decode.engines]

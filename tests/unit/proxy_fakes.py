@@ -7,7 +7,10 @@
                        it got. Hooks make it wait, fail or die mid-stream.
     serving(*apps)     each app on 127.0.0.1:<free port> for the ``async with``; yields the URLs
     closed_url()       a URL whose port is bound but not listening: connections are refused
+    resetting()        a URL whose /health passes and whose other requests are reset (TCP RST)
     proxied(p, d)      the proxy for those URLs, served: a client of it and its Router
+    metric(client, n)  a sample of the proxy's /metrics
+    until(condition)   polls ``condition`` until true (at most ``WAIT_S``)
     run(scenario)      ``asyncio.run`` bounded by ``LIMIT_S``
 
 Every wait is bounded: ``WAIT_S`` for one condition, ``LIMIT_S`` for a whole scenario.
@@ -19,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any, NamedTuple
 
@@ -26,6 +30,8 @@ import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.background import BackgroundTask
 from starlette.responses import Response
 
 from kvtier.proxy import build_app
@@ -55,6 +61,7 @@ class FakeEngine:
         self.before_answer: Hook | None = None  # awaited before a completion is answered
         self.after_first_chunk: Hook | None = None  # awaited in a stream after its first event
         self.stream_closed = asyncio.Event()  # a stream's generator ended (finished or aborted)
+        self.health_asked = asyncio.Event()  # its /health answered (all sent) at least once
         self.app = self._app()
 
     def _app(self) -> FastAPI:
@@ -116,7 +123,10 @@ class FakeEngine:
         return JSONResponse({"object": "list", "data": [{"id": "fake-model", "by": self.name}]})
 
     async def _health(self) -> Response:
-        return Response(status_code=self.health_status)
+        async def answered() -> None:
+            self.health_asked.set()
+
+        return Response(status_code=self.health_status, background=BackgroundTask(answered))
 
 
 def _token(i: int) -> str:
@@ -170,6 +180,54 @@ def closed_url() -> Iterator[str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@contextlib.asynccontextmanager
+async def resetting() -> AsyncIterator[str]:
+    """A local engine that answers ``GET /health`` with 200 and resets the connection of any
+    other request once its head has arrived (SO_LINGER 0: an RST, not a FIN)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if not head.startswith(b"GET /health "):
+                    break
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                await writer.drain()
+            linger = struct.pack("ii", 1, 0)
+            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+            writer.transport.abort()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        await asyncio.wait_for(server.wait_closed(), WAIT_S)
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Return once ``condition()`` holds, checking it every few ms; fail after ``WAIT_S``."""
+    try:
+        async with asyncio.timeout(WAIT_S):
+            while not condition():
+                await asyncio.sleep(0.005)  # a poll interval: the condition is checked again
+    except TimeoutError:
+        raise AssertionError(f"waited {WAIT_S:g} s for {what}") from None
+
+
+async def metric(client: httpx.AsyncClient, name: str, **labels: str) -> float:
+    """The proxy's ``/metrics`` sample ``name`` with exactly these labels (KeyError: none)."""
+    answer = await client.get("/metrics")
+    assert answer.status_code == 200
+    for family in text_string_to_metric_families(answer.text):
+        for found in family.samples:
+            if found.name == name and found.labels == labels:
+                return float(found.value)
+    raise KeyError(f"{name}{labels} is not on /metrics")
 
 
 def run(scenario: Coroutine[Any, Any, None]) -> None:

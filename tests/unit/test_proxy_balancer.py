@@ -59,3 +59,16 @@ def test_none_is_up_when_every_engine_is_down() -> None:
         pool.mark_down(engine, "connect timed out")
     assert pool.acquire() is None and not pool.any_up()
     assert pool.down_reasons() == {"a": "connect timed out", "b": "connect timed out"}
+
+
+def test_an_engine_whose_health_failed_is_skipped_until_a_probe_passes() -> None:
+    clock = Clock()
+    pool = _pool(clock, "a", "b")
+    a = pool.engines[0]
+    assert pool.set_health(a, "HTTP 503") and not pool.set_health(a, "connection refused")
+    clock.now += 1000.0  # no backoff to end: only a probe brings it back
+    assert _urls(pool, 2) == ["b", "b"] and not pool.is_up(a)
+    assert pool.down_reasons() == {"a": "connection refused"}
+    assert pool.set_health(a, "") and not pool.set_health(a, "")
+    assert _urls(pool, 1) == ["a"] and pool.is_up(a) and pool.down_reasons() == {}
+    assert pool.named("b") is pool.engines[1]

@@ -26,6 +26,8 @@ def test_urls_are_normalized() -> None:
         (("p:x",), ("d:1",), {}, "prefill: 'p:x' has a bad port"),
         (("p:1",), ("d:1",), {"timeout_s": 0}, "timeout_s must be > 0"),
         (("p:1",), ("d:1",), {"backoff_s": -1.0}, "backoff_s must be > 0"),
+        (("p:1",), ("d:1",), {"prefill_timeout_s": 0}, "prefill_timeout_s must be > 0"),
+        (("p:1",), ("d:1",), {"health_interval_s": 0}, "health_interval_s must be > 0"),
     ],
 )
 def test_a_bad_setting_is_refused_by_name(
@@ -45,6 +47,7 @@ def test_engines_are_listed_or_repeated() -> None:
     args = _parse(["--prefill", "p:1", "p:2", "--decode", "d:1", "--decode", "d:2"])
     assert (args.prefill, args.decode) == (["p:1", "p:2"], ["d:1", "d:2"])
     assert (args.host, args.port, args.timeout_s) == ("127.0.0.1", 8000, 300.0)
+    assert (args.prefill_timeout_s, args.health_interval_s) == (60.0, 2.0)
 
 
 def test_run_refuses_a_bad_url_before_serving(capsys: pytest.CaptureFixture[str]) -> None:

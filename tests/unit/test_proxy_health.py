@@ -1,4 +1,5 @@
-"""``GET /health``: 200 while a prefill and a decode engine answer theirs; else 503 naming them."""
+"""``GET /health``: 200 while a decode engine answers its own (``degraded`` without a prefill
+engine: the proxy still serves); else 503 naming them."""
 
 from __future__ import annotations
 
@@ -39,6 +40,25 @@ def test_unhealthy_names_the_side_and_its_engines() -> None:
                 "decode": {dead: "connection refused"},
                 "error": f"prefill engine(s) down: {p_url} (HTTP 503); "
                 f"decode engine(s) down: {dead} (connection refused)",
+            }
+
+    run(scenario())
+
+
+def test_degraded_without_a_prefill_engine_but_still_up() -> None:
+    prefill, decode = FakeEngine("p"), FakeEngine("d")
+    prefill.health_status = 503
+
+    async def scenario() -> None:
+        async with serving(prefill.app, decode.app) as (p_url, d_url):
+            async with proxied([p_url], [d_url]) as (client, _):
+                answer = await client.get("/health")
+            assert answer.status_code == 200
+            assert answer.json() == {
+                "status": "degraded",
+                "prefill": {p_url: "HTTP 503"},
+                "decode": {d_url: "ok"},
+                "error": f"prefill engine(s) down: {p_url} (HTTP 503)",
             }
 
     run(scenario())
