@@ -95,6 +95,17 @@ def main(argv: list[str] | None = None) -> int:
         "--ttft", action="store_true", help="also TTFT of a 4k prompt from Redis (minutes)"
     )
     redis_bench.add_argument("--out", type=Path, default=Path("bench/results"))
+    faults = which.add_parser(
+        "faults",
+        help="a randomized fault campaign: outputs against the engine without kvtier",
+        description="Drive engines with kvtier (disk and Redis tiers, host tiers tiny and "
+        "roomy, synchronous and asynchronous reads) through passes, faults in their tiers, "
+        "evictions, resets mid-load and restarts (a hypothesis state machine) for --minutes, "
+        "comparing every output with the engine without kvtier. Exits 1 on a wrong output.",
+    )
+    faults.add_argument("--minutes", type=float, default=20.0, help="how long to run")
+    faults.add_argument("--seed", type=int, default=0, help="the settings' order and faults")
+    faults.add_argument("--out", type=Path, default=Path("bench/results"))
     scheduler = which.add_parser(
         "scheduler",
         help="the scheduler half's cost per engine step / a bare loop over the new blocks",
@@ -205,6 +216,14 @@ def main(argv: list[str] | None = None) -> int:
         redis_bench_module.run(args.out, quick=args.quick, rounds=args.rounds,
                                device=args.device, url=args.url, ttft=args.ttft,
                                server=args.server)  # fmt: skip
+    elif args.bench == "faults":
+        from kvtier.bench import faults as faults_bench
+
+        try:
+            return faults_bench.run(args.out, args.minutes, args.seed)
+        except ValueError as error:
+            print(error, file=sys.stderr)
+            return 2
     elif args.bench == "scheduler":
         from kvtier.bench import scheduler as scheduler_bench
 
