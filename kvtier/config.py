@@ -10,6 +10,10 @@ Extra-config keys (names follow vLLM's native offloading where it has them)::
     min_async_load_tokens 256      an asynchronous load (from disk) must add at least this many
                                    tokens, else the engine computes them: it costs a step
     hash_algo          "xxh3_128"  sha256 | xxh3_128
+    shutdown_flush_s   4.0         the longest an engine's shutdown spends writing the host
+                                   tier's chunks the disk or Redis tier lacks (0: none); vLLM
+                                   gives worker processes VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS
+                                   (5) to exit before it terminates them: raise both together
     disk               None        {"path": str, "bytes": size, "write_through": bool = False}
     redis              None        {"url": "redis://..." (or rediss://, unix://), "timeout_s": 1.0,
                                    "prefix", "ttl_s", "cluster", "seeds", ...}: ``RedisConfig``
@@ -86,9 +90,10 @@ class RedisConfig:
     (more URLs of its nodes). ``prefix`` namespaces every key; ``ttl_s`` expires a chunk that
     long after it was written (None: Redis's ``maxmemory-policy`` decides). ``timeout_s`` bounds
     every call: one that times out is a miss, never an error, and stops calls for a while.
-    ``connections``: per worker rank, for loads. ``max_queued_chunks``: chunks waiting to be
-    written; more are dropped (counted). ``required``: a Redis that cannot be reached, or refuses
-    the credentials, at start-up is an error; false: a warning, and the tier is off.
+    ``connections``: per worker rank, for loads. ``max_queued_chunks``: chunks being written at
+    once; more wait their turn in host memory (``scheduler/tier_writes.py``). ``required``: a
+    Redis that cannot be reached, or refuses the credentials, at start-up is an error; false: a
+    warning, and the tier is off.
     ``tls_ca``: the CA file a ``rediss://`` server's certificate is checked against (None: the
     system's).
     """
@@ -241,6 +246,7 @@ class KVTierConfig:
     store_threshold: int = 1
     min_async_load_tokens: int = 256
     hash_algo: str = "xxh3_128"
+    shutdown_flush_s: float = 4.0
     disk: DiskConfig | None = None
     redis: RedisConfig | None = None
     transfer: TransferConfig = field(default_factory=lambda: TransferConfig())
@@ -253,6 +259,7 @@ class KVTierConfig:
         _positive_int(self.store_threshold, "store_threshold")
         _positive_int(self.min_async_load_tokens, "min_async_load_tokens")
         _choice(HASH_ALGOS)(self.hash_algo, "hash_algo")
+        _non_negative_float(self.shutdown_flush_s, "shutdown_flush_s")
 
     @classmethod
     def from_extra_config(
@@ -279,6 +286,7 @@ class KVTierConfig:
             store_threshold=_optional(raw, "", "store_threshold", _positive_int, 1),
             min_async_load_tokens=_optional(raw, "", "min_async_load_tokens", _positive_int, 256),
             hash_algo=_optional(raw, "", "hash_algo", _choice(HASH_ALGOS), "xxh3_128"),
+            shutdown_flush_s=_optional(raw, "", "shutdown_flush_s", _non_negative_float, 4.0),
             disk=_optional(raw, "", "disk", DiskConfig.from_mapping, None),
             redis=_optional(raw, "", "redis", RedisConfig.from_mapping, None),
             transfer=_optional(raw, "", "transfer", TransferConfig.from_mapping, TransferConfig()),
@@ -328,6 +336,14 @@ def _positive_float(value: object, key: str) -> float:
         raise ValueError(f"kvtier: {key!r} must be a positive number, got {value!r}")
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"kvtier: {key!r} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _non_negative_float(value: object, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"kvtier: {key!r} must be a number >= 0, got {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"kvtier: {key!r} must be a number >= 0, got {value!r}")
     return float(value)
 
 

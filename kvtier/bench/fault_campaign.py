@@ -40,6 +40,7 @@ CHUNK = 64  # tokens per chunk: two engine blocks of 32
 HOST = {"tiny": 4, "roomy": 4096}  # host tier sizes, in chunks
 READS = {"sync": 100_000, "async": 1, "default": 256}  # min_async_load_tokens
 TIERS = ("disk", "redis", "host")
+DRAIN_S = 15.0  # the longest a pass waits for the tiers' writes to land after it
 
 
 @dataclass(frozen=True)
@@ -228,7 +229,20 @@ class CampaignEngine:
             wrong += got != expected
             served += tokens
         settle(self.llm)
+        self._drain()
         return served / max(1, self.campaign.full_chunks * CHUNK), wrong
+
+    def _drain(self, timeout_s: float = DRAIN_S) -> None:
+        """Step the idle engine until the tiers below host memory took what they should (a
+        write retried after a tier came back, a write-back): what seconds of traffic would
+        do, done before the next pass. Bounded: a tier still down is left as it is."""
+        from kvtier.vllm import engine_connector
+
+        scheduler = engine_connector(self.llm).scheduler
+        core = self.llm.llm_engine.engine_core.engine_core  # type: ignore[attr-defined]
+        deadline = time.monotonic() + timeout_s
+        while scheduler.has_pending_work and time.monotonic() < deadline:
+            core.step()
 
     def _generate_resetting(self, prompt: list[int]) -> list[int]:
         """``prompt``, with the connector reset after every engine step (loads, stores and

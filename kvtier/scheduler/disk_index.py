@@ -301,6 +301,19 @@ class DiskIndex:
         entry = self._entries.get(key)
         return entry is not None and not entry.bad and (entry.loadable or entry.writing)
 
+    # ---- what a remote tier may lose unseen: nothing here --------------------------------
+
+    available = True  # a local directory takes writes while it has room
+    forgotten = 0  # never forgets what it holds: files leave only by its own eviction
+
+    def verify(self, keys: Sequence[ChunkKey]) -> int:
+        """Nothing to check (0 queued): this index is the disk tier's own record of its files
+        (a file another engine removed is a counted miss at load time)."""
+        return 0
+
+    def take_gone(self) -> list[ChunkKey]:
+        return []
+
     def ready_keys(self) -> list[ChunkKey]:
         """Ready chunks, least recently used first (for tests and inspection)."""
         return [key for key, entry in self._entries.items() if entry.ready]

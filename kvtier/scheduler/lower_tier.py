@@ -7,14 +7,23 @@
     holds(key)                -> bool         held or being written: no need to write it again
     prepare_store(keys)       -> [key]        the keys it takes now (room made, writes reserved)
     complete_store(ok, failed)                ``ok``: key -> bytes written; ``failed`` forgotten
+    available                 -> bool         takes writes now (False: a remote tier is down)
+    verify(keys)              -> int          check that it still holds ``keys`` (written
+                                              earlier; a remote tier asks on its own thread):
+                                              how many it will check (0: ask again later)
+    take_gone()               -> [key]        keys ``verify`` found gone since the last call
+    forgotten                 -> int          times it forgot every key it knew held (a remote
+                                              tier that failed: it may come back empty)
 
 plus what the connector needs to name and plan the tier: ``name`` (stats, logs, metrics,
 provenance), ``spec`` (the address of its chunks in a transfer: a worker handler pair per
 medium), ``synchronous`` (a short load may run before the forward: local disk yes, a network
 store never), ``write_through`` (write a chunk as soon as the host tier stored it, or only when
-it is evicted or the engine is idle), ``max_in_flight`` (chunks being written at once: more are
-skipped and counted), ``used``/``room`` (bytes; ``room`` None: no budget of ours), ``evicted``,
+it is evicted or the engine is idle), ``max_in_flight`` (chunks being written at once: more wait
+their turn), ``used``/``room`` (bytes; ``room`` None: no budget of ours), ``evicted``,
 ``failed_lookups`` (lookups that got no answer and were misses: a remote tier's timeouts).
+``verify``/``take_gone``/``forgotten`` let ``tier_writes.py`` write again the host chunks a tier
+lost (a Redis restarted empty, flushed, or evicting); a local disk loses nothing unseen.
 
 The chain is the order of a hit: host memory, then the first tier of the chain, then the next,
 each looked up from where the one before stopped. Disk (``disk_index.py``) and Redis
@@ -65,5 +74,15 @@ class LowerTier(Protocol):
     def prepare_store(self, keys: Sequence[ChunkKey]) -> list[ChunkKey]: ...
 
     def complete_store(self, ok: dict[ChunkKey, int], failed: Sequence[ChunkKey]) -> None: ...
+
+    @property
+    def available(self) -> bool: ...
+
+    def verify(self, keys: Sequence[ChunkKey]) -> int: ...
+
+    def take_gone(self) -> list[ChunkKey]: ...
+
+    @property
+    def forgotten(self) -> int: ...
 
     def check_integrity(self) -> None: ...

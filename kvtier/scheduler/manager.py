@@ -295,6 +295,13 @@ class ChunkManager:
             raise ValueError(f"chunk {key!r} in tier {self._tier!r} is still being stored")
         return chunk
 
+    def slots(self, keys: Sequence[Key]) -> list[int]:
+        """The slots of ready ``keys``, in key order; nothing pinned (a copy taken at once).
+
+        Raises ValueError if a key is absent or not ready.
+        """
+        return [self._ready_chunk(key).slot for key in keys]
+
     def is_ready(self, key: Key) -> bool:
         """Whether ``key`` can be loaded now (unlike ``lookup``, not counted for admission)."""
         return self._is_ready(key)

@@ -12,9 +12,15 @@ recomputes and the chunk is forgotten here), never trusted.
 
 A Redis that is down or slow makes a lookup a miss within ``timeout_s`` (the store's circuit
 breaker then answers at once, for a while, without touching the network), and forgets every
-chunk known present: a restarted Redis may have come back empty. Nothing is pinned: Redis evicts
-by its own ``maxmemory-policy``; chunks are written as soon as the host tier stored them
-(write-through), at most ``max_in_flight`` at a time.
+chunk known present (``forgotten`` counts it): a restarted Redis may have come back empty.
+Nothing is pinned: Redis evicts by its own ``maxmemory-policy``; chunks are written as soon as
+the host tier stored them (write-through), at most ``max_in_flight`` at a time.
+
+Redis may also lose chunks unseen (restarted empty between two lookups, ``FLUSHALL``, evictions):
+``verify`` sends an ``EXISTS`` of chunks written earlier on the lookup thread, behind at most
+``MAX_VERIFYING`` such queries, and a chunk found missing is forgotten and handed to
+``take_gone``, so that ``tier_writes.py`` writes it again while the host tier holds it. A
+verify that fails (Redis down) changes nothing; it counts no failed lookup.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ MAX_KNOWN = 1 << 20  # chunks remembered present (least recently used forgotten 
 MAX_QUERY = 512  # chunks per lookup query
 MAX_QUEUED = 256  # lookup queries waiting; more are misses
 LOOKUP_WAIT_S = 0.002  # the longest a first lookup waits for its answer
+MAX_VERIFYING = 4  # verify queries queued or running at once (lookups queue behind them)
 
 Exists = Callable[[Sequence[ChunkKey]], list[bool]]  # chunk keys -> held by every rank; OSError
 
@@ -63,13 +70,17 @@ class RedisIndex:
         self.room: int | None = None
         self.evicted = 0
         self.failed_lookups = 0  # queries that timed out or found Redis down (misses)
+        self.forgotten = 0  # times every chunk known present was forgotten (Redis failed)
         self._lock = threading.Condition()
         # guarded by _lock
         self._present: OrderedDict[ChunkKey, None] = OrderedDict()  # least recently used first
         self._absent: dict[ChunkKey, float] = {}  # key -> when it was found missing
         self._asked: dict[ChunkKey, float] = {}  # a query's first key -> when it was sent
         self._writing: set[ChunkKey] = set()
-        self._queries: queue.Queue[list[ChunkKey]] = queue.Queue(MAX_QUEUED)
+        self._gone: list[ChunkKey] = []  # verified missing, not taken yet
+        self._verifying = 0  # verify queries queued or running
+        # (verify?, keys): a lookup's query, or a verify's
+        self._queries: queue.Queue[tuple[bool, list[ChunkKey]]] = queue.Queue(MAX_QUEUED)
         self._thread = threading.Thread(target=self._run, name="kvtier-redis-lookup", daemon=True)
         self._thread.start()
 
@@ -106,7 +117,7 @@ class RedisIndex:
             if not ask or not self._available():
                 return count, None
             try:
-                self._queries.put_nowait(list(keys[count : count + MAX_QUERY]))
+                self._queries.put_nowait((False, list(keys[count : count + MAX_QUERY])))
             except queue.Full:
                 return count, None
             self._asked[key] = now
@@ -121,7 +132,10 @@ class RedisIndex:
 
     def _run(self) -> None:
         while True:
-            keys = self._queries.get()
+            verify, keys = self._queries.get()
+            if verify:
+                self._verify_now(keys)
+                continue
             try:
                 found = self._exists(keys)
             except OSError as error:
@@ -155,6 +169,7 @@ class RedisIndex:
             self._asked.pop(first, None)
             self._absent[first] = time.monotonic()
             self._present.clear()  # Redis may come back empty
+            self.forgotten += 1
             self._lock.notify_all()
 
     def _remember(self, key: ChunkKey) -> None:
@@ -179,6 +194,62 @@ class RedisIndex:
             for key in reversed(keys):
                 if key in self._present and key not in bad_keys:
                     self._present.move_to_end(key)
+
+    # ---- chunks Redis lost unseen ----------------------------------------------------------
+
+    @property
+    def available(self) -> bool:
+        """Whether Redis takes writes now (False while the store's circuit breaker is open)."""
+        return self._available()
+
+    def verify(self, keys: Sequence[ChunkKey]) -> int:
+        """Queue an ``EXISTS`` of ``keys`` (chunks written earlier) on the lookup thread, in
+        queries of at most ``MAX_QUERY``; returns how many were queued: none while Redis is down
+        or ``MAX_VERIFYING`` queries wait, so that lookups never queue behind many. Never
+        blocks."""
+        if not keys or not self._available():
+            return 0
+        queued = 0
+        for first in range(0, len(keys), MAX_QUERY):
+            with self._lock:
+                if self._verifying >= MAX_VERIFYING:
+                    break
+                self._verifying += 1
+            batch = list(keys[first : first + MAX_QUERY])
+            try:
+                self._queries.put_nowait((True, batch))
+            except queue.Full:
+                with self._lock:
+                    self._verifying -= 1
+                break
+            queued += len(batch)
+        return queued
+
+    def _verify_now(self, keys: list[ChunkKey]) -> None:
+        """On the lookup thread: forget the ``keys`` Redis no longer holds, for ``take_gone``."""
+        try:
+            found: list[bool] | None = self._exists(keys)
+        except OSError:
+            found = None  # Redis down: nothing learnt (lookups count the failures)
+        except Exception:  # never let the lookup thread die
+            logger.exception("kvtier: Redis verify failed")
+            found = None
+        with self._lock:
+            self._verifying -= 1
+            for key, there in zip(keys, found or ()):
+                if key in self._writing:
+                    continue  # being written again: its write says what Redis holds
+                if there:
+                    self._remember(key)
+                else:
+                    self._present.pop(key, None)
+                    self._gone.append(key)
+
+    def take_gone(self) -> list[ChunkKey]:
+        """Chunks ``verify`` found missing from Redis since the last call."""
+        with self._lock:
+            gone, self._gone = self._gone, []
+        return gone
 
     # ---- store -----------------------------------------------------------------------------
 
@@ -216,3 +287,4 @@ class RedisIndex:
         with self._lock:
             assert len(self._present) <= MAX_KNOWN, "the known chunks grew without bound"
             assert not set(self._present) & self._writing, "a chunk both present and writing"
+            assert 0 <= self._verifying <= MAX_VERIFYING, f"{self._verifying} verify queries"

@@ -84,6 +84,17 @@ class DiskTier:
             path.parent.mkdir(parents=True, exist_ok=True)
             return write_chunk(path, header, payload)
 
+    def write_many(
+        self, keys: Sequence[ChunkKey], payloads: Sequence[Sequence[Buffer]]
+    ) -> list[int | None]:
+        """Write this rank's share of each chunk: the bytes of each. OSError from the first
+        write that fails (a full disk)."""
+        return [self.write(key, payload) for key, payload in zip(keys, payloads)]
+
+    def holds_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        """Whether this rank's file of each key is there (not opened, not verified)."""
+        return [os.path.exists(self.path(key)) for key in keys]
+
     def prefetch(self, key: bytes) -> None:
         """Ask the kernel to start reading ``key``'s file (best effort: errors are ignored)."""
         try:

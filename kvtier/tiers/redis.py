@@ -8,6 +8,7 @@ moves it (``worker/redis_io.py``):
                               while earlier chunks are checked and scattered
     read(key, out)            receive ``key``'s record straight into ``out`` and verify it
     write / write_many        pipelined SETs of records (``redis_record.py``)
+    holds_many(keys)          which records are there (a shutdown flush writes the others)
 
 A record that is absent (Redis evicted it after the lookup) is a ``RecordAbsent`` ChunkError, a
 miss; one that fails a check (garbage, truncated, another chunk's or another model's record) is
@@ -201,6 +202,11 @@ class RedisTier:
             stored = self.store.set_many([(name, value) for name, _, value in records])
             written += [size if ok else None for (_, size, _), ok in zip(records, stored)]
         return written
+
+    def holds_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        """Whether this rank's record of each key is in Redis (one pipelined ``EXISTS`` per
+        node). OSError (RedisUnavailable) when Redis is down or slow."""
+        return self.store.exists([self.name(key) for key in keys])
 
     def close(self) -> None:
         self._sent.clear()

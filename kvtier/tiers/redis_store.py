@@ -229,15 +229,41 @@ class RedisStore:
         return result
 
     def _failed(self, error: BaseException) -> NoReturn:
-        """Close this thread's connections, make the others drop theirs, open the breaker."""
+        """Close this thread's connections, make the others drop theirs, open the breaker.
+
+        Unless Redis was restarted: a connection it closed, on a breaker that saw no failure,
+        is tried once more afresh (a ``PING``); if Redis answers, only this call was lost (a
+        miss) and the next ones use new connections, instead of every call failing for the
+        breaker's window while Redis is back."""
         with self._lock:
             self._generation += 1
         self._drop_connections()
+        if self._restarted(error):
+            raise RedisUnavailable(f"Redis closed the connection ({type(error).__name__}: "
+                                   f"{error}); reconnected") from error  # fmt: skip
         window = self.breaker.failed()
         if isinstance(error, RedisUnavailable):
             raise error
         raise RedisUnavailable(f"Redis unavailable ({type(error).__name__}: {error}); "
                                f"not asked for {window:.1f} s") from error  # fmt: skip
+
+    def _restarted(self, error: BaseException) -> bool:
+        """Whether ``error`` is a connection Redis closed (a restart) and Redis answers anew."""
+        closed = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError, EOFError)
+        closed_text = "closed the connection" in str(error)
+        if self.breaker.failures or not (isinstance(error, closed) or closed_text):
+            return False
+        address = self.addresses[0]
+        try:
+            probe = Connection(address, self.config.timeout_s, self._tls_for(address))
+        except (OSError, AuthError):
+            return False
+        try:
+            return bool(probe.call(b"PING"))
+        except (OSError, AuthError, RespError):
+            return False
+        finally:
+            probe.close()
 
     # ---- connections and routing -----------------------------------------------------------
 

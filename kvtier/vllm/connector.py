@@ -310,8 +310,8 @@ class KVTierConnector(ConnectorObservability, PeerTransfer, KVConnectorBase_V1, 
         return KVTierWorkerMetadata(report) if report.jobs else None
 
     def shutdown(self) -> None:
-        if self._worker is not None:
-            self._worker.shutdown()
+        if self._worker is not None:  # writes what the lower tiers lack, bounded in time
+            self._worker.shutdown(self.config.shutdown_flush_s)
         if self._scheduler is not None:
             logger.info(self._scheduler.stats.log_line())
 

@@ -9,6 +9,10 @@ Every series carries vLLM's labels (``model_name``, ``engine``) and, per tier, `
     vllm:kvtier_{loaded,stored}_bytes                       counters per tier (summed over ranks)
     vllm:kvtier_{evicted_chunks,bad_chunks,failed_loads,failed_stores,skipped_stores,
                  failed_lookups,untrusted_stores}
+    vllm:kvtier_lost_chunks{cause}                          counter per tier (below host
+                                                            memory) and cause: chunks bound for
+                                                            the tier that never reached it
+                                                            (``TierStats.lost_*``)
     vllm:kvtier_{load,store}_seconds                        histograms per tier (one per job)
     vllm:kvtier_used_bytes                                  gauge per tier
     vllm:kvtier_lookups, vllm:kvtier_preemptions            counters
@@ -26,6 +30,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 
 from kvtier.config import KVTierConfig
+from kvtier.counters import LOST_CAUSES
 
 PREFIX = "vllm:kvtier_"
 TIER_COUNTERS = {  # TierStats field -> documentation
@@ -49,6 +54,12 @@ TOKEN_COUNTERS = {  # tokens series -> the chunks field it scales
     "loaded_tokens": "loaded_chunks",
     "stored_tokens": "stored_chunks",
 }
+LOST_DOC = (
+    "Chunks bound for the tier (below host memory) that never reached it, by cause: "
+    "evicted_dirty (left host memory unwritten, too many writes queued to copy it aside), "
+    "no_room (the tier had no room), tier_down (the tier was down), write_error (its write "
+    "failed for good)."
+)
 ENGINE_DOCS = {
     "lookups": "Requests kvtier looked up.",
     "preemptions": "Requests the engine preempted (kvtier flushed their pending stores).",
@@ -88,6 +99,7 @@ class KVTierPromMetrics(KVConnectorPromMetrics):
             labelnames=by_tier,
             multiprocess_mode="mostrecent",
         )
+        self._lost = self._counter("lost_chunks", LOST_DOC, [*by_tier, "cause"])
         self._engine_metrics = {
             name: self._counter(name, doc, labelnames) for name, doc in ENGINE_DOCS.items()
         }
@@ -97,6 +109,8 @@ class KVTierPromMetrics(KVConnectorPromMetrics):
             for tier in _tiers(vllm_config):
                 for metric in self._tier_metrics.values():
                     metric.labels(*labelvalues, tier)
+                for cause in LOST_CAUSES if tier != "cpu" else ():
+                    self._lost.labels(*labelvalues, tier, cause)
 
     def _counter(self, name: str, documentation: str, labelnames: list[str]) -> Any:
         return self._counter_cls(
@@ -115,6 +129,8 @@ class KVTierPromMetrics(KVConnectorPromMetrics):
             for name, value in changes.items():
                 if name in TIER_COUNTERS and value > 0:
                     self._tier_metrics[name].labels(*labels, tier).inc(value)
+                elif name.startswith("lost_") and value > 0:
+                    self._lost.labels(*labels, tier, name.removeprefix("lost_")).inc(value)
             for name, chunks in TOKEN_COUNTERS.items():
                 if tokens := changes.get(chunks, 0) * chunk_tokens:
                     self._tier_metrics[name].labels(*labels, tier).inc(tokens)

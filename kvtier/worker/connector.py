@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,7 +26,7 @@ import torch
 
 from kvtier.addresses import EngineBlocks, TransferSpec
 from kvtier.config import RedisConfig
-from kvtier.keys import ChunkKey, LayoutFingerprint, key_group
+from kvtier.keys import ChunkKey, LayoutFingerprint
 from kvtier.layout import KVLayout, build_layout, host_num_chunks
 from kvtier.media import Medium
 from kvtier.step_plan import (
@@ -50,6 +49,7 @@ from kvtier.worker.peer import (
     peer_load_handler,
     start_serving,
 )
+from kvtier.worker.shutdown_flush import FlushCount, FlushTarget, flush_host
 from kvtier.worker.transfer_worker import TransferWorker
 
 if TYPE_CHECKING:
@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.01  # the longest a step with no forward pass waits for a disk load
+SHUTDOWN_FLUSH_S = 4.0  # the longest a shutdown writes host chunks to the lower tiers
+SUSPECT_STEPS = 3  # steps after a failed load before the scheduler forgot what it spoiled
 
 
 @dataclass
@@ -75,6 +77,10 @@ class RankCounters:
     disk_writes: int = 0  # chunks written to disk
     disk_write_errors: int = 0  # chunks whose write failed (a full disk, an I/O error)
     shutdown_writes: int = 0  # host chunks written to disk at shutdown
+    # per lower tier: host chunks written at shutdown, and those it may still lack (not
+    # written: the deadline, no room, the tier down; or not checked before the deadline)
+    shutdown_written: dict[str, int] = field(default_factory=dict)
+    shutdown_unwritten: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,9 @@ class WorkerConnector:
         self._serving: PeerServing | None = None  # a prefill rank's offers (kv_producer)
         self._peer_load: PeerLoadHandler | None = None  # a decode rank's pulls (kv_consumer)
         self.counters = RankCounters()
+        self._steps = 0  # reports made: one per engine step
+        self._failed_step = -SUSPECT_STEPS  # the last step in which a load failed here
+        self._failed_loads_seen = 0
 
     def register(
         self,
@@ -381,39 +390,61 @@ class WorkerConnector:
 
     def report(self) -> WorkerReport:
         outcomes, self._outcomes = self._outcomes, {}
+        self._steps += 1
+        if self.counters.failed_loads != self._failed_loads_seen:
+            self._failed_loads_seen = self.counters.failed_loads
+            self._failed_step = self._steps
         return WorkerReport(outcomes)
 
-    def shutdown(self) -> None:
+    def shutdown(self, flush_s: float = SHUTDOWN_FLUSH_S) -> None:
+        """Finish the queued transfers, then write the host chunks the lower tiers lack, for
+        at most what is left of ``flush_s`` seconds (``shutdown_flush.py``), then close."""
+        deadline = time.monotonic() + flush_s
         self.transfers.shutdown()
-        if self.redis is not None:
-            self.redis.close()
         if self._serving is not None:
             self._serving.close()
-        if self.disk is not None and self.host is not None:
+        if self.host is not None:
             try:
-                self._flush_to_disk(self.disk, self.host)
+                self._poll()  # stores finished since the last step: their slots' keys
+                self._flush_host(self.host, deadline)
             except Exception:  # never let a cache's flush break the engine's shutdown
-                logger.exception("kvtier: shutdown flush to disk failed")
+                logger.exception("kvtier: shutdown flush failed")
+        if self.redis is not None:
+            self.redis.close()
 
-    def _flush_to_disk(self, disk: DiskTier, host: HostTier) -> None:
-        """Write the host chunks not on disk yet, newest first, within the disk's room: so a
-        restarted engine finds them, whatever the write policy (nothing else runs now)."""
-        started, room = time.perf_counter(), self._disk_room // self.world_size
-        rows = [buffer.numpy() for buffer in host.buffers]
-        for slot, key in reversed(list(self._slot_keys.items())):
-            group = key_group(key)
-            if room < disk.file_bytes(group) or os.path.exists(disk.path(key)):
-                continue
-            try:
-                room -= disk.write(key, [rows[view][slot] for view in disk.layout.groups[group]])
-            except OSError as error:
-                logger.warning("kvtier: shutdown flush to disk stopped: %s", error)
-                break
-            self.counters.shutdown_writes += 1
-        if self.counters.shutdown_writes:
+    def _flush_host(self, host: HostTier, deadline: float) -> None:
+        """Write the host chunks each lower tier lacks, newest first, the disk within its room,
+        so that a restarted engine, and the fleet, find them whatever the write policy and the
+        writes the scheduler had queued (nothing else runs now). Logs what each tier got."""
+        targets = []
+        if self.disk is not None:
+            targets.append(FlushTarget("disk", self.disk, self._disk_room // self.world_size))
+        if self.redis is not None:
+            targets.append(FlushTarget("redis", self.redis))
+        if not targets or not self._slot_keys:
+            return
+        if self._steps - self._failed_step < SUSPECT_STEPS:
+            # a synchronous load that failed spoils the stores of its step (KV computed from
+            # its blocks); the scheduler's ``forget`` of them may not have arrived: write none
+            logger.warning("kvtier: a load failed in the last %d steps: no host chunk written "
+                           "to the lower tiers at shutdown", SUSPECT_STEPS)  # fmt: skip
+            return
+        started = time.perf_counter()
+        chunks = list(reversed(self._slot_keys.items()))
+        counts: dict[str, FlushCount] = {}
+        if time.monotonic() < deadline:
+            counts = flush_host(targets, [b.numpy() for b in host.buffers], chunks, deadline)
+        for target in targets:
+            count = counts.get(target.name) or FlushCount(0, len(chunks), "no time left")
+            self.counters.shutdown_written[target.name] = count.written
+            self.counters.shutdown_unwritten[target.name] = count.unwritten
+            if target.name == "disk":
+                self.counters.shutdown_writes = count.written
+            stopped = f" (stopped: {count.stopped})" if count.stopped else ""
             logger.info(
-                "kvtier: wrote %d host chunks to disk at shutdown in %.2f s",
-                self.counters.shutdown_writes, time.perf_counter() - started,
+                "kvtier: shutdown wrote %d host chunks to %s in %.2f s; %d of %d not written "
+                "or not checked%s", count.written, target.name, time.perf_counter() - started,
+                count.unwritten, len(chunks), stopped,
             )  # fmt: skip
 
 

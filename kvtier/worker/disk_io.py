@@ -11,7 +11,8 @@ names ALL the bad ones at once, so that one pass drops every bad file, not one p
 ``DiskWriteHandler`` (host tier -> disk): writes chunks from their host slots. A ``staged`` job
 copies the slots first, in ``transfer_async``, because this step's stores reuse them (a chunk
 written back as it is evicted); otherwise the scheduler keeps the slots pinned until the write is
-done. A write that fails (a full disk, an I/O error) skips that chunk with a warning.
+done. A write that fails (a full disk, an I/O error) fails that chunk of the job, with a
+warning; the scheduler writes it again while host memory holds it (``tier_writes.py``).
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ class DiskWriteHandler(ThreadedHandler):
             except OSError as error:
                 failed.append(i)
                 if self.write_errors % WARN_EVERY == 0:
-                    logger.warning("kvtier: %s store skipped (%d so far): %s",
+                    logger.warning("kvtier: %s write failed (%d so far): %s",
                                    self.name, self.write_errors + 1, error)  # fmt: skip
                 self.write_errors += 1
         elapsed = time.perf_counter() - started

@@ -4,7 +4,8 @@ Loads: ``RedisTier.prefetch`` pipelines the GETs of the next chunks while one is
 straight into the staging buffer, verified, and scattered into the engine blocks; a record that
 is absent (Redis evicted it), bad (deleted) or unreachable is a bad chunk of the job: the engine
 recomputes, and the scheduler forgets the chunk. Writes: the job's records go out as pipelined
-SETs; a write that fails (Redis down, out of memory) skips the chunk, counted.
+SETs; a write that fails (Redis down, out of memory) is a bad chunk of the job, counted, which
+the scheduler writes again while host memory holds it (``scheduler/tier_writes.py``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,6 @@ class RedisWriteHandler(DiskWriteHandler):
         if self.write_errors // WARN_EVERY != (self.write_errors + count) // WARN_EVERY or (
             self.write_errors == 0
         ):
-            logger.warning("kvtier: %d redis stores skipped (%d so far): %s",
+            logger.warning("kvtier: %d redis writes failed (%d so far; retried): %s",
                            count, self.write_errors + count, why)  # fmt: skip
         self.write_errors += count

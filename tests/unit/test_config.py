@@ -98,6 +98,7 @@ def test_defaults_when_only_cpu_bytes_given() -> None:
     assert config.eviction_policy == "lru"
     assert config.store_threshold == 1
     assert config.hash_algo == "xxh3_128"
+    assert config.shutdown_flush_s == 4.0
     assert config.disk is None
     assert config.redis is None
 
@@ -109,6 +110,7 @@ def test_full_config() -> None:
         "eviction_policy": "arc",
         "store_threshold": 2,
         "hash_algo": "sha256",
+        "shutdown_flush_s": 0,
         "disk": {"path": "/var/cache/kvtier", "bytes": "100GiB", "write_through": True},
         "redis": {"url": "redis://127.0.0.1:6379/0", "timeout_s": 0.25},
     }
@@ -119,6 +121,7 @@ def test_full_config() -> None:
         eviction_policy="arc",
         store_threshold=2,
         hash_algo="sha256",
+        shutdown_flush_s=0.0,
         disk=DiskConfig(path="/var/cache/kvtier", bytes=100 * 2**30, write_through=True),
         redis=RedisConfig(url="redis://127.0.0.1:6379/0", timeout_s=0.25),
     )
@@ -194,6 +197,8 @@ BAD_EXTRA: list[tuple[dict[str, object], str]] = [
     ({"eviction_policy": "fifo"}, r"'eviction_policy'.*lru, arc"),
     ({"eviction_policy": 3}, r"'eviction_policy'"),
     ({"hash_algo": "md5"}, r"'hash_algo'.*sha256, xxh3_128"),
+    ({"shutdown_flush_s": -1}, r"'shutdown_flush_s' must be a number >= 0, got -1"),
+    ({"shutdown_flush_s": "5s"}, r"'shutdown_flush_s'"),
     ({"store_threshold": 0}, r"'store_threshold'"),
     ({"store_threshold": "2"}, r"'store_threshold'"),
     ({"disk": {"bytes": "1GiB"}}, r"'disk\.path' is required"),

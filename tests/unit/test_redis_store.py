@@ -208,3 +208,27 @@ def test_a_redis_that_stops_answering_is_unavailable_within_the_timeout(
     with pytest.raises(RedisUnavailable):
         store.exists([b"k"])
     assert time.monotonic() - started < TIMEOUT_S + 0.5
+
+
+def test_a_restarted_redis_costs_one_miss_not_the_breakers_window(fresh_redis: Any) -> None:
+    """The first call after a restart finds its connection closed: it is a miss, a fresh
+    connection answers, and the next call works at once (the breaker never opened)."""
+    store = _store(fresh_redis.url)
+    assert store.exists([b"a"]) == [False]  # a connection opened
+    fresh_redis.kill()
+    fresh_redis.restart()
+    with pytest.raises(RedisUnavailable, match="reconnected"):
+        store.exists([b"a"])
+    assert store.breaker.closed and store.breaker.failures == 0
+    assert store.exists([b"a"]) == [False]
+
+
+def test_a_redis_that_stays_down_opens_the_breaker(fresh_redis: Any) -> None:
+    store = _store(fresh_redis.url)
+    assert store.exists([b"a"]) == [False]
+    fresh_redis.kill()
+    with pytest.raises(RedisUnavailable):
+        store.exists([b"a"])
+    assert not store.breaker.closed  # no answer to the fresh connection: not asked for a while
+    with pytest.raises(RedisUnavailable, match="circuit breaker open"):
+        store.exists([b"a"])

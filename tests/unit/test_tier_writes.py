@@ -1,6 +1,6 @@
 """TierWrites to the disk tier as a specification: a host tier of 4 chunks (a real ChunkManager),
 a disk tier of ``FILE``-byte chunks in tmp_path (a real DiskIndex), one worker rank played by
-the test."""
+the test, and a clock the test moves (``RETRY_S``, ``VERIFY_S``)."""
 
 from __future__ import annotations
 
@@ -36,14 +36,19 @@ class Rig:
         write_through: bool = False,
         max_in_flight: int = 64,
         disk_chunks: int = 10,
+        host_chunks: int = 4,
     ) -> None:
         self.root = root
-        self.host = ChunkManager(4)
+        self.host = ChunkManager(host_chunks)
         self.disk = DiskIndex(root, disk_chunks * FILE, 1, FP, FILE, write_through)
         self.disk.max_in_flight = max_in_flight
         self.jobs = JobTable(1)
         self.stats = TierStats()
-        self.writes = TierWrites(self.disk, self.host, self.jobs, self.stats)
+        self.now = 0.0
+        self.writes = TierWrites(self.disk, self.host, self.jobs, self.stats, lambda: self.now)
+
+    def wait(self, seconds: float) -> None:
+        self.now += seconds
 
     def store(self, keys: Sequence[ChunkKey]) -> dict[ChunkKey, int]:
         """Store ``keys`` in the host tier, as a step does; returns the slots of those evicted."""
@@ -104,7 +109,7 @@ def test_write_back_writes_nothing_while_busy_and_evicted_dirty_chunks_staged(
 def test_write_back_flushes_the_oldest_dirty_chunks_when_idle_pinned_until_written(
     tmp_path: Path,
 ) -> None:
-    rig = Rig(tmp_path)
+    rig = Rig(tmp_path, host_chunks=8)
     rig.store([key(1), key(2)])
     rig.store([key(3)])
 
@@ -114,7 +119,7 @@ def test_write_back_flushes_the_oldest_dirty_chunks_when_idle_pinned_until_writt
     slots = rig.host.stored()
     assert job.src.slots.tolist() == [slots[key(1)], slots[key(2)], slots[key(3)]]
     assert rig.host.num_pinned == 3  # the slots must not be reused while the worker reads them
-    assert rig.host.prepare_store([key(4), key(5), key(6)]) is None  # 1 free slot, 3 pinned
+    assert rig.host.prepare_store([key(i) for i in range(4, 10)]) is None  # 5 free, 3 pinned
     assert not rig.writes.pending
     rig.finish(job)
     assert rig.host.num_pinned == 0
@@ -162,7 +167,9 @@ def test_removed_chunks_are_not_written(tmp_path: Path) -> None:
     assert not rig.disk.holds(key(1))
 
 
-def test_a_chunk_with_no_room_on_disk_is_skipped_counted_and_not_retried(tmp_path: Path) -> None:
+def test_a_chunk_with_no_room_on_disk_stays_dirty_and_is_written_once_there_is_room(
+    tmp_path: Path,
+) -> None:
     rig = Rig(tmp_path, disk_chunks=1)
     rig.store([key(1)])
     (job,) = rig.flush(idle=True)
@@ -170,16 +177,21 @@ def test_a_chunk_with_no_room_on_disk_is_skipped_counted_and_not_retried(tmp_pat
     rig.disk.prepare_load([key(1)])  # the disk's only chunk is pinned by a load
     rig.store([key(2), key(3)])
 
-    assert rig.flush(idle=True) == []
+    assert rig.flush(idle=True) == []  # refused: kept dirty, not lost
 
-    assert rig.stats.skipped_stores == 2
+    assert rig.stats.skipped_stores == 0 and rig.stats.lost == {}
     assert not rig.writes.pending  # the engine stops stepping for them
-    assert rig.flush(idle=True) == []
+    rig.wait(tier_writes.RETRY_S / 2)
+    assert rig.flush(idle=True) == []  # not asked again before RETRY_S
     rig.disk.complete_load([key(1)])
-    assert rig.flush(idle=True) == []  # room now, but a skipped chunk is not retried
-    rig.store([key(4), key(5), key(6)])  # evicts key(1) (on disk) and key(2) (skipped)
-    assert rig.flush(idle=False) == []  # neither is dirty: no staged write
-    assert rig.stats.skipped_stores == 2
+    rig.wait(tier_writes.RETRY_S)
+    assert rig.writes.pending
+    (retried,) = rig.flush(idle=True)  # room now (key(1) evicted from disk): the oldest first
+    assert retried.dst.keys == (key(2),)
+    rig.finish(retried)
+    assert rig.disk.ready_keys() == [key(2)]
+    assert rig.writes.num_dirty == 1  # key(3): no room beside key(2), asked again later
+    assert rig.stats.lost == {}
 
 
 def test_an_evicted_dirty_chunk_with_no_room_is_skipped(tmp_path: Path) -> None:
@@ -195,6 +207,7 @@ def test_an_evicted_dirty_chunk_with_no_room_is_skipped(tmp_path: Path) -> None:
 
     assert rig.flush(idle=False) == []
     assert rig.stats.skipped_stores == 1
+    assert rig.stats.lost == {"no_room": 1}  # it left host memory unwritten
     assert not rig.disk.holds(key(1))
 
 
@@ -211,7 +224,7 @@ def test_a_failed_write_rolls_back_only_the_bad_chunks(tmp_path: Path) -> None:
     assert rig.disk.used == 2 * FILE
     assert (rig.stats.failed_stores, rig.stats.stored_chunks) == (1, 2)
     assert rig.host.num_pinned == 0
-    assert rig.flush(idle=True) == []  # not retried
+    assert rig.flush(idle=True) == []  # retried, but not at once
     assert not rig.writes.pending
 
 
@@ -259,6 +272,7 @@ def test_staged_writes_stop_at_max_staged_whatever_the_tier_queue(
     (job,) = rig.flush(idle=False)
     assert job.dst.keys == (key(1), key(2), key(3)) and job.dst.staged
     assert rig.stats.skipped_stores == 1
+    assert rig.stats.lost == {"evicted_dirty": 1}
 
 
 def test_staged_writes_of_evicted_chunks_stop_at_twice_max_in_flight(tmp_path: Path) -> None:
@@ -270,6 +284,7 @@ def test_staged_writes_of_evicted_chunks_stop_at_twice_max_in_flight(tmp_path: P
     (job,) = rig.flush(idle=False)
     assert job.dst.keys == (key(1), key(2)) and job.dst.staged
     assert rig.stats.skipped_stores == 2
+    assert rig.stats.lost_evicted_dirty == 2
     rig.finish(job)
 
 
@@ -287,3 +302,109 @@ def test_staged_writes_count_the_writes_in_flight(tmp_path: Path) -> None:
     rig.finish(flushed)
     rig.finish(staged)
     assert rig.disk.ready_keys() == [key(1), key(2)]
+
+
+def test_write_through_chunks_beyond_max_in_flight_wait_their_turn(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, write_through=True, max_in_flight=2)
+    rig.store([key(1), key(2), key(3), key(4)])
+
+    (first,) = rig.flush(idle=False)
+    assert first.dst.keys == (key(1), key(2))
+    assert rig.flush(idle=False) == []  # two in flight: the others wait, dirty
+    rig.finish(first)
+    (second,) = rig.flush(idle=False)
+    assert second.dst.keys == (key(3), key(4))
+    rig.finish(second)
+
+    assert rig.disk.ready_keys() == [key(1), key(2), key(3), key(4)]
+    assert rig.stats.skipped_stores == 0 and rig.stats.lost == {}
+
+
+def test_a_chunk_whose_writes_fail_beside_written_ones_is_lost_after_max_attempts(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path, write_through=True)
+    rig.store([key(1), key(2)])
+
+    for attempt in range(1, tier_writes.MAX_ATTEMPTS + 1):
+        (job,) = rig.flush(idle=False)
+        assert job.dst.keys == (key(1), key(attempt + 1))
+        rig.finish(job, bad=[0])  # key(1) fails each time (say Redis refuses that record)
+        assert rig.flush(idle=False) == []  # not before RETRY_S: no engine step spins on it
+        rig.wait(tier_writes.RETRY_S)
+        if attempt < tier_writes.MAX_ATTEMPTS:
+            rig.store([key(attempt + 2)])
+
+    assert rig.flush(idle=False) == []  # given up
+    assert rig.stats.lost == {"write_error": 1}
+    assert rig.stats.failed_stores == tier_writes.MAX_ATTEMPTS
+    assert rig.disk.ready_keys() == [key(2), key(3), key(4)] and not rig.writes.pending
+
+
+def test_writes_that_write_nothing_back_off_doubling_and_lose_nothing(tmp_path: Path) -> None:
+    """A tier down or full (every write of a job failed): the chunks wait in host memory, asked
+    again after 1, 2, 4 ... seconds (up to MAX_RETRY_S) until a write succeeds."""
+    rig = Rig(tmp_path, write_through=True)
+    rig.store([key(1), key(2)])
+    for backoff in (1, 2, 4):
+        (job,) = rig.flush(idle=False)
+        assert job.dst.keys == (key(1), key(2))
+        rig.finish(job, bad=[0, 1])
+        rig.wait(backoff * tier_writes.RETRY_S - 0.01)
+        assert rig.flush(idle=False) == [] and not rig.writes.pending
+        rig.wait(0.01)
+
+    (job,) = rig.flush(idle=False)
+    rig.finish(job)
+
+    assert rig.disk.ready_keys() == [key(1), key(2)]
+    assert rig.stats.lost == {} and rig.stats.failed_stores == 6
+
+
+def test_a_failed_staged_write_is_lost_at_once(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.store([key(1), key(2), key(3), key(4)])
+    rig.store([key(5)])  # evicts key(1), dirty: a staged copy
+    (staged,) = rig.flush(idle=False)
+
+    rig.finish(staged, bad=[0])
+
+    assert rig.stats.lost == {"write_error": 1}  # the copy is gone: nothing to retry
+    rig.wait(tier_writes.RETRY_S)
+    (job,) = rig.flush(idle=True)
+    assert key(1) not in job.dst.keys
+
+
+def test_chunks_stored_again_while_their_staged_write_runs_are_clean_once_written(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path)
+    rig.store([key(1), key(2), key(3), key(4)])
+    rig.store([key(5)])  # evicts key(1): staged
+    (staged,) = rig.flush(idle=False)
+    rig.writes.removed(rig.host.remove([key(2)]))  # type: ignore[arg-type]
+    rig.store([key(1)])  # computed again meanwhile: the disk is writing it, not dirty
+
+    rig.finish(staged)
+
+    (job,) = rig.flush(idle=True)
+    assert key(1) not in job.dst.keys
+
+
+def test_a_write_that_would_pin_most_of_a_small_host_tier_is_staged(tmp_path: Path) -> None:
+    """Four chunks written through from a 4-chunk host tier: pinned, they would leave the next
+    prompt's chunks no slot (and those would never reach the tier); copied aside, they do not."""
+    rig = Rig(tmp_path, write_through=True)
+    rig.store([key(1), key(2), key(3), key(4)])
+
+    (job,) = rig.flush(idle=False)
+
+    assert job.dst.keys == (key(1), key(2), key(3), key(4)) and job.dst.staged
+    assert rig.host.num_pinned == 0
+    rig.store([key(5), key(6), key(7), key(8)])  # evicts all four, being written: not dirty
+    (second,) = rig.flush(idle=False)
+    assert second.dst.keys == (key(5), key(6), key(7), key(8)) and second.dst.staged
+    rig.finish(job)
+    rig.finish(second)
+    assert rig.disk.ready_keys() == [key(i) for i in range(1, 9)]
+    assert rig.stats.lost == {} and rig.stats.skipped_stores == 0

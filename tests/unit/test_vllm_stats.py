@@ -134,6 +134,33 @@ def test_prometheus_counters_add_each_steps_changes() -> None:
     assert value("vllm:kvtier_hit_chunks_total", disk) == 0
 
 
+def test_chunks_lost_on_the_way_to_a_tier_are_one_counter_by_tier_and_cause() -> None:
+    extra = {"cpu_bytes_to_use": "1GiB", "disk": {"path": "/d", "bytes": "1GiB"},
+             "redis": {"url": "redis://127.0.0.1:1/0"}}  # fmt: skip
+    metrics, registry = _prom(extra)
+    labels = {"model_name": "m", "engine": "0"}
+    cpu, disk, redis = (labels | {"tier": tier} for tier in ("cpu", "disk", "redis"))
+    value = registry.get_sample_value
+    assert value("vllm:kvtier_lost_chunks_total", redis | {"cause": "tier_down"}) == 0.0
+    assert value("vllm:kvtier_lost_chunks_total", cpu | {"cause": "no_room"}) is None
+    interval, stats = StatsInterval(), KVTierStats(tiers={"cpu": TierStats(), "redis": TierStats()})
+    stats.tiers["redis"].lose("tier_down", 3)
+    stats.tiers["redis"].lose("evicted_dirty", 1)
+    payload = interval.take(stats, JobSeconds(), {}, 64)
+    assert payload is not None
+    assert payload["tiers"] == {"redis": {"lost_tier_down": 3, "lost_evicted_dirty": 1}}
+
+    metrics.observe(payload, 0)
+
+    assert value("vllm:kvtier_lost_chunks_total", redis | {"cause": "tier_down"}) == 3
+    assert value("vllm:kvtier_lost_chunks_total", redis | {"cause": "evicted_dirty"}) == 1
+    assert value("vllm:kvtier_lost_chunks_total", disk | {"cause": "no_room"}) == 0
+    assert stats.tiers["redis"].lost == {"evicted_dirty": 1, "tier_down": 3}
+    assert "redis hit 0/0" in stats.log_line()
+    assert "lost 4 (evicted_dirty 1, tier_down 3)" in stats.log_line()
+    assert stats.as_dict()["tiers"]["redis"]["lost_tier_down"] == 3  # type: ignore[index]
+
+
 @pytest.mark.parametrize(
     ("loaded", "external", "expected"),
     [

@@ -1,0 +1,121 @@
+"""The host tier's chunks written to the tiers below it as the engine shuts down, in bounded time.
+
+The scheduler half knows which host chunks a lower tier lacks (its dirty chunks), but at shutdown
+it takes no more steps: only the worker half runs. Each worker rank knows the chunk each of its
+host slots holds (``WorkerConnector._slot_keys``) and asks every tier which of them it lacks (the
+disk: this rank's file; Redis: an ``EXISTS`` of this rank's records, per batch), then writes
+those, newest first, one batch at a time to each tier in turn, so that every tier gets the hottest
+chunks first, until all are written or the deadline passed.
+
+    flush_host(targets, chunks, deadline) -> {tier name: FlushCount}
+
+A tier that fails (Redis down, a full disk) is left at once; a chunk too large for the room a
+tier has left is skipped. What a tier still lacks is counted and logged by the caller.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from kvtier.keys import ChunkKey, key_group
+from kvtier.layout import KVLayout
+from kvtier.tiers.disk_format import Buffer
+
+BATCH = 32  # chunks checked, then written, per tier and round trip
+
+
+class FlushTier(Protocol):
+    """A tier below host memory as one worker rank writes it (``DiskTier``, ``RedisTier``)."""
+
+    layout: KVLayout
+
+    def file_bytes(self, group: int) -> int: ...
+
+    def holds_many(self, keys: Sequence[ChunkKey]) -> list[bool]: ...
+
+    def write_many(
+        self, keys: Sequence[ChunkKey], payloads: Sequence[Sequence[Buffer]]
+    ) -> list[int | None]: ...
+
+
+@dataclass
+class FlushTarget:
+    """``tier`` under its chain ``name``; ``room``: bytes this rank may still write there
+    (None: the tier's own budget, as Redis's ``maxmemory``)."""
+
+    name: str
+    tier: FlushTier
+    room: int | None = None
+
+
+@dataclass
+class FlushCount:
+    """What the flush did for one tier: chunks it ``written``, chunks the tier still lacks or
+    that were never checked (``unwritten``), and why it stopped early (``stopped``)."""
+
+    written: int = 0
+    unwritten: int = 0
+    stopped: str = ""  # "" | "deadline" | the error that made the tier be left
+
+
+def flush_host(
+    targets: Sequence[FlushTarget],
+    rows: Sequence[np.ndarray],
+    chunks: Sequence[tuple[int, ChunkKey]],
+    deadline: float,
+) -> dict[str, FlushCount]:
+    """Write each (slot, key) of ``chunks`` (newest first) that a target lacks, from host
+    ``rows`` (one ``(num_chunks, words)`` array per view), until ``deadline`` (monotonic)."""
+    counts = {target.name: FlushCount() for target in targets}
+    live = list(targets)
+    for first in range(0, len(chunks), BATCH):
+        batch = chunks[first : first + BATCH]
+        for target in list(live):
+            count = counts[target.name]
+            if time.monotonic() >= deadline:
+                count.stopped = "deadline"
+            else:
+                try:
+                    count.unwritten += _write_batch(target, rows, batch, count)
+                    continue
+                except OSError as error:
+                    count.stopped = str(error) or type(error).__name__
+            live.remove(target)
+            count.unwritten += len(chunks) - first  # this batch and the next: not known held
+    return counts
+
+
+def _write_batch(
+    target: FlushTarget,
+    rows: Sequence[np.ndarray],
+    batch: Sequence[tuple[int, ChunkKey]],
+    count: FlushCount,
+) -> int:
+    """Write the chunks of ``batch`` ``target`` lacks and has room for; how many it still
+    lacks. OSError: the tier failed."""
+    tier = target.tier
+    held = tier.holds_many([key for _, key in batch])
+    todo: list[tuple[int, ChunkKey]] = []
+    lacking = 0
+    for (slot, key), there in zip(batch, held):
+        if there:
+            continue
+        size = tier.file_bytes(key_group(key))
+        if target.room is not None and size > target.room:
+            lacking += 1  # no room left for it
+            continue
+        if target.room is not None:
+            target.room -= size
+        todo.append((slot, key))
+    if not todo:
+        return lacking
+    groups = tier.layout.groups
+    payloads = [[rows[v][slot] for v in groups[key_group(key)]] for slot, key in todo]
+    written = tier.write_many([key for _, key in todo], payloads)
+    count.written += sum(n is not None for n in written)
+    return lacking + sum(n is None for n in written)
