@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import vllm
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -38,6 +39,7 @@ from kvtier.vllm.lower_tiers import scheduler_lower_tiers
 from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
 from kvtier.vllm.observability import ConnectorObservability
 from kvtier.vllm.peer import PeerTransfer, identity, peer_role, scheduler_peers, worker_settings
+from kvtier.vllm import versions
 from kvtier.vllm.schedule import scheduled_requests
 from kvtier.worker.connector import DiskSettings, RedisSettings, WorkerConnector
 
@@ -58,6 +60,9 @@ class KVTierConnector(ConnectorObservability, PeerTransfer, KVConnectorBase_V1, 
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:
+        warning = versions.check(vllm.__version__)
+        if warning and role == KVConnectorRole.SCHEDULER:
+            logger.warning(warning)
         super().__init__(vllm_config, role, kv_cache_config)
         self._init_observability()  # kvtier's log lines under vLLM's logging; stats
         transfer = vllm_config.kv_transfer_config
