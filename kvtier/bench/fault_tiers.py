@@ -66,10 +66,12 @@ class DiskFaults:
         self.root = root
 
     def _files(self, rank: int | None) -> list[str]:
-        return [
+        return [  # plain files: a record made unreadable before is left as it is
             entry.path
             for entry, chunk in scan(self.root)
-            if chunk is not None and (rank is None or chunk[1] == rank)
+            if chunk is not None
+            and (rank is None or chunk[1] == rank)
+            and entry.is_file(follow_symlinks=False)
         ]
 
     def count(self) -> int:
@@ -122,8 +124,10 @@ class RedisFaults:
         self._restart = restart
 
     def _keys(self, rank: int | None) -> list[str]:
-        keys = [k.decode() for k in self.client.scan_iter(match=f"{self.prefix}:*", count=1000)]
-        return [k for k in keys if rank is None or k.endswith(f":{rank}")]
+        """Records (strings): a key made unreadable before is left as it is."""
+        keys = self.client.scan_iter(match=f"{self.prefix}:*", count=1000, _type="string")
+        names = [key.decode() for key in keys]
+        return [k for k in names if rank is None or k.endswith(f":{rank}")]
 
     def count(self) -> int:
         return len(self._keys(None))
