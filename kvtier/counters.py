@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 MAX_SAMPLES = 4096  # job durations kept per (tier, direction) between two takes
-LOST_CAUSES = ("evicted_dirty", "no_room", "tier_down", "write_error")  # TierStats.lost_*
+LOST_CAUSES = ("evicted_dirty", "no_room", "tier_down", "write_error", "reset")  # lost_*
 
 
 @dataclass
@@ -35,11 +35,12 @@ class TierStats:
     lost_no_room: int = 0  # left host memory unwritten; the tier had no room (its budget pinned)
     lost_tier_down: int = 0  # left host memory unwritten, or its write failed, the tier down
     lost_write_error: int = 0  # its write failed (an I/O error, Redis refused it): not retried
+    lost_reset: int = 0  # dropped from host memory unwritten by a reset of the connector
 
     @property
     def lost(self) -> dict[str, int]:
         """Chunks lost on their way to this tier, by cause (``evicted_dirty``, ``no_room``,
-        ``tier_down``, ``write_error``); causes with none left out."""
+        ``tier_down``, ``write_error``, ``reset``); causes with none left out."""
         return {name: getattr(self, f"lost_{name}") for name in LOST_CAUSES
                 if getattr(self, f"lost_{name}")}  # fmt: skip
 

@@ -343,7 +343,7 @@ class SchedulerConnector(PeerRequests):
         """
         removed = self.manager.remove(list(self.manager.stored()))
         for writes in self._writes.values():
-            writes.removed(removed)  # type: ignore[arg-type]
+            writes.removed(removed, reset=True)  # type: ignore[arg-type]
         return not self.manager.stored()
 
     @property

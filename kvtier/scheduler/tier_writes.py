@@ -110,8 +110,11 @@ class TierWrites:
                 self._clean.pop(key, None)
                 self._dirty[key] = None
 
-    def removed(self, keys: Sequence[ChunkKey]) -> None:
-        """``keys`` left the host tier without being written (a copy found bad, a reset)."""
+    def removed(self, keys: Sequence[ChunkKey], reset: bool = False) -> None:
+        """``keys`` left the host tier without being written: a copy found bad (never to be
+        written), or a ``reset`` of the connector (the dirty ones are lost, and counted)."""
+        if reset:
+            self.stats.lose("reset", sum(key in self._dirty for key in keys))
         for key in keys:
             self._forget(key)
 

@@ -35,11 +35,11 @@ from kvtier.scheduler.base import EventKind
 from kvtier.scheduler.connector import GroupSpec, SchedulerConnector
 from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.tiers.disk_format import HEADER_BYTES
+from kvtier.vllm import versions
 from kvtier.vllm.lower_tiers import scheduler_lower_tiers
 from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
 from kvtier.vllm.observability import ConnectorObservability
 from kvtier.vllm.peer import PeerTransfer, identity, peer_role, scheduler_peers, worker_settings
-from kvtier.vllm import versions
 from kvtier.vllm.schedule import scheduled_requests
 from kvtier.worker.connector import DiskSettings, RedisSettings, WorkerConnector
 

@@ -167,6 +167,17 @@ def test_removed_chunks_are_not_written(tmp_path: Path) -> None:
     assert not rig.disk.holds(key(1))
 
 
+def test_a_reset_counts_the_dirty_chunks_it_drops_as_lost(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.store([key(1), key(2)])
+    (job,) = rig.flush(idle=True)
+    rig.finish(job)  # both on disk: clean
+    rig.store([key(3)])
+    rig.writes.removed(rig.host.remove([key(1), key(3)]), reset=True)  # type: ignore[arg-type]
+    assert rig.stats.lost == {"reset": 1}  # key(3) never reached the disk
+    assert rig.flush(idle=True) == []
+
+
 def test_a_chunk_with_no_room_on_disk_stays_dirty_and_is_written_once_there_is_room(
     tmp_path: Path,
 ) -> None:
