@@ -19,9 +19,7 @@ def _connector(
     fingerprint = LayoutFingerprint("m", "f32", "test", 0, 1, 0, 4)
     # hits of a few 4-token blocks: any asynchronous load is worth it here
     config = KVTierConfig(cpu_bytes_to_use=1, min_async_load_tokens=1)
-    return SchedulerConnector(
-        config, list(groups), capacity, ranks, ChunkKeyMaker(fingerprint, 1)
-    )
+    return SchedulerConnector(config, list(groups), capacity, ranks, ChunkKeyMaker(fingerprint, 1))
 
 
 def _done(job_id: int, ranks: int = 1) -> WorkerReport:
