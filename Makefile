@@ -8,7 +8,9 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 MODELS ?= models
-PYTEST_ARGS ?= -q tests
+# two workers, a whole test file each at a time (a module's engines and servers start once);
+# tests/conftest.py hands the longest files out first
+PYTEST_ARGS ?= -q -n 2 --dist loadfile tests
 
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed

@@ -1,8 +1,13 @@
-"""Test-suite wide rules: a marker per folder, and GPU tests skipped without CUDA.
+"""Test-suite wide rules: a marker per folder, GPU tests skipped without CUDA, long files first.
 
 tests/unit    no engine, fast
 tests/engine  real vLLM on the CPU (marker ``engine``)
 tests/gpu     needs CUDA (marker ``gpu``; skipped when ``torch.cuda.is_available()`` is False)
+
+``make test`` runs two pytest-xdist workers, each taking a whole file at a time (``--dist
+loadfile``: a module's engines and servers are started once). Files are handed out in collection
+order, so the longest (seconds on this 2-core machine, measured) come first: a long file left for
+last would run alone while the other worker idles.
 """
 
 from __future__ import annotations
@@ -15,9 +20,17 @@ pytest_plugins = ["redis_fixtures"]
 
 _TESTS = Path(__file__).resolve().parent
 _FOLDER_MARKERS = {"engine": pytest.mark.engine, "gpu": pytest.mark.gpu}
+_LONGEST_FIRST = [  # tests/engine files, longest first (the rest keep their order, after these)
+    "test_fault_campaign.py", "test_parallel.py", "test_pd.py", "test_redis.py",
+    "test_fault_scenario.py", "test_disk.py", "test_proxy_prefill_down.py", "test_serve.py",
+    "test_pd_hybrid.py", "test_bench_transfer.py", "test_bench_ttft.py", "test_bench_disk.py",
+    "test_redis_writes.py", "test_bench_redis_ttft.py", "test_connector_pressure.py",
+]  # fmt: skip
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable within a file
     for item in items:
         path = item.path.resolve()
         if path.is_relative_to(_TESTS) and path.relative_to(_TESTS).parts[0] in _FOLDER_MARKERS:

@@ -328,6 +328,18 @@ def _tier_faults(campaign: Campaign, setting: Setting, extra: dict[str, Any]) ->
     return None
 
 
+def shared_prefix_prompts(model: Path, prefixes: Sequence[int], suffixes: int) -> list[list[int]]:
+    """``suffixes`` prompts on each prefix (of these lengths in tokens): prefixes are shared."""
+    from kvtier.models import make_prompt
+
+    heads = [make_prompt(model, n, seed=100 + i) for i, n in enumerate(prefixes)]
+    return [
+        head + make_prompt(model, 40 + 13 * j, seed=500 + 10 * i + j, bos=False)
+        for i, head in enumerate(heads)
+        for j in range(suffixes)
+    ]
+
+
 def _served_tokens(params: dict[str, Any] | None, prompt: list[int]) -> int:
     """Tokens of ``prompt``'s full chunks kvtier loaded (its provenance, in the completion's
     ``kv_transfer_params``): loaded from any tier, less those whose load failed."""

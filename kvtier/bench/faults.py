@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvtier.bench.fault_campaign import Campaign, CampaignEngine, Setting
+from kvtier.bench.fault_campaign import Campaign, CampaignEngine, Setting, shared_prefix_prompts
 from kvtier.bench.fault_tiers import Fault
 from kvtier.bench.report import write_json
 
@@ -112,14 +112,12 @@ def run(out: Path, minutes: float, seed: int = 0) -> int:
     from hypothesis.stateful import run_state_machine_as_test
 
     from kvtier.bench.redis_server import RedisServer
-    from kvtier.models import make_prompt, model_path
+    from kvtier.models import model_path
 
     if minutes <= 0:
         raise ValueError(f"kvtier bench faults: --minutes must be > 0, got {minutes}")
     model = model_path("tiny")
-    heads = [make_prompt(model, n, seed=100 + i) for i, n in enumerate([200, 300, 420])]
-    prompts = [head + make_prompt(model, 40 + 13 * j, seed=500 + 10 * i + j, bos=False)
-               for i, head in enumerate(heads) for j in range(2)]  # fmt: skip
+    prompts = shared_prefix_prompts(model, [200, 300, 420], 2)
     rng = random.Random(seed)
     tallies = {setting: Tally() for setting in SETTINGS}
     stop = time.monotonic() + 60 * minutes

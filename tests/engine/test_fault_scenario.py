@@ -1,0 +1,54 @@
+"""The scenario that served wrong KV (issue 19): a disk tier with every chunk file flipped.
+
+Engine A stores 18 prompts (6 prefixes of 200-420 tokens, 3 suffixes each) on a disk tier, write
+through, and shuts down. The last 4 KiB of every chunk file is flipped (a bad disk, a bad copy).
+A new engine over that directory runs the prompts twice, the engine's own prefix cache emptied
+before each, so only kvtier serves: every output equals the engine without kvtier's, and the
+second pass is served >= 90 % from kvtier (the disk healed). Before the fix, with every read
+synchronous, 6 of 18 outputs were right in the first pass and 0 of 18 in the second: the stores
+planned with a failed synchronous load copied what the forward computed from its blocks.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kvtier.bench.fault_campaign import Campaign, Setting, shared_prefix_prompts
+from kvtier.bench.fault_tiers import DiskFaults, Fault
+
+
+@pytest.fixture(scope="module")
+def scenario(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Campaign:
+    """The issue's 18 prompts: 6 prefixes of 200-420 tokens, 3 suffixes each."""
+    prompts = shared_prefix_prompts(tiny_model, [200, 240, 290, 330, 380, 420], 3)
+    campaign = Campaign(tiny_model, prompts, tmp_path_factory.mktemp("scenario"))
+    campaign.reference()
+    return campaign
+
+
+@pytest.fixture(scope="module")
+def written_disk(scenario: Campaign) -> Path:
+    """Engine A's disk tier (write-through), the engine shut down."""
+    with scenario.engine(Setting("disk", "roomy", "default")) as run:
+        assert isinstance(run.tier, DiskFaults)
+        root = run.tier.root
+    assert DiskFaults(root).count() > 0
+    return root
+
+
+@pytest.mark.parametrize("host", ["roomy", "tiny"])
+@pytest.mark.parametrize("reads", ["sync", "async", "default"])
+def test_a_disk_whose_every_file_was_flipped_never_serves_wrong_kv(
+    scenario: Campaign, written_disk: Path, tmp_path: Path, host: str, reads: str
+) -> None:
+    disk = shutil.copytree(written_disk, tmp_path / "disk")
+    files = DiskFaults(disk)
+    assert files.inject(Fault.FLIP, random.Random(0), 1.0, None) == files.count()
+    with scenario.engine(Setting("disk", host, reads), tier=str(disk), seed=False) as run:
+        case = run.passes(count=2)
+    assert case.wrong == 0, case
+    assert case.passes[1] >= 0.9, case  # healed: the second pass is served again
