@@ -113,11 +113,8 @@ class Campaign:
         """The outputs without kvtier (computed once)."""
         if not self.expected:
             with _engine(self.engine_args(ranks)) as llm:
-                self.expected = [self._generate(llm, p) for p in self.prompts]
+                self.expected = [self._generate_served(llm, p)[0] for p in self.prompts]
         return self.expected
-
-    def _generate(self, llm: LLM, prompt: list[int]) -> list[int]:
-        return self._generate_served(llm, prompt)[0]
 
     def _generate_served(
         self, llm: LLM, prompt: list[int], read_cache: bool = True

@@ -103,7 +103,7 @@ class SchedulerConnector(PeerRequests):
             stats = self.stats.tiers[tier.name] = TierStats()
             self._writes[tier.name] = TierWrites(tier, self.manager, self._jobs, stats)
         self._tiers = {tier.name: tier for tier in self.lower}
-        self._untrusted: dict[int, bool] = {}  # store jobs to fail as they complete
+        self._untrusted: set[int] = set()  # store jobs to fail as they complete
         self._reported: dict[int, Job] = {}  # jobs the report being handled completed
 
     # ---- lookup and load -------------------------------------------------------------------
@@ -238,7 +238,9 @@ class SchedulerConnector(PeerRequests):
             return
         state = self.requests[job.req_id]
         if job.kind is JobKind.STORE:
-            self._complete_store(job, untrusted=self._untrusted.pop(job_id, False))
+            untrusted = job_id in self._untrusted
+            self._untrusted.discard(job_id)
+            self._complete_store(job, untrusted)
             state.store_jobs.discard(job_id)
         else:
             self._complete_load(job)
@@ -304,7 +306,7 @@ class SchedulerConnector(PeerRequests):
         hold KV computed from its blocks fail as they complete, and their chunks are offered
         again once the engine recomputed them (``failed_loads.py``)."""
         for job_id, state in untrusted_stores(load, self.requests).items():
-            self._untrusted[job_id] = True
+            self._untrusted.add(job_id)
             job = self._jobs.get(job_id) or self._reported[job_id]
             offer_again(state, job)
 

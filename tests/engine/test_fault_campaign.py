@@ -23,8 +23,6 @@ import pytest
 from kvtier.bench.fault_campaign import Campaign, Setting, shared_prefix_prompts
 from kvtier.bench.fault_tiers import Fault
 
-TIER_FAULTS = [f for f in Fault if f is not Fault.RESET]
-
 
 @pytest.fixture(scope="module")
 def campaign(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Campaign:
