@@ -19,8 +19,14 @@ from typing import NamedTuple
 
 from tqdm import tqdm
 
-from kvtier.tiers.disk_format import HEADER_BYTES, ChunkError, ChunkHeader, read_header, verify_file
-from kvtier.tiers.disk_names import ChunkFile, scan
+from kvtier.tiers.chunk_format import (
+    HEADER_BYTES,
+    ChunkError,
+    ChunkHeader,
+    read_header,
+    verify_file,
+)
+from kvtier.tiers.disk.names import ChunkFile, scan
 
 
 class BadFile(NamedTuple):

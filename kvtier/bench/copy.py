@@ -39,7 +39,7 @@ from kvtier.bench.report import median, time_call, write_json  # noqa: E402
 from kvtier.layout import KVLayout, build_layout  # noqa: E402
 from kvtier.media import Medium  # noqa: E402
 from kvtier.scheduler import ChunkManager  # noqa: E402
-from kvtier.tiers.cpu import HostTier  # noqa: E402
+from kvtier.tiers.host.buffers import HostTier  # noqa: E402
 from kvtier.worker import TransferWorker, engine_host_handlers  # noqa: E402
 from kvtier.worker.handlers import copy_lanes  # noqa: E402
 

@@ -22,8 +22,9 @@ from typing import Protocol
 
 import msgspec
 
-from kvtier.tiers import disk_format, redis_record
-from kvtier.tiers.disk_names import scan
+from kvtier.tiers import chunk_format as disk_format
+from kvtier.tiers.disk.names import scan
+from kvtier.tiers.redis import record as redis_record
 
 FOREIGN = bytes(range(16))  # the layout digest of "another model": no engine has it
 FLIP_BYTES = 4096  # the end of a record flipped: its payload, whatever the record's size

@@ -52,12 +52,12 @@ from kvtier.bench.ttft_timing import OtherLoad, own_cpu_seconds
 from kvtier.config import RedisConfig
 from kvtier.keys import LayoutFingerprint, make_key
 from kvtier.layout import KVLayout, build_layout
-from kvtier.tiers.cpu import HostTier
-from kvtier.tiers.disk_format import Buffer, payload_checksum
-from kvtier.tiers.redis import RedisTier
-from kvtier.tiers.redis_store import RedisStore
+from kvtier.tiers.chunk_format import Buffer, payload_checksum
+from kvtier.tiers.host.buffers import HostTier
+from kvtier.tiers.redis.io import RedisLoadHandler
+from kvtier.tiers.redis.store import RedisStore
+from kvtier.tiers.redis.tier import RedisTier
 from kvtier.worker.base import TransferHandler
-from kvtier.worker.redis_io import RedisLoadHandler
 
 LAYERS, KV_HEADS, HEAD_DIM, ENGINE_BLOCK = 8, 8, 64, 32
 CHUNK_TOKENS = (16, 64, 256)

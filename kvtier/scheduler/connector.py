@@ -29,15 +29,12 @@ from kvtier.config import KVTierConfig
 from kvtier.counters import KVTierStats, TierStats
 from kvtier.keys import ChunkKeyMaker
 from kvtier.scheduler.base import TierEvent
-from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.scheduler.failed_loads import offer_again, untrusted_stores
 from kvtier.scheduler.hit_policy import HitPolicy, HitRequest, choose_hit
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.scheduler.load_planner import GroupSpec, HitRun, LoadPlanner
 from kvtier.scheduler.lower_tier import LowerTier
 from kvtier.scheduler.manager import ChunkManager
-from kvtier.scheduler.peer import PeerConsumer, PeerProducer
-from kvtier.scheduler.peer_requests import PeerRequests
 from kvtier.scheduler.provenance import JobLog, Provenance, provenance
 from kvtier.scheduler.request import RequestState
 from kvtier.scheduler.scheduled import ScheduledRequest, forget_blocks, take_blocks
@@ -45,6 +42,9 @@ from kvtier.scheduler.store_planner import NULL_BLOCK, StorePlanner
 from kvtier.scheduler.tail_store import TailStore
 from kvtier.scheduler.tier_writes import TierWrites
 from kvtier.step_plan import StepPlan, WorkerReport
+from kvtier.tiers.disk.index import DiskIndex
+from kvtier.tiers.peer.planner import PeerRequests
+from kvtier.tiers.peer.roles import PeerConsumer, PeerProducer
 
 __all__ = ["NULL_BLOCK", "GroupSpec", "ScheduledRequest", "SchedulerConnector"]
 

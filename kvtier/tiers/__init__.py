@@ -1,5 +1,5 @@
 """Where chunks live: one file per tier."""
 
-from kvtier.tiers.cpu import HostTier
+from kvtier.tiers.host.buffers import HostTier
 
 __all__ = ["HostTier"]

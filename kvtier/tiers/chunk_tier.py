@@ -20,7 +20,7 @@ import numpy as np
 
 from kvtier.keys import ChunkKey
 from kvtier.layout import KVLayout
-from kvtier.tiers.disk_format import Buffer
+from kvtier.tiers.chunk_format import Buffer
 
 
 class ChunkTier(Protocol):

@@ -33,13 +33,13 @@ from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
 from kvtier.layout import Placement, host_num_chunks, placement_bytes_per_block
 from kvtier.scheduler.base import EventKind
 from kvtier.scheduler.connector import GroupSpec, SchedulerConnector
-from kvtier.scheduler.disk_index import DiskIndex
-from kvtier.tiers.disk_format import HEADER_BYTES
+from kvtier.tiers.chunk_format import HEADER_BYTES
+from kvtier.tiers.disk.index import DiskIndex
 from kvtier.vllm import versions
+from kvtier.vllm.kv_role import PeerTransfer, identity, peer_role, scheduler_peers, worker_settings
 from kvtier.vllm.lower_tiers import scheduler_lower_tiers
 from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
 from kvtier.vllm.observability import ConnectorObservability
-from kvtier.vllm.peer import PeerTransfer, identity, peer_role, scheduler_peers, worker_settings
 from kvtier.vllm.schedule import scheduled_requests
 from kvtier.worker.connector import DiskSettings, RedisSettings, WorkerConnector
 

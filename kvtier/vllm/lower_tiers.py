@@ -17,9 +17,9 @@ def scheduler_lower_tiers(config: KVTierConfig, world_size: int) -> list[LowerTi
     """The chain's entries after the disk tier (which the connector builds first)."""
     if config.redis is None:
         return []
-    from kvtier.scheduler.redis_index import RedisIndex  # imported only where Redis is used
-    from kvtier.tiers.redis_keys import redis_key
-    from kvtier.tiers.redis_start import checked_store
+    from kvtier.tiers.redis.index import RedisIndex  # imported only where Redis is used
+    from kvtier.tiers.redis.keys import redis_key
+    from kvtier.tiers.redis.start import checked_store
 
     store = checked_store(config.redis)
     if store is None:

@@ -37,24 +37,24 @@ from kvtier.step_plan import (
     StoreJob,
     WorkerReport,
 )
-from kvtier.tiers.cpu import HostTier
-from kvtier.tiers.disk import DiskTier
-from kvtier.worker.base import TransferHandler
-from kvtier.worker.disk_io import DiskLoadHandler, DiskWriteHandler
-from kvtier.worker.handlers import engine_host_handlers
-from kvtier.worker.peer import (
+from kvtier.tiers.chunk_io import DiskLoadHandler, DiskWriteHandler
+from kvtier.tiers.disk.files import DiskTier
+from kvtier.tiers.host.buffers import HostTier
+from kvtier.tiers.peer.worker import (
     PeerLoadHandler,
     PeerServing,
     PeerSettings,
     peer_load_handler,
     start_serving,
 )
+from kvtier.worker.base import TransferHandler
+from kvtier.worker.handlers import engine_host_handlers
 from kvtier.worker.shutdown_flush import FlushCount, FlushTarget, flush_host
 from kvtier.worker.transfer_worker import TransferWorker
 
 if TYPE_CHECKING:
-    from kvtier.tiers.redis import RedisTier
-    from kvtier.worker.redis_io import RedisLoadHandler, RedisWriteHandler
+    from kvtier.tiers.redis.io import RedisLoadHandler, RedisWriteHandler
+    from kvtier.tiers.redis.tier import RedisTier
 
 logger = logging.getLogger(__name__)
 
@@ -193,9 +193,9 @@ class WorkerConnector:
     def _register_redis(self, settings: RedisSettings, layout: KVLayout, host: HostTier) -> None:
         """This rank's Redis tier; none (loads fail, stores are skipped) when Redis did not
         answer at start-up and ``redis.required`` is false."""
-        from kvtier.tiers.redis import RedisTier  # imported only where Redis is used
-        from kvtier.tiers.redis_start import checked_store
-        from kvtier.worker.redis_io import RedisLoadHandler, RedisWriteHandler
+        from kvtier.tiers.redis.io import RedisLoadHandler, RedisWriteHandler
+        from kvtier.tiers.redis.start import checked_store
+        from kvtier.tiers.redis.tier import RedisTier  # imported only where Redis is used
 
         store = checked_store(settings.config)
         if store is None:

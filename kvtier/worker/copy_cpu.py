@@ -51,7 +51,7 @@ from functools import partial
 import numpy as np
 
 from kvtier.layout import KVLayout
-from kvtier.tiers.cpu import HostTier
+from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker.base import TransferResult
 from kvtier.worker.copy_lanes import CopyLanes
 from kvtier.worker.engine_host import EngineHostHandler

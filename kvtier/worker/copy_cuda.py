@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from kvtier.layout import KVLayout
-from kvtier.tiers.cpu import HostTier
+from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker.base import TransferResult
 from kvtier.worker.engine_host import EngineHostHandler
 from kvtier.worker.job_thread import JobThread

@@ -14,7 +14,7 @@ import numpy as np
 
 from kvtier.addresses import EngineBlocks, HostChunks, TransferSpec
 from kvtier.layout import KVLayout
-from kvtier.tiers.cpu import HostTier
+from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker.base import TransferHandler
 from kvtier.worker.plan import GroupCopy, plan_copy
 

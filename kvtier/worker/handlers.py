@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from kvtier.layout import KVLayout
-from kvtier.tiers.cpu import HostTier
+from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker.engine_host import EngineHostHandler
 
 MAX_COPY_LANES = 2  # two cores reach a plain copy's bandwidth; more would take the engine's

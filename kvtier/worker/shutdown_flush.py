@@ -24,7 +24,7 @@ import numpy as np
 
 from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
-from kvtier.tiers.disk_format import Buffer
+from kvtier.tiers.chunk_format import Buffer
 
 BATCH = 32  # chunks checked, then written, per tier and round trip
 

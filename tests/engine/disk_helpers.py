@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvtier.tiers.disk_format import HEADER_BYTES, ChunkError, verify_file
-from kvtier.tiers.disk_names import scan
+from kvtier.tiers.chunk_format import HEADER_BYTES, ChunkError, verify_file
+from kvtier.tiers.disk.names import scan
 
 CHUNK = 64  # tokens per chunk: two engine blocks of 32
 JOB = Path(__file__).with_name("disk_job.py")

@@ -17,7 +17,7 @@ import torch
 from kvtier.addresses import EngineBlocks, HostChunks
 from kvtier.layout import build_layout
 from kvtier.media import Medium
-from kvtier.tiers.cpu import HostTier
+from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker import TransferWorker, engine_host_handlers
 from kvtier.worker.copy_cuda import Batch, CudaCopyHandler
 

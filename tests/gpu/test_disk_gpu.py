@@ -17,11 +17,11 @@ import torch
 from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks, TransferSpec
 from kvtier.keys import ChunkKey, key_group, make_key
 from kvtier.layout import KVLayout, build_layout
-from kvtier.tiers.cpu import HostTier
-from kvtier.tiers.disk import DiskTier
-from kvtier.tiers.disk_format import HEADER_BYTES
+from kvtier.tiers.chunk_format import HEADER_BYTES
+from kvtier.tiers.chunk_io import DiskLoadHandler, DiskWriteHandler
+from kvtier.tiers.disk.files import DiskTier
+from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker.base import TransferResult
-from kvtier.worker.disk_io import DiskLoadHandler, DiskWriteHandler
 
 pytestmark = pytest.mark.gpu
 

@@ -16,7 +16,7 @@ from peer_setup import IDENTITY, SECRET, Engine
 
 from kvtier.config import RedisConfig
 from kvtier.connect import ResolveTimeout, connect
-from kvtier.tiers.redis_store import RedisStore
+from kvtier.tiers.redis.store import RedisStore
 from kvtier.transfer import TransferClient, TransferError
 
 TIMEOUT_S = 0.3

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from kvtier.keys import ChunkKey, LayoutFingerprint, make_key
-from kvtier.scheduler.disk_index import STALE_TEMP_S, DiskIndex
-from kvtier.tiers.disk_format import temp_name
-from kvtier.tiers.disk_names import chunk_path
+from kvtier.tiers.chunk_format import temp_name
+from kvtier.tiers.disk.index import STALE_TEMP_S, DiskIndex
+from kvtier.tiers.disk.names import chunk_path
 
 FP = LayoutFingerprint("m", "f32", "test", 0, 1, 0, 4).digest()
 OTHER_FP = LayoutFingerprint("other", "f32", "test", 0, 1, 0, 4).digest()

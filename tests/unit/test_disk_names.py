@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvtier.keys import make_key
-from kvtier.tiers.disk_format import temp_name
-from kvtier.tiers.disk_names import ChunkFile, chunk_path, parse_name, scan
+from kvtier.tiers.chunk_format import temp_name
+from kvtier.tiers.disk.names import ChunkFile, chunk_path, parse_name, scan
 
 ROOT = Path("/tier")
 FP = bytes(range(16))

@@ -15,8 +15,8 @@ import torch
 
 from kvtier.keys import make_key
 from kvtier.layout import KVLayout, build_layout
-from kvtier.tiers.disk import DiskTier
-from kvtier.tiers.disk_format import HEADER_BYTES, ChunkError, read_header
+from kvtier.tiers.chunk_format import HEADER_BYTES, ChunkError, read_header
+from kvtier.tiers.disk.files import DiskTier
 
 NUM_BLOCKS, FACTOR = 8, 2
 FP = bytes(range(16))  # the layout fingerprint digest in every file header

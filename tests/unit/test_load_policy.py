@@ -13,9 +13,9 @@ from pathlib import Path
 from kvtier.config import DiskConfig, KVTierConfig
 from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
 from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
-from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.step_plan import JobOutcome, WorkerReport
-from kvtier.tiers.disk_names import chunk_path
+from kvtier.tiers.disk.index import DiskIndex
+from kvtier.tiers.disk.names import chunk_path
 
 HASHES = [b"h0", b"h1", b"h2", b"h3"]  # four full blocks: 16 tokens
 FINGERPRINT = LayoutFingerprint("m", "f32", "test", 0, 1, 0, 4)

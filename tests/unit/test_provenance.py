@@ -9,10 +9,10 @@ from pathlib import Path
 from kvtier.config import DiskConfig, KVTierConfig
 from kvtier.keys import ChunkKey, ChunkKeyMaker, LayoutFingerprint
 from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
-from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.scheduler.provenance import Provenance
 from kvtier.step_plan import JobOutcome, LoadJob, WorkerReport
-from kvtier.tiers.disk_names import chunk_path
+from kvtier.tiers.disk.index import DiskIndex
+from kvtier.tiers.disk.names import chunk_path
 
 FINGERPRINT = LayoutFingerprint("m", "f32", "test", 0, 1, 0, 4)
 FILE = 100  # bytes of one chunk file

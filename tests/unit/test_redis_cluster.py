@@ -17,10 +17,10 @@ from kvtier.bench.redis_server import RedisClusterServers, RedisServer
 from kvtier.config import RedisConfig
 from kvtier.keys import ChunkKey, make_key
 from kvtier.layout import build_layout
-from kvtier.tiers.redis import RedisTier
-from kvtier.tiers.redis_cluster import key_slot
-from kvtier.tiers.redis_keys import redis_key
-from kvtier.tiers.redis_store import RedisStore
+from kvtier.tiers.redis.cluster import key_slot
+from kvtier.tiers.redis.keys import redis_key
+from kvtier.tiers.redis.store import RedisStore
+from kvtier.tiers.redis.tier import RedisTier
 
 FP = bytes(range(16))
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from kvtier.keys import make_key
-from kvtier.tiers.disk_format import ChunkError, ChunkHeader, payload_checksum
-from kvtier.tiers.redis_keys import redis_key
-from kvtier.tiers.redis_record import (
+from kvtier.tiers.chunk_format import ChunkError, ChunkHeader, payload_checksum
+from kvtier.tiers.redis.keys import redis_key
+from kvtier.tiers.redis.record import (
     MAGIC,
     PREFIX,
     encode_prefix,

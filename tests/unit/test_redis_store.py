@@ -15,7 +15,7 @@ import redis
 
 from kvtier.bench.redis_server import RedisClusterServers, RedisServer, free_port
 from kvtier.config import RedisConfig
-from kvtier.tiers.redis_store import RedisStore, RedisUnavailable
+from kvtier.tiers.redis.store import RedisStore, RedisUnavailable
 
 TIMEOUT_S = 0.5
 BOUND_S = 3 * TIMEOUT_S + 0.5  # connect, PING, INFO: each bounded by the timeout

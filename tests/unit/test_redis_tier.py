@@ -18,9 +18,9 @@ from kvtier.bench.redis_server import RedisServer
 from kvtier.config import RedisConfig
 from kvtier.keys import ChunkKey, make_key
 from kvtier.layout import KVLayout, build_layout
-from kvtier.tiers.disk_format import ChunkError
-from kvtier.tiers.redis import RecordAbsent, RedisTier
-from kvtier.tiers.redis_store import RedisStore, RedisUnavailable
+from kvtier.tiers.chunk_format import ChunkError
+from kvtier.tiers.redis.store import RedisStore, RedisUnavailable
+from kvtier.tiers.redis.tier import RecordAbsent, RedisTier
 
 NUM_BLOCKS, FACTOR = 8, 2
 FP, OTHER_FP = bytes(range(16)), bytes(range(16, 32))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier.tiers.redis_url import RedisAddress, masked, parse_url
+from kvtier.tiers.redis.url import RedisAddress, masked, parse_url
 
 
 def test_a_plain_url() -> None:

@@ -11,9 +11,9 @@ from kvtier.addresses import DiskChunks, HostChunks
 from kvtier.config import DiskConfig, KVTierConfig
 from kvtier.keys import ChunkKey, ChunkKeyMaker, LayoutFingerprint
 from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
-from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.step_plan import JobOutcome, StepPlan, WorkerReport
-from kvtier.tiers.disk_names import chunk_path
+from kvtier.tiers.disk.index import DiskIndex
+from kvtier.tiers.disk.names import chunk_path
 
 FINGERPRINT = LayoutFingerprint("m", "f32", "test", 0, 1, 0, 4)
 FILE = 100  # bytes of one rank's chunk file

@@ -11,8 +11,8 @@ from kvtier.addresses import PeerBlocks
 from kvtier.config import KVTierConfig
 from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
 from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
-from kvtier.scheduler.peer import PeerConsumer, PeerProducer
 from kvtier.step_plan import JobOutcome, WorkerReport
+from kvtier.tiers.peer.roles import PeerConsumer, PeerProducer
 
 HASHES = [b"h0", b"h1", b"h2"]  # three full blocks: 12 tokens
 

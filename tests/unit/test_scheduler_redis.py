@@ -15,11 +15,11 @@ from kvtier.addresses import DiskChunks, RedisChunks
 from kvtier.config import DiskConfig, KVTierConfig
 from kvtier.keys import ChunkKey, ChunkKeyMaker, LayoutFingerprint
 from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
-from kvtier.scheduler.disk_index import DiskIndex
-from kvtier.scheduler.redis_index import RedisIndex
 from kvtier.step_plan import JobOutcome, WorkerReport
-from kvtier.tiers.disk_names import chunk_path
-from kvtier.tiers.redis_keys import redis_key
+from kvtier.tiers.disk.index import DiskIndex
+from kvtier.tiers.disk.names import chunk_path
+from kvtier.tiers.redis.index import RedisIndex
+from kvtier.tiers.redis.keys import redis_key
 
 FINGERPRINT = LayoutFingerprint("m", "f32", "test", 0, 1, 0, 4)
 FILE = 100

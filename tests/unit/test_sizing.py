@@ -12,7 +12,7 @@ from kvtier.layout import (
     host_num_chunks,
     placement_bytes_per_block,
 )
-from kvtier.tiers.cpu import HostTier
+from kvtier.tiers.host.buffers import HostTier
 
 
 @st.composite

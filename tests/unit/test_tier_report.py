@@ -12,15 +12,15 @@ import pytest
 from kvtier.cli import main
 from kvtier.keys import make_key
 from kvtier.tier_report import BadFile, inspect_tier, render
-from kvtier.tiers.disk_format import (
+from kvtier.tiers.chunk_format import (
     HEADER_BYTES,
     ChunkHeader,
     payload_checksum,
     read_header,
     temp_name,
 )
-from kvtier.tiers.disk_format import write_chunk as write_file
-from kvtier.tiers.disk_names import chunk_path
+from kvtier.tiers.chunk_format import write_chunk as write_file
+from kvtier.tiers.disk.names import chunk_path
 
 FP_A, FP_B = bytes(range(16)), bytes(range(16, 32))
 A1, A2 = make_key(FP_A, 1, group=0), make_key(FP_A, 2, group=0)

@@ -12,12 +12,12 @@ import pytest
 from kvtier.counters import TierStats
 from kvtier.keys import ChunkKey, LayoutFingerprint, make_key
 from kvtier.scheduler import tier_writes
-from kvtier.scheduler.disk_index import DiskIndex
 from kvtier.scheduler.job_table import JobTable
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.tier_writes import TierWrites
 from kvtier.step_plan import DiskWriteJob, JobOutcome
-from kvtier.tiers.disk_names import chunk_path
+from kvtier.tiers.disk.index import DiskIndex
+from kvtier.tiers.disk.names import chunk_path
 
 FP = LayoutFingerprint("m", "f32", "test", 0, 1, 0, 4).digest()
 FILE = 100  # bytes of one chunk's file

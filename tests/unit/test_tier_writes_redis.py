@@ -21,7 +21,7 @@ from kvtier.scheduler.job_table import JobTable
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.tier_writes import TierWrites
 from kvtier.step_plan import DiskWriteJob, JobOutcome
-from kvtier.tiers.redis_keys import redis_key
+from kvtier.tiers.redis.keys import redis_key
 from kvtier.vllm.lower_tiers import scheduler_lower_tiers
 
 FP = LayoutFingerprint("m", "f32", "test", 0, 1, 0, 4).digest()

@@ -21,7 +21,7 @@ import torch
 from kvtier.addresses import EngineBlocks, HostChunks
 from kvtier.layout import KVLayout, build_layout
 from kvtier.media import Medium
-from kvtier.tiers.cpu import HostTier
+from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker import TransferWorker, copy_cpu, engine_host_handlers, handlers
 from kvtier.worker.plan import GroupCopy
 from kvtier.worker.segments import Segment

@@ -18,8 +18,8 @@ from disk_faults import full_disk_for
 from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks, TransferSpec
 from kvtier.keys import ChunkKey, LayoutFingerprint, make_key
 from kvtier.step_plan import DiskWriteJob, LoadJob, StepPlan, StoreJob
-from kvtier.tiers.disk import DiskTier
-from kvtier.tiers.disk_format import HEADER_BYTES, Buffer
+from kvtier.tiers.chunk_format import HEADER_BYTES, Buffer
+from kvtier.tiers.disk.files import DiskTier
 from kvtier.worker.connector import DiskSettings, WorkerConnector
 
 NUM_BLOCKS, NUM_CHUNKS, PAGE = 16, 8, 1024

@@ -17,9 +17,9 @@ import torch
 
 from kvtier.addresses import EngineBlocks, PeerBlocks
 from kvtier.step_plan import LoadJob, PeerOffer, StepPlan
+from kvtier.tiers.peer.worker import PeerSettings
 from kvtier.transfer import PeerIdentity
 from kvtier.worker.connector import WorkerConnector
-from kvtier.worker.peer import PeerSettings
 
 SECRET = b"worker-peer-test-secret"
 IDENTITY = PeerIdentity((("model", "m"), ("tp_rank", "0")))

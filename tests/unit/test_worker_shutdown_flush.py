@@ -18,8 +18,8 @@ from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks
 from kvtier.config import RedisConfig
 from kvtier.keys import ChunkKey, LayoutFingerprint, make_key
 from kvtier.step_plan import LoadJob, StepPlan, StoreJob
-from kvtier.tiers.disk_format import ChunkError
-from kvtier.tiers.redis import RedisTier
+from kvtier.tiers.chunk_format import ChunkError
+from kvtier.tiers.redis.tier import RedisTier
 from kvtier.worker.connector import DiskSettings, RedisSettings, WorkerConnector
 
 NUM_BLOCKS, NUM_CHUNKS, PAGE = 16, 8, 1024

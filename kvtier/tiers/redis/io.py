@@ -15,11 +15,11 @@ import time
 
 from kvtier.keys import ChunkKey
 from kvtier.layout import KVLayout
-from kvtier.tiers.cpu import HostTier
-from kvtier.tiers.disk_format import Buffer
-from kvtier.tiers.redis import RedisTier
+from kvtier.tiers.chunk_format import Buffer
+from kvtier.tiers.chunk_io import WARN_EVERY, DiskLoadHandler, DiskWriteHandler
+from kvtier.tiers.host.buffers import HostTier
+from kvtier.tiers.redis.tier import RedisTier
 from kvtier.worker.base import TransferResult
-from kvtier.worker.disk_io import WARN_EVERY, DiskLoadHandler, DiskWriteHandler
 
 logger = logging.getLogger(__name__)
 

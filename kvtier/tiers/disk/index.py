@@ -33,7 +33,7 @@ from pathlib import Path
 
 from kvtier.addresses import DiskChunks
 from kvtier.keys import ChunkKey
-from kvtier.tiers.disk_names import chunk_path, scan
+from kvtier.tiers.disk.names import chunk_path, scan
 
 logger = logging.getLogger(__name__)
 

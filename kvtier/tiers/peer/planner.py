@@ -19,9 +19,9 @@ from kvtier.addresses import EngineBlocks
 from kvtier.counters import KVTierStats
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.scheduler.load_planner import GroupSpec
-from kvtier.scheduler.peer import PeerConsumer, PeerProducer
 from kvtier.scheduler.request import RequestState
 from kvtier.step_plan import LoadJob, StepPlan
+from kvtier.tiers.peer.roles import PeerConsumer, PeerProducer
 
 
 class PeerRequests:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtier.tiers.redis_url import RedisAddress
+from kvtier.tiers.redis.url import RedisAddress
 
 SLOTS = 16384
 

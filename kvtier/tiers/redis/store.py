@@ -31,12 +31,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from kvtier.config import RedisConfig
-from kvtier.tiers.redis_breaker import Breaker, RedisUnavailable
-from kvtier.tiers.redis_check import check_node
-from kvtier.tiers.redis_cluster import SlotMap, key_slot
-from kvtier.tiers.redis_conn import Bulk, Connection, Value
-from kvtier.tiers.redis_errors import AskError, AuthError, MovedError, RespError
-from kvtier.tiers.redis_url import RedisAddress, parse_url
+from kvtier.tiers.redis.breaker import Breaker, RedisUnavailable
+from kvtier.tiers.redis.check import check_node
+from kvtier.tiers.redis.cluster import SlotMap, key_slot
+from kvtier.tiers.redis.conn import Bulk, Connection, Value
+from kvtier.tiers.redis.errors import AskError, AuthError, MovedError, RespError
+from kvtier.tiers.redis.url import RedisAddress, parse_url
 
 COMMANDS = -1  # the lane of commands whose replies are read at once
 T = TypeVar("T")

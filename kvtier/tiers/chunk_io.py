@@ -26,9 +26,9 @@ import torch
 from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks, TransferSpec
 from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
+from kvtier.tiers.chunk_format import Buffer, ChunkError
 from kvtier.tiers.chunk_tier import ChunkTier
-from kvtier.tiers.cpu import HostTier
-from kvtier.tiers.disk_format import Buffer, ChunkError
+from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker.base import TransferResult
 from kvtier.worker.engine_host import check_range
 from kvtier.worker.job_thread import JobThread, ThreadedHandler

@@ -20,9 +20,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorHandsha
 from vllm.v1.request import RequestStatus
 
 from kvtier.config import KVTierConfig
-from kvtier.scheduler.peer import PeerConsumer, PeerProducer
+from kvtier.tiers.peer.roles import PeerConsumer, PeerProducer
+from kvtier.tiers.peer.worker import PeerSettings
 from kvtier.transfer import PeerIdentity
-from kvtier.worker.peer import PeerSettings
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -26,11 +26,11 @@ import numpy as np
 
 from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
+from kvtier.tiers.chunk_format import Buffer, ChunkError, ChunkHeader, payload_checksum
 from kvtier.tiers.chunk_tier import view_bytes
-from kvtier.tiers.disk_format import Buffer, ChunkError, ChunkHeader, payload_checksum
-from kvtier.tiers.redis_conn import Bulk
-from kvtier.tiers.redis_keys import redis_key
-from kvtier.tiers.redis_record import (
+from kvtier.tiers.redis.conn import Bulk
+from kvtier.tiers.redis.keys import redis_key
+from kvtier.tiers.redis.record import (
     PREFIX,
     check_header,
     check_payload,
@@ -39,7 +39,7 @@ from kvtier.tiers.redis_record import (
     head_length,
     record_bytes,
 )
-from kvtier.tiers.redis_store import RedisStore, RedisUnavailable, Ticket
+from kvtier.tiers.redis.store import RedisStore, RedisUnavailable, Ticket
 
 logger = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvtier.connect import connect
-from kvtier.tiers.redis_errors import ProtocolError, RespError, TlsHandshakeError, error_reply
-from kvtier.tiers.redis_url import RedisAddress
+from kvtier.tiers.redis.errors import ProtocolError, RespError, TlsHandshakeError, error_reply
+from kvtier.tiers.redis.url import RedisAddress
 
 Arg = bytes | memoryview
 Value = Arg | tuple[Arg, ...]  # a tuple: one bulk string sent from several buffers, unjoined

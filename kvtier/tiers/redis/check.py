@@ -16,9 +16,9 @@ import ssl
 
 from kvtier.config import RedisConfig
 from kvtier.connect import ResolveTimeout
-from kvtier.tiers.redis_conn import Connection
-from kvtier.tiers.redis_errors import AuthError, ProtocolError, RespError, TlsHandshakeError
-from kvtier.tiers.redis_url import RedisAddress
+from kvtier.tiers.redis.conn import Connection
+from kvtier.tiers.redis.errors import AuthError, ProtocolError, RespError, TlsHandshakeError
+from kvtier.tiers.redis.url import RedisAddress
 
 
 def check_node(

@@ -1,0 +1,1 @@
+"""The local-disk tier: a verified file per chunk and rank, persistent across restarts."""
