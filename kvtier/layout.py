@@ -56,6 +56,15 @@ class KVLayout:
         """Engine bytes per block on this rank, aliased memory counted once (0 without blocks)."""
         return self.distinct_bytes // self.num_blocks if self.num_blocks else 0
 
+    def describe(self) -> str:
+        """The rank's layout as its fingerprints name it: what a chunk's bytes are, view by view.
+
+        The one place it is written: a record of a tier and a peer transfer's identity are both
+        checked against it, so they can never drift apart.
+        """
+        views = ",".join(f"{b}B" for b in self.page_bytes)
+        return f"views=[{views}] groups={[list(g) for g in self.groups]}"
+
 
 def host_num_chunks(
     bytes_per_block: int, world_size: int, block_size_factor: int, cpu_bytes_to_use: int

@@ -1,15 +1,17 @@
-"""The two ends of a transfer: where bytes are read from and written to."""
+"""The two ends of a transfer: where bytes are read from and written to.
+
+A medium is a name: the engine's KV cache, the host tier, or a tier of the chain (its
+``TierSpec.name``: ``disk``, ``redis``, a tier from outside kvtier). The worker half registers a
+handler per ``(src, dst)`` pair of names.
+"""
 
 from __future__ import annotations
 
-from enum import Enum
+from typing import Final
 
 
-class Medium(Enum):
-    """One end of a transfer. Tiers add members; handlers are registered per (src, dst) pair."""
+class Medium:
+    """The media every engine has; a tier's medium is its name."""
 
-    ENGINE = "engine"  # the engine's own paged KV cache (GPU or CPU memory)
-    CPU = "cpu"  # kvtier's host-memory tier
-    DISK = "disk"
-    REDIS = "redis"
-    PEER = "peer"
+    ENGINE: Final = "engine"  # the engine's own paged KV cache (GPU or CPU memory)
+    CPU: Final = "cpu"  # kvtier's host-memory tier

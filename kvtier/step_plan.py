@@ -1,8 +1,8 @@
 """What crosses between the two halves each step: plain, picklable data, never tensors.
 
-Scheduler -> workers: ``StepPlan`` (this step's loads and stores, which earlier stores to finish
-before the forward, which finished requests the scheduler holds for their stores, and which it
-offers to a decode engine).
+Scheduler -> workers: ``StepPlan`` (this step's loads and stores, the tiers' writes, which earlier
+stores to finish before the forward, which finished requests the scheduler holds for their stores,
+and each tier's messages to its worker side, e.g. the peer tier's offers to decode engines).
 Workers -> scheduler: ``WorkerReport`` (jobs finished on this rank), summed over ranks by
 ``merge`` before the scheduler sees it: a job is done when ``world_size`` ranks reported it.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks, PeerBlocks
+from kvtier.addresses import EngineBlocks, HostChunks, TierChunks, TransferSpec
 from kvtier.keys import ChunkKey
 
 
@@ -22,19 +22,9 @@ class LoadJob:
 
     job_id: int
     req_id: str
-    src: HostChunks | DiskChunks | PeerBlocks
+    src: TransferSpec  # host slots, a tier's chunks, a peer's blocks
     dst: EngineBlocks
     sync: bool = False
-
-
-@dataclass(frozen=True)
-class PeerOffer:
-    """A finished prefill request whose blocks (per group) a decode engine may pull for
-    ``hold_s`` seconds from when the workers receive the offer (prefill→decode)."""
-
-    req_id: str
-    block_ids: tuple[tuple[int, ...], ...]
-    hold_s: float
 
 
 @dataclass(frozen=True)
@@ -43,30 +33,31 @@ class StoreJob:
     req_id: str
     src: EngineBlocks
     dst: HostChunks
-    keys: tuple[ChunkKey, ...] = ()  # of dst's slots: a worker flushing to disk names them
+    keys: tuple[ChunkKey, ...] = ()  # of dst's slots: a worker's shutdown flush names them
 
 
 @dataclass(frozen=True)
-class DiskWriteJob:
-    """Host-tier chunks to write to the disk tier (``dst.staged``: their slots are reused now)."""
+class TierWriteJob:
+    """Host-tier chunks to write to a tier of the chain (``dst.staged``: their slots are reused
+    now)."""
 
     job_id: int
     src: HostChunks
-    dst: DiskChunks
+    dst: TierChunks
 
 
 @dataclass
 class StepPlan:
     loads: list[LoadJob] = field(default_factory=list)
     stores: list[StoreJob] = field(default_factory=list)
-    disk_writes: list[DiskWriteJob] = field(default_factory=list)  # run before the stores
+    tier_writes: list[TierWriteJob] = field(default_factory=list)  # run before the stores
     flush: list[int] = field(default_factory=list)  # store jobs to finish before the forward
     held: list[str] = field(default_factory=list)  # finished requests kept for their stores
-    offers: list[PeerOffer] = field(default_factory=list)  # finished requests kept for a decode
-    releases: list[PeerBlocks] = field(default_factory=list)  # offers a decode engine frees unused
+    messages: dict[str, list[object]] = field(default_factory=dict)  # tier -> its worker side's
     forget: list[ChunkKey] = field(default_factory=list)  # host copies that hold no chunk
     num_chunks: int = 0  # the host tier's size as the scheduler manages it
-    disk_room: int = 0  # bytes (all ranks) the disk tier may still take: a shutdown flush's bound
+    tier_room: dict[str, int] = field(default_factory=dict)  # tier -> bytes (all ranks) it may
+    # still take: a shutdown flush's bound (absent: the tier's own budget)
     forward: bool = True  # the step computes tokens (False: the engine only waits, e.g. for loads)
 
 

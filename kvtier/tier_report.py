@@ -6,7 +6,7 @@ Primitives:
 
 Chunk files are grouped by the layout their header names (fingerprint + describe). A chunk file is
 bad when its header does not decode, or its name's key or rank, or its length, disagrees with the
-header. ``verify`` also reads every payload (``disk_format.verify_file``). A file removed while
+header. ``verify`` also reads every payload (``chunk_format.verify_file``). A file removed while
 the walk runs (a running engine evicting it) is counted as vanished, never as bad.
 """
 

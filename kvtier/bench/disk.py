@@ -4,10 +4,10 @@ Throughput, in a fresh directory on the file system of ``--dir``: an engine of t
 per-layer KV shape (8 KV heads, head_dim 64, bf16, 32-token engine blocks) but ``layers`` deep
 (32: 4 MiB chunks of 64 tokens), a host tier of ``chunks`` chunks of random bytes. Per round:
 
-    store       ``DiskWriteHandler`` writes every chunk to its file, then ``os.sync()``; bound:
+    store       ``TierWriteHandler`` writes every chunk to its file, then ``os.sync()``; bound:
                 the same bytes written to one file, 4 MiB per ``os.write``, then ``os.sync()``
     cold load   page cache dropped (``posix_fadvise(DONTNEED)``, checked with ``mincore``), then
-                ``DiskLoadHandler`` loads every chunk into shuffled engine blocks (verified);
+                ``TierLoadHandler`` loads every chunk into shuffled engine blocks (verified);
                 bound: the one file read back, 4 MiB per ``readinto``, from a dropped cache
     warm load   the same again, the files now in the page cache (bound: a warm read)
 
@@ -31,12 +31,12 @@ import torch
 from rich.console import Console
 from tqdm import tqdm
 
-from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks, TransferSpec
+from kvtier.addresses import EngineBlocks, HostChunks, TierChunks, TransferSpec
 from kvtier.bench import disk_report, page_cache
 from kvtier.bench.report import median, time_call, write_json
 from kvtier.keys import LayoutFingerprint, make_key
 from kvtier.layout import KVLayout, build_layout
-from kvtier.tiers.chunk_io import DiskLoadHandler, DiskWriteHandler
+from kvtier.tiers.chunk_io import TierLoadHandler, TierWriteHandler
 from kvtier.tiers.disk.files import DiskTier
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker.base import TransferHandler
@@ -140,8 +140,8 @@ class _Rig:
         self.tier = DiskTier(work / "tier", 0, digest, fingerprint.describe(), self.layout, FACTOR)
         self.keys = tuple(make_key(digest, i, 0) for i in range(chunks))
         self.raw = _RawFile(work / "raw.bin", self.host)
-        self.writer = DiskWriteHandler(self.host, self.tier)
-        self.loader = DiskLoadHandler(self.layout, self.tier)
+        self.writer = TierWriteHandler(self.host, self.tier, "disk")
+        self.loader = TierLoadHandler(self.layout, self.tier, "disk")
         self._jobs = iter(range(1 << 62))
 
     def files(self) -> list[Path]:
@@ -155,7 +155,7 @@ class _Rig:
 
     def store(self) -> None:
         slots = HostChunks(np.arange(len(self.keys), dtype=np.int64))
-        _job(self.writer, next(self._jobs), slots, DiskChunks(self.keys))
+        _job(self.writer, next(self._jobs), slots, TierChunks("disk", self.keys))
         os.sync()
 
     def load(self, round_: int) -> None:
@@ -163,7 +163,7 @@ class _Rig:
         count = len(self.keys) * FACTOR
         blocks = np.random.default_rng(round_).permutation(self.layout.num_blocks)[:count]
         engine = EngineBlocks(blocks.astype(np.int64), (count,), (0,))
-        _job(self.loader, next(self._jobs), DiskChunks(self.keys), engine)
+        _job(self.loader, next(self._jobs), TierChunks("disk", self.keys), engine)
 
     def shutdown(self) -> None:
         self.writer.shutdown()

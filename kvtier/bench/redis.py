@@ -44,16 +44,16 @@ import torch
 from rich.console import Console
 from tqdm import tqdm
 
-from kvtier.addresses import EngineBlocks, RedisChunks
+from kvtier.addresses import EngineBlocks, TierChunks
 from kvtier.bench import redis_report
 from kvtier.bench.redis_server import RedisServer
 from kvtier.bench.report import median, time_call, write_json
 from kvtier.bench.ttft_timing import OtherLoad, own_cpu_seconds
-from kvtier.config import RedisConfig
 from kvtier.keys import LayoutFingerprint, make_key
 from kvtier.layout import KVLayout, build_layout
 from kvtier.tiers.chunk_format import Buffer, payload_checksum
 from kvtier.tiers.host.buffers import HostTier
+from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.io import RedisLoadHandler
 from kvtier.tiers.redis.store import RedisStore
 from kvtier.tiers.redis.tier import RedisTier
@@ -236,7 +236,7 @@ class _Rig:
 
     def load(self) -> None:
         engine = EngineBlocks(self.blocks, (len(self.blocks),), (0,))
-        _job(self.loader, next(self._jobs), RedisChunks(self.keys), engine)
+        _job(self.loader, next(self._jobs), TierChunks("redis", self.keys), engine)
 
     def get(self) -> None:
         pipe = self.client.pipeline(transaction=False)
@@ -266,7 +266,7 @@ class _Rig:
             for payload in self.payloads:
                 payload_checksum(payload)
 
-        def scatter() -> None:  # a chunk at a time, as ``DiskLoadHandler._scatter`` on the CPU
+        def scatter() -> None:  # a chunk at a time, as ``TierLoadHandler._scatter`` on the CPU
             for first in range(0, len(self.blocks), factor):
                 ids = self.blocks[first : first + factor]
                 for view, source in zip(engine, rows, strict=True):
@@ -314,7 +314,7 @@ def _bytes(tensor: torch.Tensor) -> np.ndarray:
     return tensor.view(torch.uint8).numpy().reshape(tensor.shape[0], -1)
 
 
-def _job(handler: TransferHandler, job_id: int, src: RedisChunks, dst: EngineBlocks) -> None:
+def _job(handler: TransferHandler, job_id: int, src: TierChunks, dst: EngineBlocks) -> None:
     assert handler.transfer_async(job_id, src, dst)
     handler.wait([job_id])
     (result,) = handler.get_finished()

@@ -171,7 +171,7 @@ class EngineSim:
         seconds["plan"] = time.perf_counter() - started
         bound = _bound(scheduled)
         jobs = [j.job_id for j in plan.loads] + [j.job_id for j in plan.stores]
-        jobs += [j.job_id for j in plan.disk_writes]
+        jobs += [j.job_id for j in plan.tier_writes]
         if self.work.report_delay:
             self._pending.append(jobs)
         else:

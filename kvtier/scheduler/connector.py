@@ -7,7 +7,7 @@ Engine-independent: the vLLM adapter turns its calls into these, with plain data
     build_plan(scheduled, preempted)            -> StepPlan         this step's loads and stores
     on_report(report)                                               count ranks; finish jobs
     request_finished(req)                       -> bool             True: hold blocks for stores
-    peer_lookup / peer_finished / peer_released                     prefill→decode (``peer.py``)
+    add_source(source)                                              a request source
     provenance(req, prompt_tokens)              -> Provenance|None  where its prompt's KV came from
     drop_host_chunks()                          -> bool             forget the host tier's chunks
 
@@ -15,10 +15,15 @@ A job is done only when every worker rank reported it (``num_workers`` reports).
 before the request runs (the engine waits for them); stores run after the step's forward, and an
 earlier store whose engine blocks are handed to someone else is flushed before the next forward.
 
-Below host memory is a chain of tiers (``lower_tier.py``: the disk tier, the Redis tier, in that
-order). A hit is one run of chunks across host memory and the chain: one load job per tier.
+Below host memory is a chain of tiers (``lower_tier.py``, built from the tiers' specs in the order
+of ``tiers/registry.py``). A hit is one run of chunks across host memory and the chain: one load
+job per tier.
 Chunks loaded from a lower tier are stored in the host tier again (they are hot), and host chunks
-reach each lower tier as ``tier_writes.py`` decides.
+reach each lower tier as ``tier_writes.py`` decides. Request sources (``request_source.py``: a
+prefill engine's KV) are asked for the requests they claim, outside the chain.
+
+Over 300 lines because it is the scheduler half's one entry point: each method is short and
+hands its work to the planners it imports.
 """
 
 from __future__ import annotations
@@ -37,19 +42,17 @@ from kvtier.scheduler.lower_tier import LowerTier
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.provenance import JobLog, Provenance, provenance
 from kvtier.scheduler.request import RequestState
+from kvtier.scheduler.request_source import RequestSource
 from kvtier.scheduler.scheduled import ScheduledRequest, forget_blocks, take_blocks
 from kvtier.scheduler.store_planner import NULL_BLOCK, StorePlanner
 from kvtier.scheduler.tail_store import TailStore
 from kvtier.scheduler.tier_writes import TierWrites
 from kvtier.step_plan import StepPlan, WorkerReport
-from kvtier.tiers.disk.index import DiskIndex
-from kvtier.tiers.peer.planner import PeerRequests
-from kvtier.tiers.peer.roles import PeerConsumer, PeerProducer
 
 __all__ = ["NULL_BLOCK", "GroupSpec", "ScheduledRequest", "SchedulerConnector"]
 
 
-class SchedulerConnector(PeerRequests):
+class SchedulerConnector:
     def __init__(
         self,
         config: KVTierConfig,
@@ -57,13 +60,9 @@ class SchedulerConnector(PeerRequests):
         num_chunks: int,
         num_workers: int,
         key_maker: ChunkKeyMaker,
-        disk: DiskIndex | None = None,
-        producer: PeerProducer | None = None,
-        consumer: PeerConsumer | None = None,
         lower: Sequence[LowerTier] = (),
     ) -> None:
-        """``lower``: the tier chain below host memory, in order; ``disk``: a disk tier put
-        first in it."""
+        """``lower``: the tier chain below host memory, in order."""
         block_tokens = {g.block_tokens for g in groups}
         if len(block_tokens) != 1:
             raise ValueError(f"kvtier: KV cache groups with different block sizes {block_tokens}")
@@ -78,33 +77,39 @@ class SchedulerConnector(PeerRequests):
         self.stats = KVTierStats()
         self.job_log = JobLog()  # finished jobs: latency samples, each request's load record
         self.requests: dict[str, RequestState] = {}
-        self._jobs = JobTable(num_workers)
+        self.jobs = JobTable(num_workers)
         self._stores = StorePlanner(
-            self.manager, self._jobs, self.keys, self.block_tokens, self.stats.cpu
+            self.manager, self.jobs, self.keys, self.block_tokens, self.stats.cpu
         )
-        self._tails = TailStore(self._stores, self._jobs, self.keys, self.block_tokens)
-        if disk is not None and config.disk is not None:
-            disk.write_through = config.disk.write_through
-        self.lower: tuple[LowerTier, ...] = (*([disk] if disk is not None else []), *lower)
+        self._tails = TailStore(self._stores, self.jobs, self.keys, self.block_tokens)
+        self.lower = tuple(lower)
         self._loads = LoadPlanner(
-            self.groups, self.keys, self.block_tokens, self.manager, self.lower, self._jobs,
+            self.groups, self.keys, self.block_tokens, self.manager, self.lower, self.jobs,
             self.stats,
         )  # fmt: skip
         self._plan = StepPlan(num_chunks=num_chunks)
         self._events: list[TierEvent] = []
-        self.disk = disk
-        self.producer, self.consumer = producer, consumer
-        if consumer is not None:
-            self.stats.tiers["peer"] = TierStats()
+        self.sources: dict[str, RequestSource] = {}
         self._writes: dict[str, TierWrites] = {}  # per lower tier, by name
         for tier in self.lower:
             if tier.name in self.stats.tiers:
                 raise ValueError(f"kvtier: two tiers named {tier.name!r}")
             stats = self.stats.tiers[tier.name] = TierStats()
-            self._writes[tier.name] = TierWrites(tier, self.manager, self._jobs, stats)
+            self._writes[tier.name] = TierWrites(tier, self.manager, self.jobs, stats)
         self._tiers = {tier.name: tier for tier in self.lower}
         self._untrusted: set[int] = set()  # store jobs to fail as they complete
         self._reported: dict[int, Job] = {}  # jobs the report being handled completed
+
+    def add_source(self, source: RequestSource) -> None:
+        """A request source (``request_source.py``), counted under its name in the stats."""
+        if source.name in self.stats.tiers or source.name in self.sources:
+            raise ValueError(f"kvtier: two tiers named {source.name!r}")
+        self.stats.tiers[source.name] = TierStats()
+        self.sources[source.name] = source
+
+    def tier(self, name: str) -> LowerTier:
+        """The chain's tier ``name`` (KeyError: none)."""
+        return self._tiers[name]
 
     # ---- lookup and load -------------------------------------------------------------------
 
@@ -123,7 +128,7 @@ class SchedulerConnector(PeerRequests):
         block (None: the tokens do not name the KV, e.g. multimodal input: no tail). Which hit
         is worth loading, and whether synchronously (``loads_async``): ``hit_policy.py``.
         """
-        state = self._state(req_id, block_hashes)
+        state = self.state(req_id, block_hashes)
         first = num_computed_tokens // self.chunk_tokens
         full = len(block_hashes) // self.factor
         state.num_computed_tokens = num_computed_tokens
@@ -142,7 +147,7 @@ class SchedulerConnector(PeerRequests):
         state.load_async = hit.load_async
         return hit.tokens
 
-    def _state(self, req_id: str, block_hashes: Sequence[bytes]) -> RequestState:
+    def state(self, req_id: str, block_hashes: Sequence[bytes]) -> RequestState:
         """``req_id``'s state, created at its first lookup."""
         state = self.requests.get(req_id)
         if state is None:
@@ -160,9 +165,11 @@ class SchedulerConnector(PeerRequests):
         """The engine allocated ``block_ids`` (per group, whole request): plan the hit's load."""
         state = self.requests[req_id]
         state.block_ids = [list(ids) for ids in block_ids]
-        if state.peer_params is not None:
-            self._plan.loads.append(self._peer_load(state, num_external_tokens))
-            return
+        for source in self.sources.values():
+            load = source.plan_load(state, num_external_tokens)
+            if load is not None:
+                self._plan.loads.append(load)
+                return
         self._plan.loads += self._loads.plan(state, num_external_tokens)
 
     # ---- each step -------------------------------------------------------------------------
@@ -189,13 +196,13 @@ class SchedulerConnector(PeerRequests):
         # a store still reading a block the engine writes this step (a block newly handed to a
         # request, or a load's destination) must finish before the forward
         for load in self._plan.loads:
-            flush.update(self._jobs.reading(load.dst.block_ids.tolist()))
+            flush.update(self.jobs.reading(load.dst.block_ids.tolist()))
         windows = [group.sliding_window for group in self.groups]
         for request in scheduled:
             state = self.requests.get(request.req_id)
             for ids in take_blocks(state, request, windows, self.block_tokens):
                 if ids:
-                    flush.update(self._jobs.reading(ids))
+                    flush.update(self.jobs.reading(ids))
         for request in scheduled:
             state = self.requests.get(request.req_id)
             if state is not None:
@@ -208,12 +215,15 @@ class SchedulerConnector(PeerRequests):
         for writes in self._writes.values():
             writes.evicted(evicted)
             writes.flush(idle=not self.requests)
-            self._plan.disk_writes += writes.take_plan()
+            self._plan.tier_writes += writes.take_plan()
         plan, self._plan = self._plan, StepPlan(num_chunks=self.manager.capacity)
         plan.flush = sorted(flush)
         plan.forward = forward
-        if self.disk is not None:
-            plan.disk_room = self.disk.room
+        plan.tier_room = {tier.name: tier.room for tier in self.lower if tier.room is not None}
+        for source in self.sources.values():
+            messages = source.take_messages()
+            if messages:
+                plan.messages[source.name] = messages
         return plan
 
     # ---- completions -----------------------------------------------------------------------
@@ -225,7 +235,7 @@ class SchedulerConnector(PeerRequests):
         be known as such when it completes (``failed_loads.py``)."""
         done = self._reported  # completed by this report, not yet handled
         for job_id, outcome in report.jobs.items():
-            job = self._jobs.report(job_id, outcome)
+            job = self.jobs.report(job_id, outcome)
             if job is not None:
                 done[job_id] = job
         for job_id in sorted(done, key=lambda job_id: done[job_id].store):  # loads first
@@ -268,8 +278,8 @@ class SchedulerConnector(PeerRequests):
 
     def _complete_load(self, job: Job) -> None:
         outcome = job.outcome
-        if job.kind is JobKind.PEER_LOAD:
-            self._complete_peer_load(job)
+        if job.kind is JobKind.SOURCE_LOAD:
+            self.sources[job.tier].complete_load(job)
             return
         lower = self._tiers.get(job.tier) if job.kind is JobKind.TIER_LOAD else None
         stats = self.stats.tiers[job.tier if lower is not None else "cpu"]
@@ -307,18 +317,18 @@ class SchedulerConnector(PeerRequests):
         again once the engine recomputed them (``failed_loads.py``)."""
         for job_id, state in untrusted_stores(load, self.requests).items():
             self._untrusted.add(job_id)
-            job = self._jobs.get(job_id) or self._reported[job_id]
+            job = self.jobs.get(job_id) or self._reported[job_id]
             offer_again(state, job)
 
     def request_finished(self, req_id: str) -> bool:
         """The request ended. True: keep its blocks until the workers release them: its stores
-        are done, and a decode engine pulled them (or stopped being waited for) if they were
-        offered (``peer_finished``, called before).
+        are done, and a request source holding them released them (a decode engine pulled
+        them, or stopped being waited for; the source is told first).
 
         Its provenance is gone after this call: ask ``provenance`` before.
         """
         self.job_log.forget(req_id)
-        offered = self.producer is not None and self.producer.holds(req_id)
+        offered = any(source.holds(req_id) for source in self.sources.values())
         state = self.requests.get(req_id)
         storing = state is not None and bool(state.store_jobs)
         if offered or storing:
@@ -339,9 +349,9 @@ class SchedulerConnector(PeerRequests):
     def drop_host_chunks(self) -> bool:
         """Forget every host-tier chunk no transfer uses (the engine's connector-cache reset).
 
-        Chunks pinned by a load or a disk write, and stores in flight, stay. The disk tier is kept:
-        it persists across restarts and may be shared by other engines. Chunks not yet written to
-        disk are lost. True when no loadable host chunk is left.
+        Chunks pinned by a load or a tier write, and stores in flight, stay. The chain's tiers are
+        kept: they persist across restarts and may be shared by other engines. Chunks not yet
+        written to them are lost. True when no loadable host chunk is left.
         """
         removed = self.manager.remove(list(self.manager.stored()))
         for writes in self._writes.values():
@@ -350,14 +360,15 @@ class SchedulerConnector(PeerRequests):
 
     @property
     def has_jobs_in_flight(self) -> bool:
-        return bool(self._jobs)
+        return bool(self.jobs)
 
     @property
     def has_pending_work(self) -> bool:
-        """Transfers in flight, chunks to write to disk once the engine is idle, or finished
-        requests held for a decode engine."""
+        """Transfers in flight, chunks to write to a tier once the engine is idle, or finished
+        requests a request source holds."""
         writes = any(writes.pending for writes in self._writes.values())
-        return bool(self._jobs) or writes or (self.producer is not None and self.producer.pending)
+        sources = any(source.pending for source in self.sources.values())
+        return bool(self.jobs) or writes or sources
 
     def take_events(self) -> list[TierEvent]:
         """Chunks stored in or removed from the host tier since the last call."""
@@ -365,7 +376,7 @@ class SchedulerConnector(PeerRequests):
 
     def check_integrity(self) -> None:
         self.manager.check_integrity()
-        pinned = sum(len(job.keys) for job in self._jobs if job.pinned)
+        pinned = sum(len(job.keys) for job in self.jobs if job.pinned)
         assert self.manager.num_pinned == pinned, (self.manager.num_pinned, pinned)
         for tier in self.lower:
             tier.check_integrity()

@@ -22,9 +22,9 @@ logger = logging.getLogger(__name__)
 class JobKind(Enum):
     LOAD = "load"  # host tier -> engine
     STORE = "store"  # engine -> host tier
-    TIER_LOAD = "tier load"  # a tier below host memory (``Job.tier``: disk, redis) -> engine
+    TIER_LOAD = "tier load"  # a tier of the chain (``Job.tier``) -> engine
     TIER_WRITE = "tier write"  # host tier -> a lower tier (no request; host chunks pinned/staged)
-    PEER_LOAD = "peer load"  # a prefill engine's blocks -> engine (prefill→decode)
+    SOURCE_LOAD = "source load"  # a request source (``Job.tier``, ``request_source.py``) -> engine
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Job:
     outcome: JobOutcome = field(default_factory=JobOutcome)  # summed over the ranks so far
     pinned: bool = False  # holds pins on its host chunks (an asynchronous load, a disk write)
     host_only: bool = False  # a store never written to disk (a prompt's tail)
-    tier: str = ""  # the lower tier a TIER_LOAD reads or a TIER_WRITE writes
+    tier: str = ""  # the tier (or source) a TIER_LOAD or SOURCE_LOAD reads, a TIER_WRITE writes
     sync: bool = False  # a load read before its step's forward (that step's stores follow it)
     first_chunk: int = 0  # a store's first chunk in its request (any group): offered again
     # from there if the store turns out to hold KV computed from a failed load

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks
+from kvtier.addresses import EngineBlocks, HostChunks, TierChunks
 from kvtier.counters import KVTierStats
 from kvtier.keys import ChunkKey, ChunkKeyMaker
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
@@ -214,7 +214,7 @@ class LoadPlanner:
             if part.keys:
                 tier.prepare_load(part.keys)
                 job = Job(state.req_id, part.keys, JobKind.TIER_LOAD, tier=tier.name)
-                chunks = tier.spec(tuple(part.keys))
+                chunks = TierChunks(tier.name, tuple(part.keys))
                 loads.append(self._load(state, job, chunks, part, sync=not state.load_async))
         return loads
 
@@ -252,7 +252,7 @@ class LoadPlanner:
         self,
         state: RequestState,
         job: Job,
-        src: HostChunks | DiskChunks,
+        src: HostChunks | TierChunks,
         parts: _LoadParts,
         sync: bool,
     ) -> LoadJob:

@@ -16,19 +16,19 @@
                                               tier that failed: it may come back empty)
 
 plus what the connector needs to name and plan the tier: ``name`` (stats, logs, metrics,
-provenance), ``spec`` (the address of its chunks in a transfer: a worker handler pair per
-medium), ``synchronous`` (a short load may run before the forward: local disk yes, a network
-store never), ``write_through`` (write a chunk as soon as the host tier stored it, or only when
-it is evicted or the engine is idle), ``max_in_flight`` (chunks being written at once: more wait
-their turn), ``used``/``room`` (bytes; ``room`` None: no budget of ours), ``evicted``,
-``failed_lookups`` (lookups that got no answer and were misses: a remote tier's timeouts).
+provenance, and the medium of its chunks in a transfer, ``TierChunks``: the worker half's
+handler pair of the tier), ``synchronous`` (a short load may run before the forward: local disk
+yes, a network store never), ``write_through`` (write a chunk as soon as the host tier stored
+it, or only when it is evicted or the engine is idle), ``max_in_flight`` (chunks being written
+at once: more wait their turn), ``used``/``room`` (bytes; ``room`` None: no budget of ours),
+``evicted``, ``failed_lookups`` (lookups that got no answer and were misses: a remote tier's
+timeouts).
 ``verify``/``take_gone``/``forgotten`` let ``tier_writes.py`` write again the host chunks a tier
 lost (a Redis restarted empty, flushed, or evicting); a local disk loses nothing unseen.
 
 The chain is the order of a hit: host memory, then the first tier of the chain, then the next,
-each looked up from where the one before stopped. Disk (``disk_index.py``) and Redis
-(``redis_index.py``) are entries; adding a tier adds an index here and a handler pair in the
-worker half, not branches.
+each looked up from where the one before stopped. Each tier's package builds its entry
+(``kvtier/tiers/<name>/``, ``TierSpec.scheduler``): adding a tier adds a package, not branches.
 """
 
 from __future__ import annotations
@@ -36,16 +36,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from kvtier.addresses import DiskChunks
 from kvtier.keys import ChunkKey
 
 
 class LowerTier(Protocol):
     @property
     def name(self) -> str: ...
-
-    @property
-    def spec(self) -> type[DiskChunks]: ...
 
     synchronous: bool
     write_through: bool

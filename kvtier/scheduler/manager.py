@@ -6,6 +6,9 @@ A chunk moves through three states:
                                     \--complete_store(failed)--> (absent, slot freed)
 
 Only ready chunks can be loaded; only ready chunks with no pins (no load in flight) can be evicted.
+
+Over 300 lines because the states above and their invariants (``check_integrity``) are one
+concept: every method moves a chunk between them.
 """
 
 from __future__ import annotations

@@ -25,9 +25,8 @@ from kvtier.scheduler.request import RequestState
 JOB_TIERS = {
     JobKind.LOAD: "cpu",
     JobKind.STORE: "cpu",
-    JobKind.PEER_LOAD: "peer",
 }
-LOAD_KINDS = (JobKind.LOAD, JobKind.TIER_LOAD, JobKind.PEER_LOAD)
+LOAD_KINDS = (JobKind.LOAD, JobKind.TIER_LOAD, JobKind.SOURCE_LOAD)
 
 
 @dataclass

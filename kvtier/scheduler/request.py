@@ -46,8 +46,9 @@ class RequestState:
     # provenance of the prompt's KV: tokens each kvtier tier loads ("cpu", "disk", ...), summing
     # to the engine's num_external_tokens; set when the load is planned
     loaded_tokens: dict[str, int] = field(default_factory=dict)
-    # prefill→decode: the params of a pull from a prefill engine, until it is planned
-    peer_params: Mapping[str, Any] | None = None
+    # a request source's claim (``request_source.py``), e.g. the params of a pull from a prefill
+    # engine, until its load is planned
+    source_params: Mapping[str, Any] | None = None
     store_jobs: set[int] = field(default_factory=set)
     load_jobs: set[int] = field(default_factory=set)  # one per tier it loads from
     finished: bool = False

@@ -46,13 +46,13 @@ from itertools import islice
 
 import numpy as np
 
-from kvtier.addresses import HostChunks
+from kvtier.addresses import HostChunks, TierChunks
 from kvtier.counters import TierStats
 from kvtier.keys import ChunkKey
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.scheduler.lower_tier import LowerTier
 from kvtier.scheduler.manager import ChunkManager
-from kvtier.step_plan import DiskWriteJob
+from kvtier.step_plan import TierWriteJob
 
 MAX_STAGED = 128  # chunks copied aside (staged writes) or being written, when chunks are evicted
 RETRY_S = 0.5  # a tier that refused chunks is offered none for this long; the first back-off
@@ -84,7 +84,7 @@ class TierWrites:
         self._clean: OrderedDict[ChunkKey, None] = OrderedDict()  # least recently verified first
         self._failures: dict[ChunkKey, int] = {}  # dirty chunks whose writes failed so far
         self._in_flight = 0  # chunks
-        self._plan: list[DiskWriteJob] = []
+        self._plan: list[TierWriteJob] = []
         self._retry_at = 0.0  # the tier refused chunks: none offered before this time
         self._failed_jobs = 0  # write jobs in a row that wrote nothing
         self._verify_at = clock() + VERIFY_S
@@ -211,14 +211,14 @@ class TierWrites:
         job_id = self.jobs.add(job)
         self._in_flight += len(keys)
         self._plan.append(
-            DiskWriteJob(
+            TierWriteJob(
                 job_id,
                 HostChunks(np.array(slots, dtype=np.int64)),
-                self.index.spec(tuple(keys), staged=staged),
+                TierChunks(self.index.name, tuple(keys), staged=staged),
             )
         )
 
-    def take_plan(self) -> list[DiskWriteJob]:
+    def take_plan(self) -> list[TierWriteJob]:
         plan, self._plan = self._plan, []
         return plan
 

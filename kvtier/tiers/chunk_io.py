@@ -1,14 +1,13 @@
-"""Transfers of a tier below host memory (disk, Redis), each direction on its own thread.
+"""Transfers of a tier of the chain, each direction on its own thread: the worker half's handler
+pair of any ``chunk_tier.py`` tier (disk; Redis, whose writes are pipelined: ``redis/io.py``).
 
-Written for the disk tier; any ``tiers/chunk_tier.py`` tier fits (``redis_io.py``).
-
-``DiskLoadHandler`` (disk -> engine): reads a chunk's file into a staging buffer, and only once
-every check passed (``DiskTier.read``) scatters its rows into the engine blocks, on the device of
+``TierLoadHandler`` (tier -> engine): reads a chunk's file into a staging buffer, and only once
+every check passed (``ChunkTier.read``) scatters its rows into the engine blocks, on the device of
 the engine tensors (never a hard-coded one). A chunk that fails a check fails the job, and the
 engine recomputes its blocks; the job still verifies every other chunk (without scattering it) and
 names ALL the bad ones at once, so that one pass drops every bad file, not one per pass.
 
-``DiskWriteHandler`` (host tier -> disk): writes chunks from their host slots. A ``staged`` job
+``TierWriteHandler`` (host tier -> tier): writes chunks from their host slots. A ``staged`` job
 copies the slots first, in ``transfer_async``, because this step's stores reuse them (a chunk
 written back as it is evicted); otherwise the scheduler keeps the slots pinned until the write is
 done. A write that fails (a full disk, an I/O error) fails that chunk of the job, with a
@@ -23,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks, TransferSpec
+from kvtier.addresses import EngineBlocks, HostChunks, TierChunks, TransferSpec
 from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
 from kvtier.tiers.chunk_format import Buffer, ChunkError
@@ -40,8 +39,8 @@ WARN_EVERY = 100  # after the first, one warning per this many failed writes
 READ_AHEAD = 4  # chunk files the kernel is asked to read ahead of the one being loaded
 
 
-class DiskLoadHandler(ThreadedHandler):
-    def __init__(self, layout: KVLayout, tier: ChunkTier, name: str = "disk") -> None:
+class TierLoadHandler(ThreadedHandler):
+    def __init__(self, layout: KVLayout, tier: ChunkTier, name: str) -> None:
         self.layout = layout
         self.tier = tier
         self.name = name
@@ -61,8 +60,8 @@ class DiskLoadHandler(ThreadedHandler):
         self.bad_chunks = 0
 
     def transfer_async(self, job_id: int, src: TransferSpec, dst: TransferSpec) -> bool:
-        if not isinstance(src, DiskChunks) or not isinstance(dst, EngineBlocks):
-            raise TypeError(f"kvtier: {self.name} loads move DiskChunks -> EngineBlocks, got "
+        if not isinstance(src, TierChunks) or not isinstance(dst, EngineBlocks):
+            raise TypeError(f"kvtier: {self.name} loads move TierChunks -> EngineBlocks, got "
                             f"{type(src).__name__} -> {type(dst).__name__}")  # fmt: skip
         try:
             if len(dst.group_sizes) > len(self.layout.groups):
@@ -134,8 +133,8 @@ class DiskLoadHandler(ThreadedHandler):
         torch.cuda.current_stream(engine.device).synchronize()  # staging is reused next
 
 
-class DiskWriteHandler(ThreadedHandler):
-    def __init__(self, host: HostTier, tier: ChunkTier, name: str = "disk") -> None:
+class TierWriteHandler(ThreadedHandler):
+    def __init__(self, host: HostTier, tier: ChunkTier, name: str) -> None:
         self.host = host
         self.tier = tier
         self.name = name
@@ -145,8 +144,8 @@ class DiskWriteHandler(ThreadedHandler):
         self.write_errors = 0
 
     def transfer_async(self, job_id: int, src: TransferSpec, dst: TransferSpec) -> bool:
-        if not isinstance(src, HostChunks) or not isinstance(dst, DiskChunks):
-            raise TypeError(f"kvtier: {self.name} writes move HostChunks -> DiskChunks, got "
+        if not isinstance(src, HostChunks) or not isinstance(dst, TierChunks):
+            raise TypeError(f"kvtier: {self.name} writes move HostChunks -> TierChunks, got "
                             f"{type(src).__name__} -> {type(dst).__name__}")  # fmt: skip
         slots = src.slots
         groups = len(self.tier.layout.groups)

@@ -1,8 +1,8 @@
 """What the worker half's handlers of a tier below host memory need from it, one rank's view.
 
-The disk tier (``disk.py``: a verified file per chunk and rank) and the Redis tier (``redis.py``:
-a verified record per chunk and rank) both are one; the load and write handlers of
-``worker/disk_io.py`` move chunks through either.
+The disk tier (``disk/files.py``: a verified file per chunk and rank) and the Redis tier
+(``redis/tier.py``: a verified record per chunk and rank) both are one, as a tier from outside
+kvtier may be; the load and write handlers of ``chunk_io.py`` move chunks through any.
 
     prefetch(key)              start fetching ``key`` (the handler calls it a few chunks ahead,
                                in the order it then reads them)

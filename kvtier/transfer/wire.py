@@ -27,6 +27,9 @@ computes ``nbytes`` from its own layout and refuses any other length before rece
 out with ``sendmsg`` (gather) and come in with ``recvmsg_into`` (scatter) in batches of at most
 ``IOV_MAX`` buffers, straight from and into the engine's rows; each batch is hashed right after it
 moved, while it is still in cache.
+
+Over 300 lines because the frames and the zero-copy send and receive of their rows are one
+format, read best in one place.
 """
 
 from __future__ import annotations

@@ -5,15 +5,15 @@
                         "kv_connector_extra_config": {"cpu_bytes_to_use": "4GiB"}}
 
 A thin adapter: in the scheduler process it drives a ``SchedulerConnector``, in each worker a
-``WorkerConnector``; every vLLM call maps onto one of theirs, with plain data.
+``WorkerConnector``; every vLLM call maps onto one of theirs, with plain data. Its parts, each
+with explicit inputs, are built in one place (``assembly.py``): the engine's kv_role
+(``kv_role.py``), and in the scheduler process what kvtier tells vLLM (``observability.py``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Iterable
-from pathlib import Path
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,27 +21,31 @@ import vllm
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
     SupportsHMA,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+    PromMetric,
+    PromMetricT,
+)
 
 from kvtier.config import KVTierConfig
-from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
-from kvtier.layout import Placement, host_num_chunks, placement_bytes_per_block
 from kvtier.scheduler.base import EventKind
-from kvtier.scheduler.connector import GroupSpec, SchedulerConnector
-from kvtier.tiers.chunk_format import HEADER_BYTES
-from kvtier.tiers.disk.index import DiskIndex
+from kvtier.scheduler.connector import SchedulerConnector
 from kvtier.vllm import versions
-from kvtier.vllm.kv_role import PeerTransfer, identity, peer_role, scheduler_peers, worker_settings
-from kvtier.vllm.lower_tiers import scheduler_lower_tiers
-from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
-from kvtier.vllm.observability import ConnectorObservability
+from kvtier.vllm.assembly import SchedulerSide, WorkerSide
+from kvtier.vllm.kv_role import KVRole
+from kvtier.vllm.logs import route_to_vllm_logging
+from kvtier.vllm.metadata import KVTierConnectorStats, KVTierMetadata, KVTierWorkerMetadata
+from kvtier.vllm.observability import Observability
 from kvtier.vllm.schedule import scheduled_requests
-from kvtier.worker.connector import DiskSettings, RedisSettings, WorkerConnector
+from kvtier.worker.connector import WorkerConnector
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -50,13 +54,14 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
 
 
-class KVTierConnector(ConnectorObservability, PeerTransfer, KVConnectorBase_V1, SupportsHMA):
+class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:
@@ -64,87 +69,24 @@ class KVTierConnector(ConnectorObservability, PeerTransfer, KVConnectorBase_V1, 
         if warning and role == KVConnectorRole.SCHEDULER:
             logger.warning(warning)
         super().__init__(vllm_config, role, kv_cache_config)
-        self._init_observability()  # kvtier's log lines under vLLM's logging; stats
+        route_to_vllm_logging()  # kvtier's log lines under vLLM's logging
         transfer = vllm_config.kv_transfer_config
         assert transfer is not None
-        engine_block = vllm_config.cache_config.block_size
-        self._engine_block = engine_block
+        self._engine_block = vllm_config.cache_config.block_size
         self.config = KVTierConfig.from_extra_config(
-            transfer.kv_connector_extra_config, engine_block
+            transfer.kv_connector_extra_config, self._engine_block
         )
-        factor = self.config.block_size_factor(engine_block)
-        self._kv_role = peer_role(vllm_config, self.config)
-        parallel = vllm_config.parallel_config
-        world_size = parallel.world_size
-        groups = kv_cache_config.kv_cache_groups
-        self._multi_group = len(groups) > 1
+        self._multi_group = len(kv_cache_config.kv_cache_groups) > 1
+        self._kv_role = KVRole(vllm_config, self.config.transfer)
         self._scheduler: SchedulerConnector | None = None
-        self._worker: WorkerConnector | None = None
+        self._observe: Observability | None = None
+        self._worker_side: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
-            policy = self.config.transfer.load_failure_policy
-            if transfer.kv_load_failure_policy != policy:
-                # kvtier is a cache: a load that fails is a miss, recomputed, never a failed
-                # request (vLLM's default for connectors is to fail the request), unless a
-                # decode engine asks a failed pull to fail (transfer.load_failure_policy)
-                logger.info("kvtier: kv_load_failure_policy set to %r", policy)
-                transfer.kv_load_failure_policy = policy  # type: ignore[assignment]
-            placements = [
-                Placement(t.size, tuple(t.layers)) for t in kv_cache_config.kv_cache_tensors
-            ]
-            per_block = placement_bytes_per_block(placements, kv_cache_config.num_blocks)
-            num_chunks = host_num_chunks(
-                per_block, world_size, factor, self.config.cpu_bytes_to_use
-            )
-            fingerprint = self._fingerprint(
-                vllm_config, ";".join(repr(g.kv_cache_spec) for g in groups), 0, 0, factor
-            )
-            disk = None
-            if self.config.disk is not None or self.config.redis is not None:
-                _warn_if_hashes_differ_per_process(vllm_config)
-            if self.config.disk is not None:
-                chunk_file = per_block * factor + HEADER_BYTES  # an upper bound, per rank
-                disk = DiskIndex(
-                    Path(self.config.disk.path), self.config.disk.bytes, world_size,
-                    fingerprint.digest(), chunk_file * world_size,
-                )  # fmt: skip
-            specs = [_group_spec(g.kv_cache_spec) for g in groups]
-            windows = [spec.sliding_window for spec in specs]
-            peers = scheduler_peers(vllm_config, self.config, self._kv_role, engine_block, windows)
-            self._scheduler = SchedulerConnector(
-                self.config,
-                specs,
-                num_chunks,
-                world_size,
-                ChunkKeyMaker(fingerprint, factor, self.config.hash_algo),
-                disk,
-                *peers,
-                lower=scheduler_lower_tiers(self.config, world_size),
-            )
-            logger.info(
-                "kvtier: host tier of %d chunks of %d tokens, %d KV cache group(s), %d rank(s)",
-                num_chunks, engine_block * factor, len(groups), world_size,
-            )  # fmt: skip
+            self._kv_role.set_load_failure_policy()
+            side = SchedulerSide.build(vllm_config, kv_cache_config, self.config, self._kv_role)
+            self._scheduler, self._observe = side.scheduler, side.observe
         else:
-            self._worker = WorkerConnector(self.config.cpu_bytes_to_use, factor, world_size)
-            self._group_layers = [list(g.layer_names) for g in groups]
-            self._num_blocks = kv_cache_config.num_blocks
-            self._vllm_config = vllm_config
-            self._factor = factor
-
-    @staticmethod
-    def _fingerprint(
-        vllm_config: VllmConfig, layout: str, tp_rank: int, pp_rank: int, factor: int
-    ) -> LayoutFingerprint:
-        """What a chunk's bytes mean; the scheduler's (rank 0) namespaces the keys."""
-        return LayoutFingerprint(
-            model=str(vllm_config.model_config.model),
-            dtype=f"{vllm_config.model_config.dtype}/{vllm_config.cache_config.cache_dtype}",
-            layout=layout,
-            tp_rank=tp_rank,
-            tp_size=vllm_config.parallel_config.tensor_parallel_size,
-            pp_rank=pp_rank,
-            chunk_tokens=vllm_config.cache_config.block_size * factor,
-        )
+            self._worker_side = WorkerSide(vllm_config, kv_cache_config, self.config, self._kv_role)
 
     # ---- scheduler side --------------------------------------------------------------------
 
@@ -158,7 +100,7 @@ class KVTierConnector(ConnectorObservability, PeerTransfer, KVConnectorBase_V1, 
     ) -> tuple[int | None, bool]:
         if getattr(request, "skip_reading_prefix_cache", False):
             return 0, False
-        pull = self._peer_lookup(request, num_computed_tokens)
+        pull = self._kv_role.lookup(request, num_computed_tokens)
         if pull is not None:  # a decode engine's prompt, from its prefill engine
             return pull
         req_id = request.request_id
@@ -184,7 +126,7 @@ class KVTierConnector(ConnectorObservability, PeerTransfer, KVConnectorBase_V1, 
     ) -> None:
         if request.request_id in self.scheduler.requests:
             self.scheduler.on_alloc(request.request_id, blocks.get_block_ids(), num_external_tokens)
-            self._peer_allocated(request)
+            self._kv_role.allocated(request)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         # each request's blocks allocated this step, never its whole table: flat per-step cost
@@ -194,7 +136,8 @@ class KVTierConnector(ConnectorObservability, PeerTransfer, KVConnectorBase_V1, 
             scheduler_output.preempted_req_ids or (),
             forward=scheduler_output.total_num_scheduled_tokens > 0,
         )
-        self._maybe_log()
+        assert self._observe is not None
+        self._observe.maybe_log()
         return KVTierMetadata(plan)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
@@ -202,10 +145,10 @@ class KVTierConnector(ConnectorObservability, PeerTransfer, KVConnectorBase_V1, 
         if isinstance(meta, KVTierWorkerMetadata):
             self.scheduler.on_report(meta.report)
         if connector_output.finished_sending:
-            self.scheduler.peer_released(connector_output.finished_sending)
+            self._kv_role.released(connector_output.finished_sending)
 
     def has_pending_push_work(self) -> bool:
-        # keeps the engine stepping while transfers run, or while an idle engine writes to disk
+        # keeps the engine stepping while transfers run, or while an idle engine writes to a tier
         return self.scheduler.has_pending_work
 
     def take_events(self) -> Iterable[KVCacheEvent]:
@@ -224,55 +167,12 @@ class KVTierConnector(ConnectorObservability, PeerTransfer, KVConnectorBase_V1, 
 
     @property
     def worker(self) -> WorkerConnector:
-        assert self._worker is not None, "kvtier: worker call on the scheduler connector"
-        return self._worker
+        assert self._worker_side is not None, "kvtier: worker call on the scheduler connector"
+        return self._worker_side.worker
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        layers = [[name for name in group if name in kv_caches] for group in self._group_layers]
-        self.worker.register(
-            kv_caches, layers, self._num_blocks, self._disk_settings(), self._redis_settings()
-        )
-        if self._kv_role != "kv_both":
-            self._start_peer()
-
-    def _start_peer(self) -> None:
-        """Prefill→decode: a prefill rank listens (its address goes to the scheduler through
-        vLLM's handshake metadata), a decode rank gets a puller."""
-        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
-
-        assert self.worker.layout is not None
-        rank = get_tensor_model_parallel_rank()
-        views = ",".join(f"{b}B" for b in self.worker.layout.page_bytes)
-        layout = f"views=[{views}] groups={[list(g) for g in self.worker.layout.groups]}"
-        settings = worker_settings(self.config, identity(self._vllm_config, layout, rank), rank)
-        address = self.worker.start_peer(self._kv_role == "kv_producer", settings)
-        if address is not None:
-            self._peer_address = (rank, *address)
-
-    def _disk_settings(self) -> DiskSettings | None:
-        """This rank's disk tier: its files are named by its rank, its layout fingerprinted."""
-        if self.config.disk is None:
-            return None
-        return DiskSettings(Path(self.config.disk.path), *self._rank_identity())
-
-    def _redis_settings(self) -> RedisSettings | None:
-        """This rank's Redis tier: its records are keyed by its rank, its layout fingerprinted."""
-        if self.config.redis is None:
-            return None
-        return RedisSettings(self.config.redis, *self._rank_identity())
-
-    def _rank_identity(self) -> tuple[int, LayoutFingerprint]:
-        """This worker's rank among all (pipeline stage, then tensor rank) and its fingerprint,
-        which names its share of a chunk in a lower tier."""
-        from vllm.distributed.parallel_state import (
-            get_pp_group,
-            get_tensor_model_parallel_rank,
-        )
-
-        tp_rank, pp_rank = get_tensor_model_parallel_rank(), get_pp_group().rank_in_group
-        tp_size = self._vllm_config.parallel_config.tensor_parallel_size
-        fingerprint = self._fingerprint(self._vllm_config, "", tp_rank, pp_rank, self._factor)
-        return pp_rank * tp_size + tp_rank, fingerprint
+        assert self._worker_side is not None
+        self._worker_side.register(kv_caches)
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         # called before every forward (and on steps without one): take the plan, flush stores
@@ -315,42 +215,68 @@ class KVTierConnector(ConnectorObservability, PeerTransfer, KVConnectorBase_V1, 
         return KVTierWorkerMetadata(report) if report.jobs else None
 
     def shutdown(self) -> None:
-        if self._worker is not None:  # writes what the lower tiers lack, bounded in time
-            self._worker.shutdown(self.config.shutdown_flush_s)
+        if self._worker_side is not None:  # writes what the chain's tiers lack, bounded in time
+            self._worker_side.worker.shutdown(self.config.shutdown_flush_s)
         if self._scheduler is not None:
             logger.info(self._scheduler.stats.log_line())
 
+    # ---- the kv_role's handshake and requests (``kv_role.py``) -------------------------------
 
-# the group kinds whose blocks only leave a request as vLLM says (full attention), or drop out of
-# a sliding window behind the request's first token: others (chunked local attention, RSWA,
-# circular buffers, Mamba's copy-on-write) free or rewrite blocks in place, unseen by kvtier
-_SUPPORTED_SPECS = (
-    "FullAttentionSpec", "MLAAttentionSpec", "SinkFullAttentionSpec", "SlidingWindowSpec",
-    "SlidingWindowMLASpec",
-)  # fmt: skip
+    def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
+        return self._kv_role.handshake()
 
+    def set_xfer_handshake_metadata(
+        self, metadata: Mapping[int, KVConnectorHandshakeMetadata]
+    ) -> None:
+        self._kv_role.set_handshake(metadata)
 
-def _group_spec(spec: Any) -> GroupSpec:
-    inner = list(getattr(spec, "kv_cache_specs", {}).values()) or [spec]  # uniform-type groups
-    for layer_spec in inner:
-        kind = type(layer_spec).__name__
-        if kind not in _SUPPORTED_SPECS:
-            raise ValueError(
-                f"kvtier: KV cache groups of kind {kind} are not supported "
-                f"(supported: {', '.join(_SUPPORTED_SPECS)})"
-            )
-    window = getattr(inner[0], "sliding_window", None)
-    return GroupSpec(block_tokens=spec.block_size, sliding_window=window)
+    def on_new_request(self, request: Request) -> None:
+        self._kv_role.on_new_request(request)
 
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self._finished(request, [block_ids])
 
-def _warn_if_hashes_differ_per_process(vllm_config: VllmConfig) -> None:
-    """vLLM seeds a non-cryptographic block hash at random in each process unless
-    PYTHONHASHSEED is set: then no other engine, and no restart, ever finds a chunk on disk."""
-    algo = str(vllm_config.cache_config.prefix_caching_hash_algo)
-    if "xxhash" in algo and os.environ.get("PYTHONHASHSEED") is None:
-        logger.warning(
-            "kvtier: prefix_caching_hash_algo=%s without PYTHONHASHSEED gives block hashes that "
-            "differ in every process: chunks on disk will only be found by this process. Set "
-            "PYTHONHASHSEED to one value for all engines, or use sha256 (vLLM's default).",
-            algo,
-        )
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self._finished(request, block_ids)
+
+    def _finished(
+        self, request: Request, block_ids: Sequence[Sequence[int]]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        assert self._observe is not None, "kvtier: request_finished on a worker connector"
+        return self._observe.finished(request, self._kv_role.finished(request, block_ids))
+
+    # ---- what kvtier tells vLLM (``observability.py``; scheduler side only) ------------------
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        return self._observe.stats() if self._observe is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(
+        cls, data: dict[str, Any] | None = None
+    ) -> KVConnectorStats | None:
+        return KVTierConnectorStats(data=dict(data) if data else {})
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        from kvtier.vllm.prometheus import KVTierPromMetrics
+
+        return KVTierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def get_external_cache_hit_sources(
+        self, request: Request, num_external_tokens: int
+    ) -> dict[CacheHitSource, int]:
+        assert self._observe is not None
+        return self._observe.hit_sources(request, num_external_tokens)
+
+    def reset_cache(self) -> bool | None:
+        return self._observe.reset() if self._observe is not None else None

@@ -44,7 +44,7 @@ TIER_COUNTERS = {  # TierStats field -> documentation
     "evicted_chunks": "Chunks evicted from the tier to make room.",
     "bad_chunks": "Copies that failed a check on load (dropped; the engine recomputed).",
     "failed_loads": "Load jobs that failed on a rank (the engine recomputed those tokens).",
-    "failed_stores": "Chunks (disk) or store jobs (cpu) that failed to be stored.",
+    "failed_stores": "Chunks (a tier of the chain) or store jobs (cpu) that failed to be stored.",
     "skipped_stores": "Chunks not stored for lack of room.",
     "untrusted_stores": "Chunks not stored: computed from a synchronous load that failed.",
 }
@@ -144,11 +144,10 @@ class KVTierPromMetrics(KVConnectorPromMetrics):
 
 
 def _tiers(vllm_config: VllmConfig) -> list[str]:
-    """The tiers the engine's kvtier config names (host memory always; disk and Redis when
-    configured, in the chain's order)."""
+    """The tiers the engine's kvtier config names (host memory always; the chain's tiers that
+    are configured, in its order)."""
     transfer = vllm_config.kv_transfer_config
     extra = transfer.kv_connector_extra_config if transfer is not None else None
     # only the tiers are read here: every chunk size is a multiple of an engine block of 1
     config = KVTierConfig.from_extra_config(extra, 1)
-    lower = [("disk", config.disk), ("redis", config.redis)]
-    return ["cpu", *(name for name, tier in lower if tier is not None)]
+    return ["cpu", *(spec.name for spec in config.chain())]

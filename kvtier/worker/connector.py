@@ -3,62 +3,46 @@
 Each step, in the engine's order:
     begin_step(plan)     before the forward: wait for the stores the plan flushes
     start_loads()        submit the plan's loads (the requests wait for them, off this step)
-    start_stores()       after the forward: submit the plan's disk writes, then its stores
+    start_stores()       after the forward: submit the plan's tier writes, then its stores
     finished(ids)     -> (finished_sending, finished_recving, failed_recving) request ids
     report()          -> WorkerReport of the jobs this rank finished since the last report
 
 Every rank, pipeline ranks that produce no tokens included, reports every job it ran, also on
 steps without a forward pass, so the scheduler can count a job done on all ranks.
+
+Besides the host tier, a rank has one ``WorkerTier`` per tier of the chain and per request source
+(``tiers/spec.py``), built by the tiers' packages: their handlers are registered by their names
+(tier -> engine, host -> tier), and the connector loops over them, naming none.
+
+Over 300 lines because one rank's bookkeeping of the jobs in flight (their requests, slots and
+keys) is read by every call of a step; each tier's own work is in its package.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from kvtier.addresses import EngineBlocks, TransferSpec
-from kvtier.config import RedisConfig
-from kvtier.keys import ChunkKey, LayoutFingerprint
+from kvtier.keys import ChunkKey
 from kvtier.layout import KVLayout, build_layout, host_num_chunks
 from kvtier.media import Medium
-from kvtier.step_plan import (
-    DiskWriteJob,
-    JobOutcome,
-    LoadJob,
-    StepPlan,
-    StoreJob,
-    WorkerReport,
-)
-from kvtier.tiers.chunk_io import DiskLoadHandler, DiskWriteHandler
-from kvtier.tiers.disk.files import DiskTier
+from kvtier.step_plan import JobOutcome, LoadJob, StepPlan, StoreJob, TierWriteJob, WorkerReport
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.tiers.peer.worker import (
-    PeerLoadHandler,
-    PeerServing,
-    PeerSettings,
-    peer_load_handler,
-    start_serving,
-)
+from kvtier.tiers.spec import WorkerTier
 from kvtier.worker.base import TransferHandler
 from kvtier.worker.handlers import engine_host_handlers
 from kvtier.worker.shutdown_flush import FlushCount, FlushTarget, flush_host
 from kvtier.worker.transfer_worker import TransferWorker
 
-if TYPE_CHECKING:
-    from kvtier.tiers.redis.io import RedisLoadHandler, RedisWriteHandler
-    from kvtier.tiers.redis.tier import RedisTier
-
 logger = logging.getLogger(__name__)
 
-IDLE_WAIT_S = 0.01  # the longest a step with no forward pass waits for a disk load
+IDLE_WAIT_S = 0.01  # the longest a step with no forward pass waits for a tier's load
 SHUTDOWN_FLUSH_S = 4.0  # the longest a shutdown writes host chunks to the lower tiers
 SUSPECT_STEPS = 3  # steps after a failed load before the scheduler forgot what it spoiled
 
@@ -73,40 +57,25 @@ class RankCounters:
     stores: int = 0
     failed_stores: int = 0
     stored_bytes: int = 0
-    disk_bad_chunks: int = 0  # disk chunks that failed a check or could not be read: recomputed
-    disk_writes: int = 0  # chunks written to disk
-    disk_write_errors: int = 0  # chunks whose write failed (a full disk, an I/O error)
-    shutdown_writes: int = 0  # host chunks written to disk at shutdown
-    # per lower tier: host chunks written at shutdown, and those it may still lack (not
+    bad_chunks: int = 0  # tier chunks that failed a check or could not be read: recomputed
+    tier_writes: int = 0  # chunks written to the chain's tiers
+    tier_write_errors: int = 0  # chunks whose write failed (no room, the tier down, ...)
+    # per tier of the chain: host chunks written at shutdown, and those it may still lack (not
     # written: the deadline, no room, the tier down; or not checked before the deadline)
     shutdown_written: dict[str, int] = field(default_factory=dict)
     shutdown_unwritten: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class DiskSettings:
-    """This rank's disk tier: ``fingerprint.layout`` is filled in from the engine's tensors."""
-
-    root: Path
-    rank: int
-    fingerprint: LayoutFingerprint
-
-
-@dataclass(frozen=True)
-class RedisSettings:
-    """This rank's Redis tier: ``fingerprint.layout`` is filled in from the engine's tensors."""
-
-    config: RedisConfig
-    rank: int
-    fingerprint: LayoutFingerprint
+# a tier's side on this rank, from its views, host tier and layout description (``describe``)
+TierBuilder = Callable[[KVLayout, HostTier, str], WorkerTier | None]
 
 
 @dataclass(frozen=True)
 class _InFlight:
-    req_id: str  # "" for a disk write
+    req_id: str  # "" for a tier write
     store: bool
     engine: EngineBlocks | None  # a load's engine side (a failed load's blocks are recomputed)
-    chunks: int = 0  # a disk write's chunks
+    chunks: int = 0  # a tier write's chunks
     sync: bool = False  # a load the request's step waits for (never reported as received)
 
 
@@ -118,7 +87,6 @@ class WorkerConnector:
         world_size: int,
     ) -> None:
         self.cpu_bytes_to_use = cpu_bytes_to_use
-        self.disk: DiskTier | None = None
         self.factor = block_size_factor
         self.world_size = world_size
         self.layout: KVLayout | None = None
@@ -126,7 +94,7 @@ class WorkerConnector:
         self.transfers = TransferWorker()
         self._loads: list[LoadJob] = []  # this step's, not yet submitted
         self._stores: list[StoreJob] = []
-        self._disk_writes: list[DiskWriteJob] = []
+        self._tier_writes: list[TierWriteJob] = []
         self._req_loads: dict[str, tuple[set[int], bool]] = {}  # request -> (loads here, all ok)
         self._in_flight: dict[int, _InFlight] = {}
         self._req_stores: dict[str, set[int]] = {}  # request -> its store jobs in flight here
@@ -136,16 +104,11 @@ class WorkerConnector:
         self._outcomes: dict[int, JobOutcome] = {}
         self._slot_keys: dict[int, ChunkKey] = {}  # host slot -> key it holds, oldest first
         self._store_keys: dict[int, tuple[np.ndarray, tuple[ChunkKey, ...]]] = {}
-        self._disk_room = 0
+        self._tier_room: dict[str, int] = {}
         self._forward = True
         self._store: TransferHandler | None = None  # engine -> host tier
-        self._disk_load: DiskLoadHandler | None = None
-        self._disk_write: DiskWriteHandler | None = None
-        self.redis: RedisTier | None = None
-        self._redis_load: RedisLoadHandler | None = None
-        self._redis_write: RedisWriteHandler | None = None
-        self._serving: PeerServing | None = None  # a prefill rank's offers (kv_producer)
-        self._peer_load: PeerLoadHandler | None = None  # a decode rank's pulls (kv_consumer)
+        self.tiers: dict[str, WorkerTier] = {}  # the chain's and the request sources', by name
+        self.layout_description = ""  # ``KVLayout.describe``, once registered
         self.counters = RankCounters()
         self._steps = 0  # reports made: one per engine step
         self._failed_step = -SUSPECT_STEPS  # the last step in which a load failed here
@@ -156,12 +119,12 @@ class WorkerConnector:
         kv_caches: Mapping[str, torch.Tensor],
         group_layers: Sequence[Sequence[str]],
         num_blocks: int,
-        disk: DiskSettings | None = None,
-        redis: RedisSettings | None = None,
+        tiers: Sequence[TierBuilder] = (),
     ) -> None:
-        """Build the block views and the host tier (and the disk and Redis tiers) for this
-        rank's KV tensors."""
+        """Build the block views and the host tier for this rank's KV tensors, then each
+        tier's side on this rank (``tiers``, in the chain's order; a builder may give none)."""
         self.layout = build_layout(kv_caches, group_layers, num_blocks)
+        self.layout_description = self.layout.describe()
         chunks = host_num_chunks(
             self.layout.bytes_per_block(), self.world_size, self.factor, self.cpu_bytes_to_use
         )
@@ -170,76 +133,46 @@ class WorkerConnector:
         self._store = store
         self.transfers.register_handler(Medium.ENGINE, Medium.CPU, store)
         self.transfers.register_handler(Medium.CPU, Medium.ENGINE, load)
-        if disk is not None:
-            self._register_disk(disk, self.layout, self.host)
-        if redis is not None:
-            self._register_redis(redis, self.layout, self.host)
+        for build in tiers:
+            tier = build(self.layout, self.host, self.layout_description)
+            if tier is not None:
+                self.add_tier(tier)
         logger.info(
             "kvtier: host tier of %d chunks (%.1f MiB on this rank), %d views, %d groups",
             chunks, self.host.nbytes / 2**20, len(self.layout.views), len(group_layers),
         )  # fmt: skip
 
-    def _register_disk(self, settings: DiskSettings, layout: KVLayout, host: HostTier) -> None:
-        fingerprint = _rank_fingerprint(settings.fingerprint, layout)
-        self.disk = DiskTier(
-            settings.root, settings.rank, fingerprint.digest(), fingerprint.describe(), layout,
-            self.factor,
-        )  # fmt: skip
-        self._disk_load = DiskLoadHandler(layout, self.disk)
-        self._disk_write = DiskWriteHandler(host, self.disk)
-        self.transfers.register_handler(Medium.DISK, Medium.ENGINE, self._disk_load)
-        self.transfers.register_handler(Medium.CPU, Medium.DISK, self._disk_write)
+    def add_tier(self, tier: WorkerTier) -> None:
+        """A tier's side on this rank: its handlers, under its name."""
+        if tier.name in self.tiers or tier.name in (Medium.ENGINE, Medium.CPU):
+            raise ValueError(f"kvtier: two tiers named {tier.name!r}")
+        self.tiers[tier.name] = tier
+        if tier.load is not None:
+            self.transfers.register_handler(tier.name, Medium.ENGINE, tier.load)
+        if tier.write is not None:
+            self.transfers.register_handler(Medium.CPU, tier.name, tier.write)
 
-    def _register_redis(self, settings: RedisSettings, layout: KVLayout, host: HostTier) -> None:
-        """This rank's Redis tier; none (loads fail, stores are skipped) when Redis did not
-        answer at start-up and ``redis.required`` is false."""
-        from kvtier.tiers.redis.io import RedisLoadHandler, RedisWriteHandler
-        from kvtier.tiers.redis.start import checked_store
-        from kvtier.tiers.redis.tier import RedisTier  # imported only where Redis is used
-
-        store = checked_store(settings.config)
-        if store is None:
-            return
-        fingerprint = _rank_fingerprint(settings.fingerprint, layout)
-        self.redis = RedisTier(
-            store, settings.rank, fingerprint.digest(), fingerprint.describe(), layout,
-            self.factor,
-        )  # fmt: skip
-        self._redis_load = RedisLoadHandler(layout, self.redis)
-        self._redis_write = RedisWriteHandler(host, self.redis)
-        self.transfers.register_handler(Medium.REDIS, Medium.ENGINE, self._redis_load)
-        self.transfers.register_handler(Medium.CPU, Medium.REDIS, self._redis_write)
-
-    def start_peer(self, producer: bool, settings: PeerSettings) -> tuple[str, int] | None:
-        """Prefill→decode: a prefill rank (``producer``) listens and returns the address decode
-        engines reach it at; a decode rank pulls its requests' prompts (returns None)."""
-        assert self.layout is not None, "kvtier: start_peer before register"
-        if producer:
-            self._serving, address = start_serving(self.layout, settings)
-            return address
-        self._peer_load = peer_load_handler(self.layout, settings)
-        self.transfers.register_handler(Medium.PEER, Medium.ENGINE, self._peer_load)
-        return None
+    def tier(self, name: str) -> WorkerTier:
+        """This rank's side of tier ``name`` (KeyError: none)."""
+        return self.tiers[name]
 
     # ---- each step -------------------------------------------------------------------------
 
     def begin_step(self, plan: StepPlan) -> None:
         """Take this step's plan; finish the earlier stores whose blocks are about to be reused."""
         self._loads, self._stores = list(plan.loads), list(plan.stores)
-        self._disk_writes = list(plan.disk_writes)
-        self._disk_room = plan.disk_room
+        self._tier_writes = list(plan.tier_writes)
+        self._tier_room = plan.tier_room
         self._forward = plan.forward
         self._held.update(plan.held)
         if plan.forget:  # stores the scheduler failed (KV from a failed load): never flushed
             forget = set(plan.forget)
             self._slot_keys = {s: k for s, k in self._slot_keys.items() if k not in forget}
-        if plan.offers:
-            assert self._serving is not None, "kvtier: an offer to a worker that does not serve"
-            self._serving.offer(plan.offers)
-        if plan.releases:
-            assert self._peer_load is not None, "kvtier: a release from a worker that cannot pull"
-            for release in plan.releases:
-                self._peer_load.release(release)
+        for name, messages in plan.messages.items():
+            tier = self.tiers.get(name)
+            if tier is None:
+                raise RuntimeError(f"kvtier: messages for tier {name!r}, which this rank lacks")
+            tier.begin_step(messages)
         if self.host is not None and plan.num_chunks > self.host.num_chunks:
             raise RuntimeError(
                 f"kvtier: the scheduler manages {plan.num_chunks} host chunks but this rank "
@@ -265,7 +198,7 @@ class WorkerConnector:
             self._poll()
 
     def start_stores(self) -> None:
-        writes, self._disk_writes = self._disk_writes, []
+        writes, self._tier_writes = self._tier_writes, []
         for write in writes:  # first: a staged write copies slots this step's stores reuse
             writing = _InFlight("", False, None, len(write.dst.keys))
             self._submit(write.job_id, writing, (write.src, write.dst))
@@ -321,15 +254,15 @@ class WorkerConnector:
             counters.failed_stores += not ok
             counters.stored_bytes += nbytes
             return
-        if job.engine is None:  # a write to a lower tier (disk, Redis)
+        if job.engine is None:  # a write to a tier of the chain
             failed = len(bad) if bad or ok else job.chunks
-            counters.disk_writes += job.chunks - failed
-            counters.disk_write_errors += failed
+            counters.tier_writes += job.chunks - failed
+            counters.tier_write_errors += failed
             return
         counters.loads += ok
         counters.failed_loads += not ok
         counters.loaded_bytes += nbytes
-        counters.disk_bad_chunks += len(bad)
+        counters.bad_chunks += len(bad)
         if not ok:
             self._failed_blocks.update(job.engine.block_ids.tolist())
         if job.sync:
@@ -353,9 +286,8 @@ class WorkerConnector:
             self._wait_idle()
         self._poll()
         offered: set[str] = set()
-        if self._serving is not None:
-            self._serving.take_released()
-            offered = self._serving.pending
+        for tier in self.tiers.values():
+            offered |= tier.holding()
         sending = {req for req in self._held if req not in self._req_stores and req not in offered}
         self._held -= sending
         recving = {req for req, _ in self._finished_loads}
@@ -366,23 +298,22 @@ class WorkerConnector:
     def _wait_idle(self) -> None:
         """A step with nothing to compute while transfers run: block (the GIL released) until
         one finishes, at most ``IDLE_WAIT_S``. Returning at once, to an engine loop that spins
-        through empty steps holding the GIL, starved the copy threads: a 4k-token disk load took
-        seconds instead of ~0.1 s, a host store 5–25 ms instead of 0.5 ms."""
-        if self._req_loads and self._peer_load is not None:
-            self._peer_load.wait_any(IDLE_WAIT_S)  # a decode engine waiting for its prompts
-        loads = [h for h in (self._disk_load, self._redis_load) if h is not None]
+        through empty steps holding the GIL, starved the copy threads: a 4k-token load from a
+        local tier took seconds instead of ~0.1 s, a host store 5–25 ms instead of 0.5 ms."""
+        tiers = self.tiers.values()
+        loads = [tier.load for tier in tiers if tier.load is not None]
         if self._req_loads and loads:
             for handler in loads:  # returns at once when the handler has nothing in flight
                 handler.wait_any(IDLE_WAIT_S)
         elif self._req_stores and self._store is not None:
             self._store.wait_any(IDLE_WAIT_S)
         elif any(job.engine is None for job in self._in_flight.values()):  # writes to a tier
-            for writer in (self._disk_write, self._redis_write):
-                if writer is not None:
-                    writer.wait_any(IDLE_WAIT_S)
-        elif self._serving is not None and self._serving.pending and not self._in_flight:
-            # only offers wait (the decode engines' pulls run on the listener's threads)
-            self._serving.server.wait_done(IDLE_WAIT_S)
+            for tier in tiers:
+                if tier.write is not None:
+                    tier.write.wait_any(IDLE_WAIT_S)
+        elif not self._in_flight:  # what a tier waits for on its own (a prefill's offers)
+            for tier in tiers:
+                tier.wait_idle(IDLE_WAIT_S)
 
     def take_failed_blocks(self) -> set[int]:
         blocks, self._failed_blocks = self._failed_blocks, set()
@@ -401,26 +332,29 @@ class WorkerConnector:
         at most what is left of ``flush_s`` seconds (``shutdown_flush.py``), then close."""
         deadline = time.monotonic() + flush_s
         self.transfers.shutdown()
-        if self._serving is not None:
-            self._serving.close()
+        for tier in self.tiers.values():
+            if tier.flush is None:  # kept open for the flush: closed after it
+                tier.close()
         if self.host is not None:
             try:
                 self._poll()  # stores finished since the last step: their slots' keys
                 self._flush_host(self.host, deadline)
             except Exception:  # never let a cache's flush break the engine's shutdown
                 logger.exception("kvtier: shutdown flush failed")
-        if self.redis is not None:
-            self.redis.close()
+        for tier in self.tiers.values():
+            if tier.flush is not None:
+                tier.close()
 
     def _flush_host(self, host: HostTier, deadline: float) -> None:
-        """Write the host chunks each lower tier lacks, newest first, the disk within its room,
+        """Write the host chunks each tier of the chain lacks, newest first, each within its room,
         so that a restarted engine, and the fleet, find them whatever the write policy and the
         writes the scheduler had queued (nothing else runs now). Logs what each tier got."""
         targets = []
-        if self.disk is not None:
-            targets.append(FlushTarget("disk", self.disk, self._disk_room // self.world_size))
-        if self.redis is not None:
-            targets.append(FlushTarget("redis", self.redis))
+        for name, tier in self.tiers.items():
+            if tier.flush is not None:
+                room = self._tier_room.get(name)
+                rank_room = None if room is None else room // self.world_size
+                targets.append(FlushTarget(name, tier.flush, rank_room))
         if not targets or not self._slot_keys:
             return
         if self._steps - self._failed_step < SUSPECT_STEPS:
@@ -438,18 +372,9 @@ class WorkerConnector:
             count = counts.get(target.name) or FlushCount(0, len(chunks), "no time left")
             self.counters.shutdown_written[target.name] = count.written
             self.counters.shutdown_unwritten[target.name] = count.unwritten
-            if target.name == "disk":
-                self.counters.shutdown_writes = count.written
             stopped = f" (stopped: {count.stopped})" if count.stopped else ""
             logger.info(
                 "kvtier: shutdown wrote %d host chunks to %s in %.2f s; %d of %d not written "
                 "or not checked%s", count.written, target.name, time.perf_counter() - started,
                 count.unwritten, len(chunks), stopped,
             )  # fmt: skip
-
-
-def _rank_fingerprint(fingerprint: LayoutFingerprint, layout: KVLayout) -> LayoutFingerprint:
-    """A rank's fingerprint with the layout its tensors have (records are checked against it)."""
-    views = ",".join(f"{b}B" for b in layout.page_bytes)
-    described = f"views=[{views}] groups={[list(g) for g in layout.groups]}"
-    return dataclasses.replace(fingerprint, layout=described)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from kvtier.addresses import TransferSpec
-from kvtier.media import Medium
 from kvtier.worker.base import TransferHandler, TransferResult
 
 
@@ -13,12 +12,13 @@ class TransferWorker:
     """Owns the handlers of one worker rank. Job ids are the caller's, unique while in flight."""
 
     def __init__(self) -> None:
-        self._handlers: dict[tuple[Medium, Medium], TransferHandler] = {}
+        self._handlers: dict[tuple[str, str], TransferHandler] = {}
         self._job_handler: dict[int, TransferHandler] = {}
 
-    def register_handler(self, src: Medium, dst: Medium, handler: TransferHandler) -> None:
+    def register_handler(self, src: str, dst: str, handler: TransferHandler) -> None:
+        """``handler`` moves ``src`` -> ``dst`` (media: ``media.py``)."""
         if (src, dst) in self._handlers:
-            raise ValueError(f"kvtier: a handler for {src.value} -> {dst.value} is registered")
+            raise ValueError(f"kvtier: a handler for {src} -> {dst} is registered")
         self._handlers[(src, dst)] = handler
 
     def transfer_async(self, job_id: int, spec: tuple[TransferSpec, TransferSpec]) -> bool:
@@ -26,10 +26,8 @@ class TransferWorker:
         src, dst = spec
         handler = self._handlers.get((src.medium, dst.medium))
         if handler is None:
-            known = ", ".join(f"{s.value}->{d.value}" for s, d in self._handlers)
-            raise ValueError(
-                f"kvtier: no handler for {src.medium.value} -> {dst.medium.value} (have: {known})"
-            )
+            known = ", ".join(f"{s}->{d}" for s, d in self._handlers)
+            raise ValueError(f"kvtier: no handler for {src.medium} -> {dst.medium} (have: {known})")
         if job_id in self._job_handler:
             raise ValueError(f"kvtier: transfer job {job_id} is already in flight")
         if not handler.transfer_async(job_id, src, dst):

@@ -186,4 +186,4 @@ def test_unreadable_directory_recomputes(
     assert disk["hit_chunks"] == 0
     assert disk["miss_chunks"] == full_chunks(token_prompts, CHUNK)
     assert disk["failed_stores"] > 0  # the writes were refused, counted and skipped
-    assert result["rank"]["disk_write_errors"] > 0
+    assert result["rank"]["tier_write_errors"] > 0

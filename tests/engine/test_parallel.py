@@ -111,5 +111,5 @@ def test_tensor_parallel_restarts_from_disk(
         counters = llm.collective_rpc(rank_counters)
     assert len(counters) == 2
     for rank in counters:  # a new engine: every load came from disk
-        assert rank["loads"] > 0 and rank["failed_loads"] == 0 and rank["disk_bad_chunks"] == 0
+        assert rank["loads"] > 0 and rank["failed_loads"] == 0 and rank["bad_chunks"] == 0
     assert len({rank["loaded_bytes"] for rank in counters}) == 1, counters

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks, TransferSpec
+from kvtier.addresses import EngineBlocks, HostChunks, TierChunks, TransferSpec
 from kvtier.keys import ChunkKey, key_group, make_key
 from kvtier.layout import KVLayout, build_layout
 from kvtier.tiers.chunk_format import HEADER_BYTES
-from kvtier.tiers.chunk_io import DiskLoadHandler, DiskWriteHandler
+from kvtier.tiers.chunk_io import TierLoadHandler, TierWriteHandler
 from kvtier.tiers.disk.files import DiskTier
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker.base import TransferResult
@@ -75,7 +75,7 @@ def _row(layout: KVLayout, view: int, block: int) -> bytes:
 
 
 def _run(
-    handler: DiskLoadHandler | DiskWriteHandler, job_id: int, src: TransferSpec, dst: TransferSpec
+    handler: TierLoadHandler | TierWriteHandler, job_id: int, src: TransferSpec, dst: TransferSpec
 ) -> TransferResult:
     assert handler.transfer_async(job_id, src, dst)
     handler.wait([job_id])
@@ -90,9 +90,9 @@ def test_load_lands_on_the_engine_device_byte_exact(tmp_path: Path) -> None:
     keys = _keys(CHUNK_GROUPS)
     chunks = _store_chunks(tier, keys)
     before = [view.clone() for view in layout.views]
-    handler = DiskLoadHandler(layout, tier)
+    handler = TierLoadHandler(layout, tier, "disk")
     assert handler.device == kv.device
-    result = _run(handler, 1, DiskChunks(keys), ENGINE)
+    result = _run(handler, 1, TierChunks("disk", keys), ENGINE)
     handler.shutdown()
 
     assert result.success and result.bad == ()
@@ -115,8 +115,8 @@ def test_a_bad_chunk_leaves_its_blocks_and_those_after_it(tmp_path: Path) -> Non
     data[HEADER_BYTES + 7] ^= 0x04
     path.write_bytes(bytes(data))
     before = [view.clone() for view in layout.views]
-    handler = DiskLoadHandler(layout, tier)
-    result = _run(handler, 1, DiskChunks(keys), ENGINE)
+    handler = TierLoadHandler(layout, tier, "disk")
+    result = _run(handler, 1, TierChunks("disk", keys), ENGINE)
     handler.shutdown()
 
     assert (result.success, result.bad) == (False, (1,))
@@ -137,9 +137,11 @@ def test_writes_from_a_pinned_host_tier_load_back_onto_the_device(tmp_path: Path
     for buffer in host.buffers:
         buffer.copy_(torch.randint(-(2**62), 2**62, buffer.shape))
     keys, slots = _keys((0, 1)), [7, 2]
-    writer = DiskWriteHandler(host, tier)
-    staged = _run(writer, 1, HostChunks(np.array(slots[:1])), DiskChunks(keys[:1], staged=True))
-    written = _run(writer, 2, HostChunks(np.array(slots[1:])), DiskChunks(keys[1:]))
+    writer = TierWriteHandler(host, tier, "disk")
+    staged = _run(
+        writer, 1, HostChunks(np.array(slots[:1])), TierChunks("disk", keys[:1], staged=True)
+    )
+    written = _run(writer, 2, HostChunks(np.array(slots[1:])), TierChunks("disk", keys[1:]))
     writer.shutdown()
     assert staged.success and written.success
     for key, slot in zip(keys, slots):
@@ -149,8 +151,8 @@ def test_writes_from_a_pinned_host_tier_load_back_onto_the_device(tmp_path: Path
 
     # chunk 0 fills blocks 30..32 of group 0; chunk 1 gives its first sub-block to block 10
     engine = EngineBlocks(np.array([30, 31, 32, 10]), (3, 1), (0, 6))
-    loader = DiskLoadHandler(layout, tier)
-    assert _run(loader, 3, DiskChunks(keys), engine).success
+    loader = TierLoadHandler(layout, tier, "disk")
+    assert _run(loader, 3, TierChunks("disk", keys), engine).success
     loader.shutdown()
     for block, (slot, sub) in {30: (7, 0), 31: (7, 1), 32: (7, 2), 10: (2, 0)}.items():
         for view in (0, 1):

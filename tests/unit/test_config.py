@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtier.config import DiskConfig, KVTierConfig, RedisConfig, parse_size
+from kvtier.config import KVTierConfig, parse_size
+from kvtier.tiers.disk.config import DiskConfig
+from kvtier.tiers.redis.config import RedisConfig
 
 ENGINE_BLOCK = 32
 UNITS = {
@@ -122,8 +124,10 @@ def test_full_config() -> None:
         store_threshold=2,
         hash_algo="sha256",
         shutdown_flush_s=0.0,
-        disk=DiskConfig(path="/var/cache/kvtier", bytes=100 * 2**30, write_through=True),
-        redis=RedisConfig(url="redis://127.0.0.1:6379/0", timeout_s=0.25),
+        sections={
+            "disk": DiskConfig(path="/var/cache/kvtier", bytes=100 * 2**30, write_through=True),
+            "redis": RedisConfig(url="redis://127.0.0.1:6379/0", timeout_s=0.25),
+        },
     )
     assert config.block_size_factor(ENGINE_BLOCK) == 4
     assert config.block_size_factor(16) == 8

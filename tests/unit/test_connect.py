@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from peer_setup import IDENTITY, SECRET, Engine
 
-from kvtier.config import RedisConfig
 from kvtier.connect import ResolveTimeout, connect
+from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.store import RedisStore
 from kvtier.transfer import TransferClient, TransferError
 

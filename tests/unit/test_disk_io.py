@@ -19,11 +19,11 @@ import pytest
 import torch
 from disk_faults import full_disk_for
 
-from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks, TransferSpec
+from kvtier.addresses import EngineBlocks, HostChunks, TierChunks, TransferSpec
 from kvtier.keys import ChunkKey, key_group, make_key
 from kvtier.layout import KVLayout, build_layout
 from kvtier.tiers.chunk_format import HEADER_BYTES, Buffer
-from kvtier.tiers.chunk_io import DiskLoadHandler, DiskWriteHandler
+from kvtier.tiers.chunk_io import TierLoadHandler, TierWriteHandler
 from kvtier.tiers.disk.files import DiskTier
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker.base import TransferResult
@@ -115,7 +115,7 @@ def _engine_bytes(layout: KVLayout) -> list[list[bytes]]:
 
 
 def _run(
-    handler: DiskLoadHandler | DiskWriteHandler, job_id: int, src: TransferSpec, dst: TransferSpec
+    handler: TierLoadHandler | TierWriteHandler, job_id: int, src: TransferSpec, dst: TransferSpec
 ) -> TransferResult:
     assert handler.transfer_async(job_id, src, dst)
     handler.wait([job_id])
@@ -128,7 +128,7 @@ def _page_bytes(layout: KVLayout, groups: Sequence[int]) -> int:
     return sum(layout.page_bytes[view] for group in groups for view in layout.groups[group])
 
 
-# ---- DiskLoadHandler ---------------------------------------------------------------------------
+# ---- TierLoadHandler ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -139,8 +139,8 @@ def test_load_puts_every_block_and_nothing_else(tmp_path: Path, case: str) -> No
     keys = _keys(groups)
     chunks = _store_chunks(tier, keys)
     before = _engine_bytes(layout)
-    handler = DiskLoadHandler(layout, tier)
-    result = _run(handler, 1, DiskChunks(keys), engine)
+    handler = TierLoadHandler(layout, tier, "disk")
+    result = _run(handler, 1, TierChunks("disk", keys), engine)
     handler.shutdown()
 
     assert result.success and result.bad == ()
@@ -172,8 +172,8 @@ def test_load_reports_the_bytes_it_put_in_the_engine(tmp_path: Path, case: str) 
     tier = _tier(tmp_path, factor)
     keys = _keys(groups)
     _store_chunks(tier, keys)
-    handler = DiskLoadHandler(tier.layout, tier)
-    result = _run(handler, 1, DiskChunks(keys), engine)
+    handler = TierLoadHandler(tier.layout, tier, "disk")
+    result = _run(handler, 1, TierChunks("disk", keys), engine)
     handler.shutdown()
     assert result.bytes == _page_bytes(tier.layout, [group for group, _ in where])
 
@@ -215,8 +215,8 @@ def test_a_bad_chunk_fails_the_load_before_its_blocks(tmp_path: Path, damage: st
     chunks = _store_chunks(tier, keys)
     DAMAGE[damage](tier, keys, 1)  # the second of four chunks: engine blocks 3, 4, 5
     before = _engine_bytes(layout)
-    handler = DiskLoadHandler(layout, tier)
-    result = _run(handler, 1, DiskChunks(keys), engine)
+    handler = TierLoadHandler(layout, tier, "disk")
+    result = _run(handler, 1, TierChunks("disk", keys), engine)
     handler.shutdown()
 
     assert not result.success
@@ -244,8 +244,8 @@ def test_a_failed_load_names_every_bad_chunk_of_its_job(tmp_path: Path) -> None:
     _flip_payload_byte(tier, keys, 1)
     _remove(tier, keys, 3)  # unreadable counts as bad too
     before = _engine_bytes(layout)
-    handler = DiskLoadHandler(layout, tier)
-    result = _run(handler, 1, DiskChunks(keys), engine)
+    handler = TierLoadHandler(layout, tier, "disk")
+    result = _run(handler, 1, TierChunks("disk", keys), engine)
     handler.shutdown()
 
     assert not result.success
@@ -269,8 +269,8 @@ def test_a_load_of_only_bad_chunks_names_them_all_and_loads_nothing(tmp_path: Pa
     for position in range(len(keys)):
         _flip_payload_byte(tier, keys, position)
     before = _engine_bytes(tier.layout)
-    handler = DiskLoadHandler(tier.layout, tier)
-    result = _run(handler, 1, DiskChunks(keys), engine)
+    handler = TierLoadHandler(tier.layout, tier, "disk")
+    result = _run(handler, 1, TierChunks("disk", keys), engine)
     handler.shutdown()
 
     assert (result.success, result.bad, result.bytes) == (False, (0, 1, 2, 3), 0)
@@ -285,10 +285,10 @@ def test_a_load_after_a_failed_one_is_whole(tmp_path: Path) -> None:
     keys = _keys(groups)
     _store_chunks(tier, keys)
     _flip_payload_byte(tier, keys, 3)
-    handler = DiskLoadHandler(tier.layout, tier)
-    assert not _run(handler, 1, DiskChunks(keys), engine).success
+    handler = TierLoadHandler(tier.layout, tier, "disk")
+    assert not _run(handler, 1, TierChunks("disk", keys), engine).success
     chunks = _store_chunks(tier, keys)  # written again
-    assert _run(handler, 2, DiskChunks(keys), engine).success
+    assert _run(handler, 2, TierChunks("disk", keys), engine).success
     handler.shutdown()
     after = _engine_bytes(tier.layout)
     for (group, block), (position, sub) in where.items():
@@ -302,8 +302,8 @@ def test_a_key_of_another_group_is_refused(tmp_path: Path) -> None:
     keys = _keys((0, 0, 0, 2))  # position 2 starts group 2's chunks but is keyed for group 0
     _store_chunks(tier, keys)
     before = _engine_bytes(tier.layout)
-    handler = DiskLoadHandler(tier.layout, tier)
-    assert not handler.transfer_async(1, DiskChunks(keys), engine)
+    handler = TierLoadHandler(tier.layout, tier, "disk")
+    assert not handler.transfer_async(1, TierChunks("disk", keys), engine)
     handler.shutdown()
     assert handler.get_finished() == []
     assert _engine_bytes(tier.layout) == before
@@ -314,9 +314,9 @@ def test_a_key_count_other_than_the_chunks_spanned_is_refused(tmp_path: Path) ->
     tier = _tier(tmp_path, factor)
     keys = _keys(groups)
     _store_chunks(tier, keys)
-    handler = DiskLoadHandler(tier.layout, tier)
-    assert not handler.transfer_async(1, DiskChunks(keys[:3]), engine)
-    assert not handler.transfer_async(2, DiskChunks((*keys, keys[3])), engine)
+    handler = TierLoadHandler(tier.layout, tier, "disk")
+    assert not handler.transfer_async(1, TierChunks("disk", keys[:3]), engine)
+    assert not handler.transfer_async(2, TierChunks("disk", (*keys, keys[3])), engine)
     handler.shutdown()
     assert handler.get_finished() == []
 
@@ -341,14 +341,14 @@ def test_a_load_outside_the_layout_is_refused(tmp_path: Path, spec: str) -> None
     for key in keys:
         if key_group(key) < len(tier.layout.groups):
             _store_chunks(tier, [key])
-    handler = DiskLoadHandler(tier.layout, tier)
+    handler = TierLoadHandler(tier.layout, tier, "disk")
     try:
-        assert not handler.transfer_async(1, DiskChunks(keys), engine)
+        assert not handler.transfer_async(1, TierChunks("disk", keys), engine)
     finally:
         handler.shutdown()
 
 
-# ---- DiskWriteHandler --------------------------------------------------------------------------
+# ---- TierWriteHandler --------------------------------------------------------------------------
 
 
 def _host(layout: KVLayout, factor: int) -> HostTier:
@@ -378,8 +378,8 @@ def test_write_puts_each_slot_in_its_keys_file(tmp_path: Path) -> None:
     tier = _tier(tmp_path, 3)
     host = _host(tier.layout, 3)
     keys, slots = _keys((0, 1, 2)), [4, 0, 2]
-    handler = DiskWriteHandler(host, tier)
-    result = _run(handler, 1, HostChunks(np.array(slots)), DiskChunks(keys))
+    handler = TierWriteHandler(host, tier, "disk")
+    result = _run(handler, 1, HostChunks(np.array(slots)), TierChunks("disk", keys))
     handler.shutdown()
     assert result.success and result.bad == ()
     assert result.bytes == sum(tier.file_bytes(group) for group in (0, 1, 2))
@@ -416,10 +416,10 @@ def _write_then_overwrite_the_slot(
     tier = _tier(tmp_path, 3)
     host = _host(tier.layout, 3)
     (key,) = _keys((0,))
-    handler = DiskWriteHandler(host, tier)
+    handler = TierWriteHandler(host, tier, "disk")
     _hold_writes(monkeypatch, tier, gate)
     old = _slot_bytes(host, tier, key, 5)
-    assert handler.transfer_async(1, HostChunks(np.array([5])), DiskChunks((key,), staged))
+    assert handler.transfer_async(1, HostChunks(np.array([5])), TierChunks("disk", (key,), staged))
     for view in tier.layout.groups[0]:  # this step's store reuses slot 5
         host.buffers[view][5] = torch.arange(host.buffers[view].shape[1])
     new = _slot_bytes(host, tier, key, 5)
@@ -454,8 +454,8 @@ def test_a_full_disk_skips_that_chunk_and_writes_the_others(
     host = _host(tier.layout, 1)
     keys, slots = _keys((0, 1, 2)), [1, 2, 3]
     full_disk_for(monkeypatch, tier.path(keys[1]).name)
-    handler = DiskWriteHandler(host, tier)
-    result = _run(handler, 1, HostChunks(np.array(slots)), DiskChunks(keys))
+    handler = TierWriteHandler(host, tier, "disk")
+    result = _run(handler, 1, HostChunks(np.array(slots)), TierChunks("disk", keys))
     handler.shutdown()
     assert not result.success
     assert result.bad == (1,)
@@ -476,8 +476,10 @@ def test_a_write_with_bad_slots_is_refused(
     tmp_path: Path, slots: list[int], groups: tuple[int, ...]
 ) -> None:
     tier = _tier(tmp_path, 1)
-    handler = DiskWriteHandler(_host(tier.layout, 1), tier)
-    assert not handler.transfer_async(1, HostChunks(np.array(slots)), DiskChunks(_keys(groups)))
+    handler = TierWriteHandler(_host(tier.layout, 1), tier, "disk")
+    assert not handler.transfer_async(
+        1, HostChunks(np.array(slots)), TierChunks("disk", _keys(groups))
+    )
     handler.shutdown()
     assert handler.get_finished() == []
     assert list(tmp_path.rglob("*.kv")) == []
@@ -485,11 +487,14 @@ def test_a_write_with_bad_slots_is_refused(
 
 def test_handlers_take_only_their_own_media(tmp_path: Path) -> None:
     tier = _tier(tmp_path, 1)
-    load, write = DiskLoadHandler(tier.layout, tier), DiskWriteHandler(_host(tier.layout, 1), tier)
+    load, write = (
+        TierLoadHandler(tier.layout, tier, "disk"),
+        TierWriteHandler(_host(tier.layout, 1), tier, "disk"),
+    )
     engine = EngineBlocks(np.array([0]), (1, 0, 0), (0, 0, 0))
-    with pytest.raises(TypeError, match="DiskChunks -> EngineBlocks"):
+    with pytest.raises(TypeError, match="TierChunks -> EngineBlocks"):
         load.transfer_async(1, HostChunks(np.array([0])), engine)
-    with pytest.raises(TypeError, match="HostChunks -> DiskChunks"):
-        write.transfer_async(2, engine, DiskChunks(_keys((0,))))
+    with pytest.raises(TypeError, match="HostChunks -> TierChunks"):
+        write.transfer_async(2, engine, TierChunks("disk", _keys((0,))))
     load.shutdown()
     write.shutdown()

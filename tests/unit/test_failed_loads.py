@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvtier.config import DiskConfig, KVTierConfig
+from kvtier.config import KVTierConfig
 from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
 from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
 from kvtier.step_plan import JobOutcome, StepPlan, WorkerReport
+from kvtier.tiers.disk.config import DiskConfig
 from kvtier.tiers.disk.index import DiskIndex
 from kvtier.tiers.disk.names import chunk_path
 
@@ -28,18 +29,18 @@ FAILED = JobOutcome(ranks=1, failed=1, bad=[1])
 def _connector(root: Path, ranks: int = 1) -> SchedulerConnector:
     disk = DiskConfig(str(root), 64 * FILE * ranks)
     # every disk read is synchronous: before the forward of the step that runs the request
-    config = KVTierConfig(cpu_bytes_to_use=1, min_async_load_tokens=10_000, disk=disk)
+    config = KVTierConfig(cpu_bytes_to_use=1, min_async_load_tokens=10_000, sections={"disk": disk})
     index = DiskIndex(root, 64 * FILE * ranks, ranks, FINGERPRINT.digest(), FILE * ranks)
     return SchedulerConnector(
-        config, [GroupSpec(4)], 16, ranks, ChunkKeyMaker(FINGERPRINT, 1), index
+        config, [GroupSpec(4)], 16, ranks, ChunkKeyMaker(FINGERPRINT, 1), [index]
     )
 
 
 def _on_disk(connector: SchedulerConnector, count: int, ranks: int = 1) -> None:
-    assert connector.disk is not None
+    assert connector.tier("disk") is not None
     for key in connector.keys.keys(HASHES[:count], 0):
         for rank in range(ranks):
-            path = chunk_path(connector.disk.root, key, rank)
+            path = chunk_path(connector.tier("disk").root, key, rank)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(bytes(FILE))
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvtier.config import DiskConfig, KVTierConfig
+from kvtier.config import KVTierConfig
 from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
 from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
 from kvtier.step_plan import JobOutcome, WorkerReport
+from kvtier.tiers.disk.config import DiskConfig
 from kvtier.tiers.disk.index import DiskIndex
 from kvtier.tiers.disk.names import chunk_path
 
@@ -26,10 +27,17 @@ def _connector(
     min_async: int = 8, groups: int = 1, disk: Path | None = None, host_chunks: int = 8
 ) -> SchedulerConnector:
     disk_config = DiskConfig(str(disk), 64 * FILE) if disk is not None else None
-    config = KVTierConfig(cpu_bytes_to_use=1, min_async_load_tokens=min_async, disk=disk_config)
+    config = KVTierConfig(
+        cpu_bytes_to_use=1, min_async_load_tokens=min_async, sections={"disk": disk_config}
+    )
     index = DiskIndex(disk, 64 * FILE, 1, FINGERPRINT.digest(), FILE) if disk else None
     return SchedulerConnector(
-        config, [GroupSpec(4)] * groups, host_chunks, 1, ChunkKeyMaker(FINGERPRINT, 1), index
+        config,
+        [GroupSpec(4)] * groups,
+        host_chunks,
+        1,
+        ChunkKeyMaker(FINGERPRINT, 1),
+        [index] if index is not None else [],
     )
 
 
@@ -191,12 +199,13 @@ def test_a_tail_spans_the_blocks_after_the_last_full_chunk() -> None:
 
 def test_a_tail_is_never_written_to_disk(tmp_path: Path) -> None:
     config = KVTierConfig(
-        cpu_bytes_to_use=1, disk=DiskConfig(str(tmp_path), 64 * FILE, write_through=True)
+        cpu_bytes_to_use=1,
+        sections={"disk": DiskConfig(str(tmp_path), 64 * FILE, write_through=True)},
     )
-    index = DiskIndex(tmp_path, 64 * FILE, 1, FINGERPRINT.digest(), FILE)
+    index = DiskIndex(tmp_path, 64 * FILE, 1, FINGERPRINT.digest(), FILE, write_through=True)
     connector = SchedulerConnector(
-        config, [GroupSpec(4)], 8, 1, ChunkKeyMaker(FINGERPRINT, 1), index
+        config, [GroupSpec(4)], 8, 1, ChunkKeyMaker(FINGERPRINT, 1), [index]
     )
     _store_prompt(connector)
-    writes = connector.build_plan([]).disk_writes
+    writes = connector.build_plan([]).tier_writes
     assert sum(len(job.dst.keys) for job in writes) == 3  # the full chunks, not the tail

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvtier.config import DiskConfig, KVTierConfig
+from kvtier.config import KVTierConfig
 from kvtier.keys import ChunkKey, ChunkKeyMaker, LayoutFingerprint
 from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
 from kvtier.scheduler.provenance import Provenance
 from kvtier.step_plan import JobOutcome, LoadJob, WorkerReport
+from kvtier.tiers.disk.config import DiskConfig
 from kvtier.tiers.disk.index import DiskIndex
 from kvtier.tiers.disk.names import chunk_path
 
@@ -22,9 +23,11 @@ PROMPT = 4 * BLOCK + 2  # tokens: the four blocks and two more
 
 
 def _connector(root: Path) -> SchedulerConnector:
-    config = KVTierConfig(cpu_bytes_to_use=1, disk=DiskConfig(str(root), 16 * FILE))
+    config = KVTierConfig(cpu_bytes_to_use=1, sections={"disk": DiskConfig(str(root), 16 * FILE)})
     disk = DiskIndex(root, 16 * FILE, 1, FINGERPRINT.digest(), FILE)
-    return SchedulerConnector(config, [GroupSpec(BLOCK)], 8, 1, ChunkKeyMaker(FINGERPRINT, 1), disk)
+    return SchedulerConnector(
+        config, [GroupSpec(BLOCK)], 8, 1, ChunkKeyMaker(FINGERPRINT, 1), [disk]
+    )
 
 
 def _report(connector: SchedulerConnector, job_id: int, failed: bool = False) -> None:
@@ -148,7 +151,7 @@ def test_dropping_the_host_tier_keeps_pinned_chunks_and_the_disk(tmp_path: Path)
     assert connector.drop_host_chunks() is True
     assert connector.manager.stored() == {}
     assert connector.request_finished("b") is False
-    assert connector.build_plan([]).disk_writes == []  # the dropped chunks are not written
-    assert connector.disk is not None
-    assert connector.disk.lookup(connector.keys.keys(HASHES, 0)[2:]) == 2  # kept
+    assert connector.build_plan([]).tier_writes == []  # the dropped chunks are not written
+    assert connector.tier("disk") is not None
+    assert connector.tier("disk").lookup(connector.keys.keys(HASHES, 0)[2:]) == 2  # kept
     connector.check_integrity()

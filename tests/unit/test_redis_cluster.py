@@ -14,10 +14,10 @@ import torch
 from redis.cluster import key_slot as redis_py_key_slot
 
 from kvtier.bench.redis_server import RedisClusterServers, RedisServer
-from kvtier.config import RedisConfig
 from kvtier.keys import ChunkKey, make_key
 from kvtier.layout import build_layout
 from kvtier.tiers.redis.cluster import key_slot
+from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.keys import redis_key
 from kvtier.tiers.redis.store import RedisStore
 from kvtier.tiers.redis.tier import RedisTier

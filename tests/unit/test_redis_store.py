@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from kvtier.bench.redis_server import RedisClusterServers, RedisServer, free_port
-from kvtier.config import RedisConfig
+from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.store import RedisStore, RedisUnavailable
 
 TIMEOUT_S = 0.5

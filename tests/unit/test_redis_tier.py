@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from kvtier.bench.redis_server import RedisServer
-from kvtier.config import RedisConfig
 from kvtier.keys import ChunkKey, make_key
 from kvtier.layout import KVLayout, build_layout
 from kvtier.tiers.chunk_format import ChunkError
+from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.store import RedisStore, RedisUnavailable
 from kvtier.tiers.redis.tier import RecordAbsent, RedisTier
 

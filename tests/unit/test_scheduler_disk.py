@@ -7,11 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from kvtier.addresses import DiskChunks, HostChunks
-from kvtier.config import DiskConfig, KVTierConfig
+from kvtier.addresses import HostChunks, TierChunks
+from kvtier.config import KVTierConfig
 from kvtier.keys import ChunkKey, ChunkKeyMaker, LayoutFingerprint
 from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
 from kvtier.step_plan import JobOutcome, StepPlan, WorkerReport
+from kvtier.tiers.disk.config import DiskConfig
 from kvtier.tiers.disk.index import DiskIndex
 from kvtier.tiers.disk.names import chunk_path
 
@@ -32,10 +33,12 @@ def _connector(
     budget = disk_chunks * FILE * ranks
     disk_config = DiskConfig(str(root), budget, write_through)
     # hits of a few 4-token blocks: any asynchronous load is worth it here
-    config = KVTierConfig(cpu_bytes_to_use=1, min_async_load_tokens=1, disk=disk_config)
-    disk = DiskIndex(root, budget, ranks, FINGERPRINT.digest(), FILE * ranks)
+    config = KVTierConfig(
+        cpu_bytes_to_use=1, min_async_load_tokens=1, sections={"disk": disk_config}
+    )
+    disk = DiskIndex(root, budget, ranks, FINGERPRINT.digest(), FILE * ranks, write_through)
     return SchedulerConnector(
-        config, [GroupSpec(4)], host_chunks, ranks, ChunkKeyMaker(FINGERPRINT, factor), disk
+        config, [GroupSpec(4)], host_chunks, ranks, ChunkKeyMaker(FINGERPRINT, factor), [disk]
     )
 
 
@@ -70,9 +73,9 @@ def _report(
 
 def _write(connector: SchedulerConnector, plan: StepPlan, ranks: int = 1) -> None:
     """The workers write the plan's disk writes, every file."""
-    assert connector.disk is not None
-    for job in plan.disk_writes:
-        _on_disk(connector.disk.root, job.dst.keys, ranks)
+    assert connector.tier("disk") is not None
+    for job in plan.tier_writes:
+        _on_disk(connector.tier("disk").root, job.dst.keys, ranks)
         outcome = JobOutcome(ranks=1, bytes=FILE * len(job.dst.keys), seconds=0.01)
         _report(connector, job.job_id, ranks, outcome)
 
@@ -105,18 +108,18 @@ def test_a_hit_in_the_host_tier_then_on_disk_is_loaded_by_two_jobs(tmp_path: Pat
     assert host.src.slots.tolist() == [slots[keys[0]], slots[keys[1]]]
     assert host.dst.block_ids.tolist() == [20, 21]
     assert (host.dst.group_sizes, host.dst.block_indices) == ((2,), (0,))
-    assert disk.src == DiskChunks((keys[2], keys[3]))
+    assert disk.src == TierChunks("disk", (keys[2], keys[3]))
     assert disk.dst.block_ids.tolist() == [22, 23]
     assert (disk.dst.group_sizes, disk.dst.block_indices) == ((2,), (2,))
-    assert plan.disk_writes == []  # write-back, and the engine is busy
-    assert connector.disk is not None
-    assert connector.disk.prepare_store([keys[0]]) == []  # both disk chunks are pinned
+    assert plan.tier_writes == []  # write-back, and the engine is busy
+    assert connector.tier("disk") is not None
+    assert connector.tier("disk").prepare_store([keys[0]]) == []  # both disk chunks are pinned
 
     _report(connector, host.job_id, ranks=2)
     _report(connector, disk.job_id, ranks=2)
     assert connector.stats.cpu.loaded_chunks == connector.stats.tiers["disk"].loaded_chunks == 2
-    assert connector.disk.prepare_store([keys[0]]) == [keys[0]]  # unpinned: one is evicted
-    connector.disk.complete_store({}, [keys[0]])
+    assert connector.tier("disk").prepare_store([keys[0]]) == [keys[0]]  # unpinned: one is evicted
+    connector.tier("disk").complete_store({}, [keys[0]])
     connector.check_integrity()
 
 
@@ -134,7 +137,7 @@ def test_a_hit_after_an_engine_prefix_that_ends_inside_a_host_chunk(tmp_path: Pa
     assert host.src.slots.tolist() == [connector.manager.stored()[keys[1]]]
     assert host.dst.block_ids.tolist() == [23]  # the second half of chunk 1
     assert (host.dst.group_sizes, host.dst.block_indices) == ((1,), (3,))
-    assert disk.src == DiskChunks((keys[2], keys[3]))
+    assert disk.src == TierChunks("disk", (keys[2], keys[3]))
     assert disk.dst.block_ids.tolist() == [24, 25, 26, 27]
     assert (disk.dst.group_sizes, disk.dst.block_indices) == ((4,), (4,))
 
@@ -149,7 +152,7 @@ def test_a_hit_after_an_engine_prefix_that_ends_inside_a_disk_chunk(tmp_path: Pa
     connector.on_alloc("b", [list(range(20, 28))], 20)
     (disk,) = _step(connector).loads
 
-    assert disk.src == DiskChunks((keys[1], keys[2], keys[3]))
+    assert disk.src == TierChunks("disk", (keys[1], keys[2], keys[3]))
     assert disk.dst.block_ids.tolist() == [23, 24, 25, 26, 27]
     assert (disk.dst.group_sizes, disk.dst.block_indices) == ((5,), (3,))
 
@@ -164,7 +167,7 @@ def test_a_prompt_only_on_disk_is_loaded_then_stored_in_the_host_tier_not_on_dis
     assert connector.lookup("b", HASHES[:3], 0) == 12
     connector.on_alloc("b", [[20, 21, 22]], 12)
     (load,) = _step(connector).loads
-    assert load.src == DiskChunks(tuple(keys))
+    assert load.src == TierChunks("disk", tuple(keys))
     assert load.dst.block_ids.tolist() == [20, 21, 22]
     _report(connector, load.job_id)
 
@@ -175,7 +178,7 @@ def test_a_prompt_only_on_disk_is_loaded_then_stored_in_the_host_tier_not_on_dis
     assert connector.request_finished("b") is False
     assert not connector.has_pending_work  # nothing is dirty
 
-    assert _step(connector).disk_writes == []  # idle
+    assert _step(connector).tier_writes == []  # idle
     disk = connector.stats.tiers["disk"]
     assert (disk.hit_chunks, disk.loaded_chunks) == (3, 3)
     assert (disk.stored_chunks, disk.skipped_stores) == (0, 0)
@@ -193,9 +196,9 @@ def test_a_failed_disk_load_forgets_only_the_bad_chunk(tmp_path: Path) -> None:
     _report(connector, load.job_id, outcome=JobOutcome(ranks=1, failed=1, bytes=FILE, bad=[1]))
     _report(connector, load.job_id, outcome=JobOutcome(ranks=1, bytes=3 * FILE))
 
-    assert connector.disk is not None
-    assert connector.disk.ready_keys() == [keys[0], keys[2]]
-    assert not connector.disk.holds(keys[1])
+    assert connector.tier("disk") is not None
+    assert connector.tier("disk").ready_keys() == [keys[0], keys[2]]
+    assert not connector.tier("disk").holds(keys[1])
     assert connector.lookup("c", HASHES[:3], 0) == 4  # stops before the bad chunk
     disk = connector.stats.tiers["disk"]
     assert (disk.bad_chunks, disk.failed_loads, disk.loaded_chunks) == (1, 1, 0)
@@ -238,7 +241,7 @@ def test_lookup_stats_after_an_engine_prefix_inside_a_chunk(tmp_path: Path) -> N
     connector.on_alloc("b", [list(range(20, 28))], 28)
     host, from_disk = _step(connector).loads
     assert isinstance(host.src, HostChunks) and len(host.src.slots) == 1  # chunk 0's 2nd half
-    assert from_disk.src == DiskChunks((keys[1], keys[2], keys[3]))
+    assert from_disk.src == TierChunks("disk", (keys[1], keys[2], keys[3]))
 
     after = cpu.hit_chunks, cpu.miss_chunks, disk.hit_chunks, disk.miss_chunks
     assert [a - b for a, b in zip(after, before)] == [1, 3, 3, 0]
@@ -255,19 +258,19 @@ def test_write_back_waits_for_idle_and_keeps_the_engine_stepping_until_written(
     _report(connector, store.job_id)
 
     assert connector.has_pending_work  # dirty chunks wait
-    assert _step(connector, [ScheduledRequest("a", [[10, 11, 12]], 13)]).disk_writes == []
+    assert _step(connector, [ScheduledRequest("a", [[10, 11, 12]], 13)]).tier_writes == []
     assert connector.request_finished("a") is False
 
     plan = _step(connector)  # idle
-    (write,) = plan.disk_writes
+    (write,) = plan.tier_writes
     assert write.dst.keys == tuple(keys) and not write.dst.staged
     assert write.src.slots.tolist() == [connector.manager.stored()[k] for k in keys]
     assert connector.has_pending_work  # the write is in flight
     _write(connector, plan)
 
     assert not connector.has_pending_work
-    assert connector.disk is not None and connector.disk.ready_keys() == keys
-    assert _step(connector).disk_writes == []
+    assert connector.tier("disk") is not None and connector.tier("disk").ready_keys() == keys
+    assert _step(connector).tier_writes == []
     assert connector.stats.tiers["disk"].stored_chunks == 3
 
 
@@ -281,7 +284,7 @@ def test_write_through_writes_on_the_next_step_while_busy(tmp_path: Path) -> Non
 
     plan = _step(connector, [ScheduledRequest("a", [[10, 11]], 9)])
 
-    (write,) = plan.disk_writes
+    (write,) = plan.tier_writes
     assert write.dst.keys == tuple(keys)
     _write(connector, plan)
     assert not connector.has_pending_work
@@ -303,7 +306,7 @@ def test_a_dirty_chunk_evicted_from_the_host_tier_is_written_before_its_slot_is_
     connector.on_alloc("b", [[20, 21]], 0)
     plan = _step(connector, [ScheduledRequest("b", [[20, 21]], 8)])
 
-    (write,) = plan.disk_writes  # in the same plan as the stores that reuse the slots
+    (write,) = plan.tier_writes  # in the same plan as the stores that reuse the slots
     assert write.dst.keys == tuple(keys) and write.dst.staged
     assert write.src.slots.tolist() == [slots[k] for k in keys]
     assert sorted(plan.stores[0].dst.slots.tolist()) == sorted(slots.values())
@@ -328,11 +331,11 @@ def test_a_failed_disk_load_drops_every_bad_chunk_on_every_rank(tmp_path: Path) 
     _report(connector, load.job_id, outcome=JobOutcome(ranks=1, failed=1, bad=[0, 2]))
     _report(connector, load.job_id, outcome=JobOutcome(ranks=1, failed=1, bad=[2, 3]))
 
-    assert connector.disk is not None
-    assert connector.disk.ready_keys() == [keys[1]]  # verified good on both ranks: kept
+    assert connector.tier("disk") is not None
+    assert connector.tier("disk").ready_keys() == [keys[1]]  # verified good on both ranks: kept
     for position, there in enumerate([False, True, False, False]):
         assert [chunk_path(tmp_path, keys[position], r).exists() for r in (0, 1)] == [there] * 2
-    assert not any(connector.disk.holds(keys[p]) for p in (0, 2, 3))
+    assert not any(connector.tier("disk").holds(keys[p]) for p in (0, 2, 3))
     disk = connector.stats.tiers["disk"]
     assert (disk.bad_chunks, disk.failed_loads, disk.loaded_chunks) == (3, 1, 0)
 
@@ -360,12 +363,12 @@ def test_the_recomputed_chunks_of_a_failed_disk_load_are_written_to_disk_again(
     assert connector.request_finished("b") is False
 
     plan = _step(connector)  # idle: the dirty chunks are written
-    (write,) = plan.disk_writes
+    (write,) = plan.tier_writes
     # a's chunks (never on disk), then the recomputed bad ones; the good ones are on disk
     assert write.dst.keys == (keys[0], keys[1], keys[3], keys[5])
     _write(connector, plan)
-    assert connector.disk is not None
-    assert set(connector.disk.ready_keys()) == set(keys)
+    assert connector.tier("disk") is not None
+    assert set(connector.tier("disk").ready_keys()) == set(keys)
     assert not connector.has_pending_work
 
 
@@ -384,15 +387,15 @@ def test_a_bad_chunk_another_load_pins_is_dropped_at_once_and_removed_after_that
     chunk_path(tmp_path, keys[1], 0).unlink()  # b's rank 0 found it bad
     _report(connector, loads["b"].job_id, outcome=JobOutcome(ranks=1, failed=1, bad=[1]))
     _report(connector, loads["b"].job_id)
-    assert connector.disk is not None
-    assert not connector.disk.holds(keys[1])  # a recomputed copy is written again
+    assert connector.tier("disk") is not None
+    assert not connector.tier("disk").holds(keys[1])  # a recomputed copy is written again
     assert connector.lookup("d", HASHES[:2], 0) == 4  # never served again
     assert chunk_path(tmp_path, keys[1], 1).exists()  # c still reads it
 
     _report(connector, loads["c"].job_id, outcome=JobOutcome(ranks=1, failed=1, bad=[1]))
     _report(connector, loads["c"].job_id)
     assert not chunk_path(tmp_path, keys[1], 1).exists()  # every rank's file is gone
-    assert connector.disk.ready_keys() == [keys[0]]
+    assert connector.tier("disk").ready_keys() == [keys[0]]
 
 
 def test_a_host_copy_of_a_chunk_found_bad_on_disk_is_written_again(tmp_path: Path) -> None:
@@ -413,7 +416,9 @@ def test_a_host_copy_of_a_chunk_found_bad_on_disk_is_written_again(tmp_path: Pat
     assert connector.request_finished("b") is False
 
     plan = _step(connector)  # idle
-    (write,) = plan.disk_writes
+    (write,) = plan.tier_writes
     assert write.dst.keys == (keys[1],)
     _write(connector, plan)
-    assert connector.disk is not None and set(connector.disk.ready_keys()) == set(keys)
+    assert connector.tier("disk") is not None and set(connector.tier("disk").ready_keys()) == set(
+        keys
+    )

@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
-from kvtier.addresses import PeerBlocks
 from kvtier.config import KVTierConfig
 from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
 from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
 from kvtier.step_plan import JobOutcome, WorkerReport
+from kvtier.tiers.peer.messages import PeerBlocks
+from kvtier.tiers.peer.planner import PeerPlanner
 from kvtier.tiers.peer.roles import PeerConsumer, PeerProducer
 
 HASHES = [b"h0", b"h1", b"h2"]  # three full blocks: 12 tokens
@@ -26,9 +27,16 @@ def _connector(producer: bool) -> SchedulerConnector:
     else:
         peer["consumer"] = PeerConsumer(block_tokens=4, num_groups=1, tp_size=2, world_size=2)
     config = KVTierConfig(cpu_bytes_to_use=1)
-    return SchedulerConnector(
-        config, [GroupSpec(4)], 8, 2, ChunkKeyMaker(fingerprint, 1), **peer
-    )  # fmt: skip
+    connector = SchedulerConnector(config, [GroupSpec(4)], 8, 2, ChunkKeyMaker(fingerprint, 1))
+    connector.add_source(PeerPlanner(connector, **peer))
+    return connector
+
+
+def _peer(connector: SchedulerConnector) -> PeerPlanner:
+    """The connector's peer tier (a request source)."""
+    planner = connector.sources["peer"]
+    assert isinstance(planner, PeerPlanner)
+    return planner
 
 
 def _prefilled(req: str = "p1") -> tuple[SchedulerConnector, dict[str, Any]]:
@@ -38,7 +46,7 @@ def _prefilled(req: str = "p1") -> tuple[SchedulerConnector, dict[str, Any]]:
     connector.on_alloc(req, [[7, 8, 9, 3]], 0)
     stores = connector.build_plan([ScheduledRequest(req, [[7, 8, 9, 3]], 14)]).stores
     connector.on_report(WorkerReport({job.job_id: JobOutcome(ranks=2) for job in stores}))
-    params = connector.peer_finished(req, {"do_remote_decode": True}, [[7, 8, 9, 3]], 14, True)
+    params = _peer(connector).finished(req, {"do_remote_decode": True}, [[7, 8, 9, 3]], 14, True)
     assert params is not None
     return connector, params
 
@@ -54,10 +62,12 @@ def test_a_finished_prefill_request_is_offered_with_nixl_field_names() -> None:
 
     assert connector.request_finished("p1") is True  # blocks held for the decode engine
     plan = connector.build_plan([])
-    assert [(o.req_id, o.block_ids, o.hold_s) for o in plan.offers] == [("p1", ((7, 8, 9, 3),), 5)]
+    assert [(o.req_id, o.block_ids, o.hold_s) for o in plan.messages["peer"]] == [
+        ("p1", ((7, 8, 9, 3),), 5)
+    ]
     assert "p1" in plan.held
     assert connector.has_pending_work  # the engine keeps stepping until the workers release it
-    connector.peer_released({"p1"})
+    _peer(connector).released({"p1"})
     assert not connector.has_pending_work
 
 
@@ -74,17 +84,17 @@ def test_only_a_completed_request_asking_for_remote_decode_is_offered(
     params: dict[str, Any] | None, completed: bool
 ) -> None:
     connector = _connector(producer=True)
-    assert connector.peer_finished("p", params, [[1, 2]], 8, completed) is None
+    assert _peer(connector).finished("p", params, [[1, 2]], 8, completed) is None
     assert connector.request_finished("p") is False
-    assert connector.build_plan([]).offers == []
+    assert "peer" not in connector.build_plan([]).messages
 
 
 def test_a_decode_request_pulls_its_prompt_past_its_own_hit_into_its_blocks() -> None:
     _, params = _prefilled()
     decode = _connector(producer=False)
     # the engine has the first block itself: 10 of 14 tokens are pulled, asynchronously
-    assert decode.peer_lookup("d1", HASHES, params, 14, 4) == 10
-    assert decode.peer_lookup("d2", HASHES, params, 14, 10) == 4  # one block: worth a pull
+    assert _peer(decode).lookup("d1", HASHES, params, 14, 4) == 10
+    assert _peer(decode).lookup("d2", HASHES, params, 14, 10) == 4  # one block: worth a pull
     decode.on_alloc("d1", [[40, 41, 42, 43]], 10)
     (load,) = decode.build_plan([]).loads
     assert isinstance(load.src, PeerBlocks) and not load.sync
@@ -106,7 +116,7 @@ def test_a_decode_request_pulls_its_prompt_past_its_own_hit_into_its_blocks() ->
 def test_a_failed_pull_is_counted_and_named_in_the_provenance() -> None:
     _, params = _prefilled()
     decode = _connector(producer=False)
-    assert decode.peer_lookup("d1", HASHES, params, 14, 0) == 14
+    assert _peer(decode).lookup("d1", HASHES, params, 14, 0) == 14
     decode.on_alloc("d1", [[40, 41, 42, 43]], 14)
     (load,) = decode.build_plan([]).loads
     decode.on_report(WorkerReport({load.job_id: JobOutcome(ranks=2, failed=1)}))
@@ -129,7 +139,7 @@ def test_a_failed_pull_is_counted_and_named_in_the_provenance() -> None:
 def test_params_a_decode_engine_cannot_pull_are_computed(change: dict[str, Any]) -> None:
     _, params = _prefilled()
     decode = _connector(producer=False)
-    assert decode.peer_lookup("d1", HASHES, {**params, **change}, 14, 0) == 0
+    assert _peer(decode).lookup("d1", HASHES, {**params, **change}, 14, 0) == 0
     assert "d1" not in decode.requests
 
 
@@ -137,7 +147,7 @@ def test_nixl_style_params_without_per_rank_ports_use_port_plus_rank() -> None:
     _, params = _prefilled()
     del params["remote_ports"], params["remote_hosts"]
     decode = _connector(producer=False)
-    assert decode.peer_lookup("d1", HASHES, {**params, "remote_block_ids": [7, 8, 9, 3]}, 14, 0)
+    assert _peer(decode).lookup("d1", HASHES, {**params, "remote_block_ids": [7, 8, 9, 3]}, 14, 0)
     decode.on_alloc("d1", [[40, 41, 42, 43]], 14)
     (load,) = decode.build_plan([]).loads
     assert isinstance(load.src, PeerBlocks)
@@ -150,16 +160,16 @@ def test_a_decode_request_that_pulls_nothing_frees_the_offer_at_once(own_hit: in
     decode = _connector(producer=False)
     # its own prefix cache holds the prompt but for less than a block (4 tokens): those few are
     # computed with the last one, not worth a step's wait; the offer is released
-    assert decode.peer_lookup("d1", HASHES, params, 14, own_hit) == 0
+    assert _peer(decode).lookup("d1", HASHES, params, 14, own_hit) == 0
     assert "d1" not in decode.requests  # a request like any other: nothing waits for a pull
-    assert decode.peer_release(params) is True
-    (release,) = decode.build_plan([]).releases
+    assert _peer(decode).release(params) is True
+    (release,) = decode.build_plan([]).messages["peer"]
     assert release.req_id == "p1" and release.block_ids == ((),)
     assert release.endpoints == (("127.0.0.1", 5000), ("127.0.0.1", 6000))
     # params that name no pull release nothing
-    assert decode.peer_release({"do_remote_prefill": True}) is False
-    assert decode.peer_release(None) is False
-    assert decode.build_plan([]).releases == []
+    assert _peer(decode).release({"do_remote_prefill": True}) is False
+    assert _peer(decode).release(None) is False
+    assert "peer" not in decode.build_plan([]).messages
 
 
 def _sliding_params(window_group: list[int]) -> dict[str, Any]:

@@ -11,11 +11,12 @@ from typing import Any
 
 import redis
 
-from kvtier.addresses import DiskChunks, RedisChunks
-from kvtier.config import DiskConfig, KVTierConfig
+from kvtier.addresses import TierChunks
+from kvtier.config import KVTierConfig
 from kvtier.keys import ChunkKey, ChunkKeyMaker, LayoutFingerprint
 from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
 from kvtier.step_plan import JobOutcome, WorkerReport
+from kvtier.tiers.disk.config import DiskConfig
 from kvtier.tiers.disk.index import DiskIndex
 from kvtier.tiers.disk.names import chunk_path
 from kvtier.tiers.redis.index import RedisIndex
@@ -45,14 +46,16 @@ class Rig:
 
         self.index = RedisIndex(exists, timeout_s=1.0, max_in_flight=64, lookup_wait_s=wait_s)
         disk_config = DiskConfig(str(root), 64 * FILE * ranks) if root is not None else None
-        config = KVTierConfig(cpu_bytes_to_use=1, min_async_load_tokens=1, disk=disk_config)
+        config = KVTierConfig(
+            cpu_bytes_to_use=1, min_async_load_tokens=1, sections={"disk": disk_config}
+        )
         self.root = root
         disk = None
         if root is not None:
             disk = DiskIndex(root, 64 * FILE * ranks, ranks, FINGERPRINT.digest(), FILE * ranks)
         self.connector = SchedulerConnector(
-            config, [GroupSpec(4)], 8, ranks, ChunkKeyMaker(FINGERPRINT, 1), disk,
-            lower=[self.index],
+            config, [GroupSpec(4)], 8, ranks, ChunkKeyMaker(FINGERPRINT, 1),
+            lower=[*([disk] if disk is not None else []), self.index],
         )  # fmt: skip
 
     def keys(self, hashes: Sequence[bytes]) -> list[ChunkKey]:
@@ -89,9 +92,13 @@ def test_a_hit_is_one_run_across_disk_and_redis(tmp_path: Path, store_server: An
     rig.connector.on_alloc("a", [list(range(10, 19))], 24)
     plan = rig.connector.build_plan([])
     disk, remote = plan.loads
-    assert isinstance(disk.src, DiskChunks) and not isinstance(disk.src, RedisChunks)
+    assert isinstance(disk.src, TierChunks) and disk.src.tier == "disk"
     assert disk.src.keys == tuple(keys[:2]) and disk.dst.block_ids.tolist() == [10, 11]
-    assert isinstance(remote.src, RedisChunks) and remote.src.keys == tuple(keys[2:6])
+    assert (
+        isinstance(remote.src, TierChunks)
+        and remote.src.tier == "redis"
+        and remote.src.keys == tuple(keys[2:6])
+    )
     assert remote.dst.block_ids.tolist() == [12, 13, 14, 15]
     assert not disk.sync and not remote.sync  # a Redis part: the request waits for it
     assert rig.connector.requests["a"].loaded_tokens == {"disk": 8, "redis": 16}
@@ -149,10 +156,10 @@ def test_stores_reach_redis_write_through(store_server: Any) -> None:
     plan = connector.build_plan([ScheduledRequest("a", [[10, 11, 12, 13, 14]], 17)])
     (store,) = plan.stores
     connector.on_report(WorkerReport({store.job_id: JobOutcome(1)}))
-    (write,) = connector.build_plan([]).disk_writes  # the next step writes them to Redis
-    assert isinstance(write.dst, RedisChunks) and write.dst.keys == tuple(rig.keys(HASHES[:4]))
+    (write,) = connector.build_plan([]).tier_writes  # the next step writes them to Redis
+    assert isinstance(write.dst, TierChunks) and write.dst.keys == tuple(rig.keys(HASHES[:4]))
     assert not write.dst.staged
-    assert connector.build_plan([]).disk_writes == []  # in flight: not again
+    assert connector.build_plan([]).tier_writes == []  # in flight: not again
     connector.on_report(WorkerReport({write.job_id: JobOutcome(1, bytes=400)}))
     assert rig.index.known() == rig.keys(HASHES[:4])
     assert connector.stats.tiers["redis"].stored_chunks == 4

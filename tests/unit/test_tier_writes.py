@@ -15,7 +15,7 @@ from kvtier.scheduler import tier_writes
 from kvtier.scheduler.job_table import JobTable
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.tier_writes import TierWrites
-from kvtier.step_plan import DiskWriteJob, JobOutcome
+from kvtier.step_plan import JobOutcome, TierWriteJob
 from kvtier.tiers.disk.index import DiskIndex
 from kvtier.tiers.disk.names import chunk_path
 
@@ -60,13 +60,13 @@ class Rig:
         self.writes.stored(plan.keys)  # type: ignore[arg-type]
         return dict(evicted)  # type: ignore[arg-type]
 
-    def flush(self, idle: bool) -> list[DiskWriteJob]:
+    def flush(self, idle: bool) -> list[TierWriteJob]:
         self.writes.flush(idle)
         plan = self.writes.take_plan()
         self.check()
         return plan
 
-    def finish(self, job: DiskWriteJob, bad: Sequence[int] = ()) -> None:
+    def finish(self, job: TierWriteJob, bad: Sequence[int] = ()) -> None:
         """The worker wrote ``job``'s files, but for the chunks at positions ``bad``."""
         written = [k for i, k in enumerate(job.dst.keys) if i not in bad]
         for k in written:

@@ -1,8 +1,9 @@
 """TierWrites to a real Redis (a server of the test's own): the Redis index as the connector
-builds it (``scheduler_lower_tiers``: its store, circuit breaker and lookup thread), a host tier
-of 8 chunks, one worker rank played by the test (it SETs the records a write job names), and a
-clock the test moves for ``RETRY_S`` and ``VERIFY_S``. Redis flushed, evicting, killed and
-restarted under it: nothing the host tier holds stays out of Redis for good."""
+builds it (the Redis spec's ``scheduler`` builder: its store, circuit breaker and lookup
+thread), a host tier of 8 chunks, one worker rank played by the test (it SETs the records a
+write job names), and a clock the test moves for ``RETRY_S`` and ``VERIFY_S``. Redis flushed,
+evicting, killed and restarted under it: nothing the host tier holds stays out of Redis for
+good."""
 
 from __future__ import annotations
 
@@ -13,16 +14,18 @@ from typing import Any
 import pytest
 import redis
 
-from kvtier.config import KVTierConfig, RedisConfig
 from kvtier.counters import TierStats
 from kvtier.keys import ChunkKey, LayoutFingerprint, make_key
 from kvtier.scheduler import tier_writes
 from kvtier.scheduler.job_table import JobTable
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.tier_writes import TierWrites
-from kvtier.step_plan import DiskWriteJob, JobOutcome
+from kvtier.step_plan import JobOutcome, TierWriteJob
+from kvtier.tiers.redis import SPEC as REDIS
+from kvtier.tiers.redis.config import RedisConfig
+from kvtier.tiers.redis.index import RedisIndex
 from kvtier.tiers.redis.keys import redis_key
-from kvtier.vllm.lower_tiers import scheduler_lower_tiers
+from kvtier.tiers.spec import SchedulerContext
 
 FP = LayoutFingerprint("m", "f32", "test", 0, 1, 0, 4).digest()
 WAIT_S = 5.0  # bound on every wait for the lookup thread or a restarted server
@@ -38,13 +41,16 @@ class Rig:
         self.prefix = f"tw{time.monotonic_ns()}"
         config = RedisConfig(server.url, timeout_s=0.5, prefix=self.prefix,
                              max_queued_chunks=max_in_flight)  # fmt: skip
-        (self.index,) = scheduler_lower_tiers(KVTierConfig(cpu_bytes_to_use=1, redis=config), 1)
+        assert REDIS.scheduler is not None
+        index = REDIS.scheduler(SchedulerContext(config, 1, FP, 1024))
+        assert isinstance(index, RedisIndex)
+        self.index = index
         self.host = ChunkManager(8)
         self.jobs = JobTable(1)
         self.stats = TierStats()
         self.now = 0.0
         self.writes = TierWrites(self.index, self.host, self.jobs, self.stats, lambda: self.now)
-        self.in_flight: list[DiskWriteJob] = []
+        self.in_flight: list[TierWriteJob] = []
 
     def client(self) -> redis.Redis:
         return self.server.client()  # type: ignore[no-any-return]
@@ -59,7 +65,7 @@ class Rig:
         self.host.complete_store(plan.keys)
         self.writes.stored(plan.keys)  # type: ignore[arg-type]
 
-    def step(self) -> list[DiskWriteJob]:
+    def step(self) -> list[TierWriteJob]:
         """One engine step: the writes it plans (also kept in ``in_flight``)."""
         self.writes.flush(idle=False)
         plan = self.writes.take_plan()

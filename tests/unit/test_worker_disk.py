@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 import torch
 from disk_faults import full_disk_for
+from tier_setup import disk_tier
 
-from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks, TransferSpec
+from kvtier.addresses import EngineBlocks, HostChunks, TierChunks, TransferSpec
 from kvtier.keys import ChunkKey, LayoutFingerprint, make_key
-from kvtier.step_plan import DiskWriteJob, LoadJob, StepPlan, StoreJob
+from kvtier.step_plan import LoadJob, StepPlan, StoreJob, TierWriteJob
 from kvtier.tiers.chunk_format import HEADER_BYTES, Buffer
 from kvtier.tiers.disk.files import DiskTier
-from kvtier.worker.connector import DiskSettings, WorkerConnector
+from kvtier.worker.connector import WorkerConnector
 
 NUM_BLOCKS, NUM_CHUNKS, PAGE = 16, 8, 1024
 FINGERPRINT = LayoutFingerprint(
@@ -33,7 +34,7 @@ KEYS = [make_key(FINGERPRINT.digest(), i, 0) for i in range(8)]
 def worker(tmp_path: Path) -> Iterator[WorkerConnector]:
     worker = WorkerConnector(cpu_bytes_to_use=NUM_CHUNKS * PAGE, block_size_factor=1, world_size=1)
     caches = {"layer.0": torch.randn(NUM_BLOCKS, 2, 8, 16)}  # 1 KiB per block
-    worker.register(caches, [["layer.0"]], NUM_BLOCKS, disk=DiskSettings(tmp_path, 0, FINGERPRINT))
+    worker.register(caches, [["layer.0"]], NUM_BLOCKS, [disk_tier(tmp_path, 0, FINGERPRINT)])
     assert worker.host is not None and worker.host.num_chunks == NUM_CHUNKS
     yield worker
     worker.shutdown()
@@ -48,8 +49,9 @@ def gate(worker: WorkerConnector) -> Iterator[threading.Event]:
 
 
 def _disk(worker: WorkerConnector) -> DiskTier:
-    assert worker.disk is not None
-    return worker.disk
+    files = worker.tier("disk").flush
+    assert isinstance(files, DiskTier)
+    return files
 
 
 def _block(worker: WorkerConnector, block: int) -> bytes:
@@ -88,7 +90,7 @@ def _engine(blocks: list[int], first: int) -> EngineBlocks:
 def _two_tier_load() -> StepPlan:
     """Request "a" hits 4 chunks: slots 0 and 1 of the host tier, then keys 2 and 3 on disk."""
     host = LoadJob(1, "a", HostChunks(np.array([0, 1])), _engine([4, 5], 0))
-    disk = LoadJob(2, "a", DiskChunks((KEYS[2], KEYS[3])), _engine([6, 7], 2))
+    disk = LoadJob(2, "a", TierChunks("disk", (KEYS[2], KEYS[3])), _engine([6, 7], 2))
     return StepPlan(loads=[host, disk], num_chunks=NUM_CHUNKS)
 
 
@@ -127,7 +129,7 @@ def test_a_request_loading_from_two_tiers_is_done_when_both_are(
     assert (report.jobs[2].failed, report.jobs[2].bytes, report.jobs[2].bad) == (0, 2 * PAGE, [])
     counters = worker.counters
     assert (counters.loads, counters.failed_loads, counters.loaded_bytes) == (2, 0, 4 * PAGE)
-    assert counters.disk_bad_chunks == 0
+    assert counters.bad_chunks == 0
 
 
 def test_a_bad_file_fails_the_request_and_its_disk_blocks(worker: WorkerConnector) -> None:
@@ -153,18 +155,18 @@ def test_a_bad_file_fails_the_request_and_its_disk_blocks(worker: WorkerConnecto
     assert [_block(worker, b) for b in (4, 5, 6)] == [*host_bytes, first]
     assert _block(worker, 7) == untouched  # no unverified byte reached the engine
     counters = worker.counters
-    assert (counters.loads, counters.failed_loads, counters.disk_bad_chunks) == (1, 1, 1)
+    assert (counters.loads, counters.failed_loads, counters.bad_chunks) == (1, 1, 1)
 
 
 def test_a_missing_file_fails_the_load_and_counts_a_bad_chunk(worker: WorkerConnector) -> None:
-    load = LoadJob(3, "c", DiskChunks((KEYS[5],)), _engine([2], 0))
+    load = LoadJob(3, "c", TierChunks("disk", (KEYS[5],)), _engine([2], 0))
     worker.begin_step(StepPlan(loads=[load], num_chunks=NUM_CHUNKS))
     worker.start_loads()
     worker.transfers.wait([3])
     assert worker.finished(set()) == (set(), {"c"}, {"c"})
     assert worker.take_failed_blocks() == {2}
     assert worker.report().jobs[3].bad == [0]
-    assert (worker.counters.failed_loads, worker.counters.disk_bad_chunks) == (1, 1)
+    assert (worker.counters.failed_loads, worker.counters.bad_chunks) == (1, 1)
 
 
 def test_a_staged_write_takes_the_slot_before_the_steps_store_reuses_it(
@@ -173,7 +175,7 @@ def test_a_staged_write_takes_the_slot_before_the_steps_store_reuses_it(
     old = _fill_slot(worker, 3, seed=3)
     new = _block(worker, 9)
     assert old != new
-    write = DiskWriteJob(5, HostChunks(np.array([3])), DiskChunks((KEYS[0],), staged=True))
+    write = TierWriteJob(5, HostChunks(np.array([3])), TierChunks("disk", (KEYS[0],), staged=True))
     store = StoreJob(6, "b", _engine([9], 0), HostChunks(np.array([3])))
     # the disk thread runs late, each store at once: only the submit order and staging count
     _hold(monkeypatch, _disk(worker), "write", gate)
@@ -186,7 +188,7 @@ def test_a_staged_write_takes_the_slot_before_the_steps_store_reuses_it(
         return submitted
 
     monkeypatch.setattr(worker.transfers, "transfer_async", submit_stores_done)
-    worker.begin_step(StepPlan(stores=[store], disk_writes=[write], num_chunks=NUM_CHUNKS))
+    worker.begin_step(StepPlan(stores=[store], tier_writes=[write], num_chunks=NUM_CHUNKS))
     worker.start_loads()
     worker.start_stores()
     gate.set()
@@ -201,7 +203,7 @@ def test_a_staged_write_takes_the_slot_before_the_steps_store_reuses_it(
     assert report.jobs[5].bytes == _disk(worker).file_bytes(0)
     assert report.jobs[6].failed == 0
     counters = worker.counters
-    assert (counters.disk_writes, counters.disk_write_errors, counters.stores) == (1, 0, 1)
+    assert (counters.tier_writes, counters.tier_write_errors, counters.stores) == (1, 0, 1)
 
 
 def test_a_full_disk_counts_the_chunk_it_could_not_write(
@@ -209,8 +211,8 @@ def test_a_full_disk_counts_the_chunk_it_could_not_write(
 ) -> None:
     slots = [_fill_slot(worker, s, seed=s) for s in (0, 1, 2)]
     full_disk_for(monkeypatch, _disk(worker).path(KEYS[1]).name)
-    write = DiskWriteJob(7, HostChunks(np.array([0, 1, 2])), DiskChunks(tuple(KEYS[:3])))
-    worker.begin_step(StepPlan(disk_writes=[write], num_chunks=NUM_CHUNKS))
+    write = TierWriteJob(7, HostChunks(np.array([0, 1, 2])), TierChunks("disk", tuple(KEYS[:3])))
+    worker.begin_step(StepPlan(tier_writes=[write], num_chunks=NUM_CHUNKS))
     worker.start_stores()
     worker.transfers.wait([7])
     worker.finished(set())
@@ -218,17 +220,19 @@ def test_a_full_disk_counts_the_chunk_it_could_not_write(
     outcome = worker.report().jobs[7]
     assert (outcome.ranks, outcome.failed, outcome.bad) == (1, 1, [1])
     assert outcome.bytes == 2 * _disk(worker).file_bytes(0)
-    assert (worker.counters.disk_writes, worker.counters.disk_write_errors) == (2, 1)
+    assert (worker.counters.tier_writes, worker.counters.tier_write_errors) == (2, 1)
     assert [_file(worker, KEYS[0]), _file(worker, KEYS[2])] == [slots[0], slots[2]]
     assert not _disk(worker).path(KEYS[1]).exists()
 
 
 def test_a_refused_write_counts_all_its_chunks(worker: WorkerConnector) -> None:
-    write = DiskWriteJob(8, HostChunks(np.array([0, NUM_CHUNKS])), DiskChunks(tuple(KEYS[:2])))
-    worker.begin_step(StepPlan(disk_writes=[write], num_chunks=NUM_CHUNKS))
+    write = TierWriteJob(
+        8, HostChunks(np.array([0, NUM_CHUNKS])), TierChunks("disk", tuple(KEYS[:2]))
+    )
+    worker.begin_step(StepPlan(tier_writes=[write], num_chunks=NUM_CHUNKS))
     worker.start_stores()
     worker.finished(set())
     outcome = worker.report().jobs[8]
     assert (outcome.failed, outcome.bytes, outcome.bad) == (1, 0, [])
-    assert (worker.counters.disk_writes, worker.counters.disk_write_errors) == (0, 2)
+    assert (worker.counters.tier_writes, worker.counters.tier_write_errors) == (0, 2)
     assert not _disk(worker).path(KEYS[0]).exists()

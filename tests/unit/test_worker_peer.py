@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from kvtier.addresses import EngineBlocks, PeerBlocks
-from kvtier.step_plan import LoadJob, PeerOffer, StepPlan
-from kvtier.tiers.peer.worker import PeerSettings
+from kvtier.addresses import EngineBlocks
+from kvtier.step_plan import LoadJob, StepPlan
+from kvtier.tiers.peer.messages import PeerBlocks, PeerOffer
+from kvtier.tiers.peer.worker import PeerSettings, peer_worker_tier
 from kvtier.transfer import PeerIdentity
 from kvtier.worker.connector import WorkerConnector
 
@@ -36,7 +37,10 @@ def _rank(producer: bool, seed: int) -> Rank:
     cache = torch.randn(16, 2, 32, 64, generator=torch.Generator().manual_seed(seed))
     worker.register({"layer.0": cache}, [["layer.0"]], num_blocks=16)
     settings = PeerSettings(IDENTITY, SECRET, rank=0, timeout_s=5.0, connections=1)
-    return Rank(worker, cache, worker.start_peer(producer, settings))
+    assert worker.layout is not None
+    tier = peer_worker_tier(worker.layout, settings, producer)
+    worker.add_tier(tier)
+    return Rank(worker, cache, tier.address)
 
 
 @pytest.fixture
@@ -72,8 +76,8 @@ def test_offered_blocks_are_pulled_into_the_decode_blocks_then_released(
     pair: tuple[Rank, Rank],
 ) -> None:
     (prefill, source, address), (decode, destination, _) = pair
-    prefill.begin_step(StepPlan(offers=[PeerOffer("p1", ((3, 7, 9),), 30.0)], held=["p1"],
-                                forward=False))  # fmt: skip
+    offer = PeerOffer("p1", ((3, 7, 9),), 30.0)
+    prefill.begin_step(StepPlan(messages={"peer": [offer]}, held=["p1"], forward=False))
     assert prefill.finished(set())[0] == set()  # held until the decode engine pulled it
 
     decode.begin_step(StepPlan(loads=[_pull(address, [3, 7, 9], [10, 0, 4], 5)], forward=False))
@@ -90,7 +94,7 @@ def test_offered_blocks_are_pulled_into_the_decode_blocks_then_released(
 
 def test_an_offer_nobody_pulls_is_released_after_its_hold(pair: tuple[Rank, Rank]) -> None:
     prefill = pair[0].worker
-    prefill.begin_step(StepPlan(offers=[PeerOffer("p1", ((3,),), 0.2)], held=["p1"]))
+    prefill.begin_step(StepPlan(messages={"peer": [PeerOffer("p1", ((3,),), 0.2)]}, held=["p1"]))
     started = time.monotonic()
     assert _until(lambda: prefill.finished(set())[0]) == {"p1"}
     assert time.monotonic() - started < 5
@@ -113,7 +117,7 @@ def test_a_peer_that_hangs_holds_up_only_its_own_pull(pair: tuple[Rank, Rank]) -
     answers (a hung process); the other's pull, planned after it, lands long before the hung
     one's 5 s timeout."""
     (prefill, source, address), (decode, destination, _) = pair
-    prefill.begin_step(StepPlan(offers=[PeerOffer("p1", ((3,),), 30.0)], forward=False))
+    prefill.begin_step(StepPlan(messages={"peer": [PeerOffer("p1", ((3,),), 30.0)]}, forward=False))
     with socket.create_server(("127.0.0.1", 0)) as hung:  # never accepts: the kernel does
         loads = [_pull(hung.getsockname()[:2], [5], [12], 7, decode_req="d1"),
                  _pull(address, [3], [10], 8, decode_req="d2")]  # fmt: skip
@@ -131,7 +135,7 @@ def test_nothing_is_left_behind_after_pulls_and_shutdown() -> None:
     threads, fds = threading.active_count(), len(os.listdir("/proc/self/fd"))
     prefill, decode = _rank(True, seed=1), _rank(False, seed=2)
     offers = [PeerOffer(f"p{i}", ((i + 1,),), 30.0) for i in range(3)]
-    prefill.worker.begin_step(StepPlan(offers=offers, forward=False))
+    prefill.worker.begin_step(StepPlan(messages={"peer": offers}, forward=False))
     for i in range(3):
         load = _pull(prefill.address, [i + 1], [i + 4], 10 + i, req=f"p{i}")
         decode.worker.begin_step(StepPlan(loads=[load], forward=False))
@@ -146,8 +150,10 @@ def test_nothing_is_left_behind_after_pulls_and_shutdown() -> None:
 
 def test_a_release_frees_the_offer_without_a_pull(pair: tuple[Rank, Rank]) -> None:
     (prefill, _, address), decode = pair[0], pair[1].worker
-    prefill.begin_step(StepPlan(offers=[PeerOffer("p1", ((3,),), 30.0)], held=["p1"]))
+    prefill.begin_step(StepPlan(messages={"peer": [PeerOffer("p1", ((3,),), 30.0)]}, held=["p1"]))
     assert address is not None
-    decode.begin_step(StepPlan(releases=[PeerBlocks((address,), "p1", ((),))], forward=False))
+    decode.begin_step(
+        StepPlan(messages={"peer": [PeerBlocks((address,), "p1", ((),))]}, forward=False)
+    )
     assert _until(lambda: prefill.finished(set())[0]) == {"p1"}  # long before its 30 s hold
     assert decode.report().jobs == {}  # a release is no job: nothing for vLLM to wait on

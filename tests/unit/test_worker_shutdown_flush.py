@@ -13,14 +13,16 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from tier_setup import disk_tier, redis_tier
 
-from kvtier.addresses import DiskChunks, EngineBlocks, HostChunks
-from kvtier.config import RedisConfig
+from kvtier.addresses import EngineBlocks, HostChunks, TierChunks
 from kvtier.keys import ChunkKey, LayoutFingerprint, make_key
 from kvtier.step_plan import LoadJob, StepPlan, StoreJob
 from kvtier.tiers.chunk_format import ChunkError
+from kvtier.tiers.disk.files import DiskTier
+from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.tier import RedisTier
-from kvtier.worker.connector import DiskSettings, RedisSettings, WorkerConnector
+from kvtier.worker.connector import WorkerConnector
 
 NUM_BLOCKS, NUM_CHUNKS, PAGE = 16, 8, 1024
 FINGERPRINT = LayoutFingerprint(
@@ -33,9 +35,9 @@ KEYS = [make_key(FINGERPRINT.digest(), i, 0) for i in range(8)]
 def worker(tmp_path: Path, fresh_redis: Any) -> Iterator[WorkerConnector]:
     worker = WorkerConnector(cpu_bytes_to_use=NUM_CHUNKS * PAGE, block_size_factor=1, world_size=1)
     caches = {"layer.0": torch.randn(NUM_BLOCKS, 2, 8, 16)}  # 1 KiB per block
-    redis = RedisSettings(RedisConfig(fresh_redis.url, timeout_s=0.5), 0, FINGERPRINT)
-    disk = DiskSettings(tmp_path / "disk", 0, FINGERPRINT)
-    worker.register(caches, [["layer.0"]], NUM_BLOCKS, disk=disk, redis=redis)
+    redis = redis_tier(RedisConfig(fresh_redis.url, timeout_s=0.5), 0, FINGERPRINT)
+    disk = disk_tier(tmp_path / "disk", 0, FINGERPRINT)
+    worker.register(caches, [["layer.0"]], NUM_BLOCKS, [disk, redis])
     yield worker
     worker.shutdown(0)
 
@@ -45,7 +47,7 @@ def _store(worker: WorkerConnector, count: int, disk_room: int = 1 << 30) -> lis
     finish on the worker; no step reports them (as when the engine stops right after)."""
     stores = [StoreJob(i + 1, "r", EngineBlocks(np.array([i]), (1,), (i,)),
                        HostChunks(np.array([i])), (KEYS[i],)) for i in range(count)]  # fmt: skip
-    worker.begin_step(StepPlan(stores=stores, num_chunks=NUM_CHUNKS, disk_room=disk_room))
+    worker.begin_step(StepPlan(stores=stores, num_chunks=NUM_CHUNKS, tier_room={"disk": disk_room}))
     worker.start_stores()
     assert worker.layout is not None
     return [worker.layout.views[0][i].numpy().tobytes() for i in range(count)]
@@ -61,10 +63,10 @@ def _in_redis(tier: RedisTier, key: ChunkKey) -> bytes | None:
 
 
 def _on_disk(worker: WorkerConnector, key: ChunkKey) -> bytes | None:
-    assert worker.disk is not None
+    assert _disk(worker) is not None
     out = np.zeros(PAGE, dtype=np.uint8)
     try:
-        worker.disk.read(key, [out])
+        _disk(worker).read(key, [out])
     except OSError:
         return None
     return out.tobytes()
@@ -72,10 +74,10 @@ def _on_disk(worker: WorkerConnector, key: ChunkKey) -> bytes | None:
 
 def test_the_chunks_each_tier_lacks_are_written_at_shutdown(worker: WorkerConnector) -> None:
     data = _store(worker, 4)
-    assert worker.redis is not None and worker.disk is not None
-    redis = worker.redis
+    assert _redis(worker) is not None and _disk(worker) is not None
+    redis = _redis(worker)
     redis.write(KEYS[0], [np.frombuffer(data[0], np.uint8)])  # written before: not again
-    worker.disk.write(KEYS[1], [np.frombuffer(data[1], np.uint8)])
+    _disk(worker).write(KEYS[1], [np.frombuffer(data[1], np.uint8)])
 
     worker.shutdown(5.0)
 
@@ -84,7 +86,7 @@ def test_the_chunks_each_tier_lacks_are_written_at_shutdown(worker: WorkerConnec
     counters = worker.counters
     assert counters.shutdown_written == {"disk": 3, "redis": 3}
     assert counters.shutdown_unwritten == {"disk": 0, "redis": 0}
-    assert counters.shutdown_writes == 3  # the disk's, as before
+    assert counters.shutdown_written["disk"] == 3  # the disk's, as before
 
 
 def test_no_time_no_flush_and_everything_counted_unwritten(worker: WorkerConnector) -> None:
@@ -92,8 +94,8 @@ def test_no_time_no_flush_and_everything_counted_unwritten(worker: WorkerConnect
 
     worker.shutdown(0)
 
-    assert worker.redis is not None
-    assert [_in_redis(worker.redis, k) for k in KEYS[:3]] == [None] * 3
+    assert _redis(worker) is not None
+    assert [_in_redis(_redis(worker), k) for k in KEYS[:3]] == [None] * 3
     assert worker.counters.shutdown_unwritten == {"disk": 3, "redis": 3}
 
 
@@ -113,8 +115,8 @@ def test_a_dead_redis_is_left_at_once_and_the_disk_still_gets_everything(
 
 
 def test_the_disk_gets_the_newest_chunks_its_room_takes(worker: WorkerConnector) -> None:
-    assert worker.disk is not None
-    data = _store(worker, 4, disk_room=2 * worker.disk.file_bytes(0))
+    assert _disk(worker) is not None
+    data = _store(worker, 4, disk_room=2 * _disk(worker).file_bytes(0))
 
     worker.shutdown(5.0)
 
@@ -125,8 +127,8 @@ def test_the_disk_gets_the_newest_chunks_its_room_takes(worker: WorkerConnector)
 def test_no_chunk_is_written_right_after_a_failed_load(worker: WorkerConnector) -> None:
     """A synchronous load that failed spoils its step's stores until the scheduler's ``forget``
     of them arrives: a shutdown within SUSPECT_STEPS writes no host chunk anywhere."""
-    missing = LoadJob(90, "s", DiskChunks((KEYS[7],)), EngineBlocks(np.array([9]), (1,), (0,)),
-                      sync=True)  # fmt: skip
+    engine = EngineBlocks(np.array([9]), (1,), (0,))
+    missing = LoadJob(90, "s", TierChunks("disk", (KEYS[7],)), engine, sync=True)
     worker.begin_step(StepPlan(loads=[missing], num_chunks=NUM_CHUNKS))
     worker.start_loads()  # reads before the forward: fails (no such file)
     worker.finished(set())
@@ -137,7 +139,19 @@ def test_no_chunk_is_written_right_after_a_failed_load(worker: WorkerConnector) 
     worker.shutdown(5.0)
 
     assert worker.counters.failed_loads == 1
-    assert worker.redis is not None
-    assert [_in_redis(worker.redis, k) for k in KEYS[:2]] == [None, None]
+    assert _redis(worker) is not None
+    assert [_in_redis(_redis(worker), k) for k in KEYS[:2]] == [None, None]
     assert [_on_disk(worker, k) for k in KEYS[:2]] == [None, None]
     assert worker.counters.shutdown_written == {}
+
+
+def _disk(worker: WorkerConnector) -> DiskTier:
+    files = worker.tier("disk").flush
+    assert isinstance(files, DiskTier)
+    return files
+
+
+def _redis(worker: WorkerConnector) -> RedisTier:
+    records = worker.tier("redis").flush
+    assert isinstance(records, RedisTier)
+    return records

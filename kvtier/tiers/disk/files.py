@@ -1,10 +1,10 @@
 """The local-disk tier, as one worker rank reads and writes it: one verified file per chunk.
 
 The rank writes its share of each chunk (the chunk's rows in every view of its group) to
-``disk_names.chunk_path(root, key, rank)`` in the format of ``disk_format``, and reads it back
+``names.chunk_path(root, key, rank)`` in the format of ``tiers/chunk_format.py``, and reads it back
 only after every check passed. A file that fails a check is removed and the read raises
 ``ChunkError``: the caller counts a miss and the engine recomputes. Which chunks are on disk,
-the budget and eviction are the scheduler half's (``scheduler/disk_index.py``).
+the budget and eviction are the scheduler half's (``index.py``).
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ file: every load is verified by the worker that reads it.
 Eviction removes the files of the least recently used chunks (not pinned, not being written)
 until the directory's bytes (counted per file, of every model in it) plus the chunks being written
 fit the budget.
+
+Over 300 lines because the index, its budget and its eviction share one table of entries.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtier.addresses import DiskChunks
 from kvtier.keys import ChunkKey
 from kvtier.tiers.disk.names import chunk_path, scan
 
@@ -68,7 +69,6 @@ class DiskIndex:
     """
 
     name = "disk"
-    spec = DiskChunks
     synchronous = True
     max_in_flight = 64  # chunks being written at once
 

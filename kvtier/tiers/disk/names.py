@@ -5,7 +5,7 @@
 The key's fingerprint (16 bytes) names a directory per model and layout; the next byte spreads
 the files of one model over 256 directories, so none grows huge. Each worker rank writes its own
 share of a chunk: a chunk is on disk when all ``world_size`` rank files are. Temporary files
-(``disk_format.temp_name``) start with a dot and end in ``.tmp``.
+(``chunk_format.temp_name``) start with a dot and end in ``.tmp``.
 """
 
 from __future__ import annotations

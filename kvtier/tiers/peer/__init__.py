@@ -1,1 +1,23 @@
-"""The peer tier: a prefill engine's KV pulled by its decode engine (prefill→decode)."""
+"""The peer tier: a prefill engine's KV pulled by its decode engine (prefill→decode).
+
+    config.py    its section, ``transfer``     messages.py  a pull's source, an offer
+    roles.py     who pulls what (the scheduler half: producer, consumer)
+    planner.py   the scheduler half's pulls, offers and releases
+    worker.py    a rank's listener (prefill) or puller (decode)
+
+Not an entry of the chain: its loads are planned per request from the prefill engine's params.
+"""
+
+from kvtier.tiers.peer.config import TransferConfig
+from kvtier.tiers.peer.messages import NAME
+from kvtier.tiers.spec import TierSpec
+
+SPEC = TierSpec(
+    name=NAME,
+    hit_source="P2P",  # a prefill engine's KV
+    section="transfer",
+    parse=TransferConfig.from_mapping,
+    default=TransferConfig(),
+)
+
+__all__ = ["SPEC", "TransferConfig"]

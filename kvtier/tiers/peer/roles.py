@@ -31,9 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.addresses import PeerBlocks
 from kvtier.scheduler.store_planner import NULL_BLOCK
-from kvtier.step_plan import PeerOffer
+from kvtier.tiers.peer.messages import PeerBlocks, PeerOffer
 
 logger = logging.getLogger(__name__)
 

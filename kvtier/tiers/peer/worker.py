@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from kvtier.addresses import EngineBlocks, PeerBlocks, TransferSpec
+from kvtier.addresses import EngineBlocks, TransferSpec
 from kvtier.layout import KVLayout
-from kvtier.step_plan import PeerOffer
+from kvtier.tiers.peer.messages import NAME, PeerBlocks, PeerOffer
+from kvtier.tiers.spec import WorkerTier
 from kvtier.transfer import (
     BlockRows,
     CpuBlockRows,
@@ -156,3 +157,52 @@ class PeerLoadHandler(ThreadedHandler):
         super().shutdown()
         self._releases.shutdown(wait=True)
         self.client.close()
+
+
+class PeerWorkerTier(WorkerTier):
+    """One rank's side of the peer tier: a prefill rank serves offers (``serving``), a decode
+    rank pulls (``load``) and frees offers it will never pull. ``address``: where decode
+    engines reach a prefill rank (vLLM's handshake carries it to the scheduler)."""
+
+    def __init__(
+        self,
+        serving: PeerServing | None,
+        puller: PeerLoadHandler | None,
+        address: tuple[str, int] | None = None,
+    ) -> None:
+        super().__init__(NAME, load=puller)
+        self.serving, self.puller, self.address = serving, puller, address
+
+    def begin_step(self, messages: Sequence[object]) -> None:
+        offers = [m for m in messages if isinstance(m, PeerOffer)]
+        releases = [m for m in messages if isinstance(m, PeerBlocks)]
+        if offers:
+            assert self.serving is not None, "kvtier: an offer to a worker that does not serve"
+            self.serving.offer(offers)
+        if releases:
+            assert self.puller is not None, "kvtier: a release from a worker that cannot pull"
+            for release in releases:
+                self.puller.release(release)
+
+    def holding(self) -> set[str]:
+        if self.serving is None:
+            return set()
+        self.serving.take_released()
+        return set(self.serving.pending)
+
+    def wait_idle(self, timeout_s: float) -> None:
+        # only offers wait (the decode engines' pulls run on the listener's threads)
+        if self.serving is not None and self.serving.pending:
+            self.serving.server.wait_done(timeout_s)
+
+    def close(self) -> None:
+        if self.serving is not None:
+            self.serving.close()
+
+
+def peer_worker_tier(layout: KVLayout, settings: PeerSettings, producer: bool) -> PeerWorkerTier:
+    """A prefill rank's listener (``producer``) or a decode rank's puller."""
+    if producer:
+        serving, address = start_serving(layout, settings)
+        return PeerWorkerTier(serving, None, address)
+    return PeerWorkerTier(None, peer_load_handler(layout, settings))

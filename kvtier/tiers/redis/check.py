@@ -14,8 +14,8 @@ import os
 import socket
 import ssl
 
-from kvtier.config import RedisConfig
 from kvtier.connect import ResolveTimeout
+from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.conn import Connection
 from kvtier.tiers.redis.errors import AuthError, ProtocolError, RespError, TlsHandshakeError
 from kvtier.tiers.redis.url import RedisAddress

@@ -4,7 +4,7 @@
     SlotMap().update(reply, seed)  the map from a ``CLUSTER SLOTS`` reply (asked of any seed)
     SlotMap.node(slot)             the master serving ``slot`` (None: unknown, ask again)
 
-A Redis key of kvtier carries the chunk key as its hash tag (``tiers/redis_keys.py``), so every
+A Redis key of kvtier carries the chunk key as its hash tag (``redis/keys.py``), so every
 rank's share of a chunk is on one node. The map is replaced whole, never edited in place, so a
 thread reading it needs no lock; a ``MOVED`` reply tells the store to ask for a fresh one.
 """

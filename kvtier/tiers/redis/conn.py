@@ -16,6 +16,9 @@ name lookup, connect, handshake and login too: ``kvtier.connect``). An error rep
 ``-OOM``, ``-WRONGPASS`` ...) is a typed ``RespError`` and leaves the connection in step; any
 other failure closes the connection (``closed``) so that it is never read again from the middle
 of a reply.
+
+Over 300 lines because a RESP2 connection is one state machine (the socket, its buffer, the
+replies in flight): split, its halves would share every field.
 """
 
 from __future__ import annotations

@@ -32,7 +32,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from kvtier.addresses import RedisChunks
 from kvtier.keys import ChunkKey
 
 logger = logging.getLogger(__name__)
@@ -49,7 +48,6 @@ Exists = Callable[[Sequence[ChunkKey]], list[bool]]  # chunk keys -> held by eve
 
 class RedisIndex:
     name = "redis"
-    spec = RedisChunks
     synchronous = False  # a network store: never read before the forward
     write_through = True  # the fleet finds a chunk as soon as one engine computed it
 

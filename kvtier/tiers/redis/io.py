@@ -1,4 +1,4 @@
-"""Transfers of the Redis tier: the disk tier's handler pair (``disk_io.py``) over Redis records.
+"""Transfers of the Redis tier: the handler pair of ``tiers/chunk_io.py`` over Redis records.
 
 Loads: ``RedisTier.prefetch`` pipelines the GETs of the next chunks while one is received
 straight into the staging buffer, verified, and scattered into the engine blocks; a record that
@@ -16,7 +16,7 @@ import time
 from kvtier.keys import ChunkKey
 from kvtier.layout import KVLayout
 from kvtier.tiers.chunk_format import Buffer
-from kvtier.tiers.chunk_io import WARN_EVERY, DiskLoadHandler, DiskWriteHandler
+from kvtier.tiers.chunk_io import WARN_EVERY, TierLoadHandler, TierWriteHandler
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.redis.tier import RedisTier
 from kvtier.worker.base import TransferResult
@@ -24,12 +24,12 @@ from kvtier.worker.base import TransferResult
 logger = logging.getLogger(__name__)
 
 
-class RedisLoadHandler(DiskLoadHandler):
+class RedisLoadHandler(TierLoadHandler):
     def __init__(self, layout: KVLayout, tier: RedisTier) -> None:
         super().__init__(layout, tier, "redis")
 
 
-class RedisWriteHandler(DiskWriteHandler):
+class RedisWriteHandler(TierWriteHandler):
     def __init__(self, host: HostTier, tier: RedisTier) -> None:
         super().__init__(host, tier, "redis")
         self.redis = tier

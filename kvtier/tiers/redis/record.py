@@ -4,11 +4,11 @@
     0       8      magic ``b"KVTIERR1"``
     8       4      n: length of the header (u32, little endian)
     12      8      xxh3_64 of the n header bytes (u64, little endian)
-    20      n      the header: msgpack of ``disk_format.ChunkHeader`` (key, rank, fingerprint,
+    20      n      the header: msgpack of ``chunk_format.ChunkHeader`` (key, rank, fingerprint,
                    views, checksum, created, describe)
     20 + n  P      the payload: the chunk's bytes in each view of its group, view after view
 
-The same record and checks as a disk chunk file (``disk_format.read_chunk``) without its 4 KiB of
+The same record and checks as a disk chunk file (``chunk_format.read_chunk``) without its 4 KiB of
 padding: a chunk may be 16 tokens. Header and bytes are one value, so they cannot drift apart.
 A reader takes a record in steps, so that the payload lands straight in its buffers:
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from kvtier.config import RedisConfig
+from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.store import RedisStore
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """RedisStore: the one client of the Redis tier (a server or a Redis Cluster), for every thread.
 
     check()                           at start-up: reachable, credentials, TLS, cluster mode;
-                                      ValueError naming the setting (``redis_check.py``)
+                                      ValueError naming the setting (``check.py``)
     exists(names)   -> [bool]         pipelined, one round trip per node
     set_many(items) -> [bool]         pipelined SETs (``PX`` with ``ttl_s``); a refused one
                                       (``-OOM``) is False
@@ -21,6 +21,9 @@ refreshes the slot map and the command is retried once (``ASK``: once at the nod
 30 s; a success resets it) every call raises ``RedisUnavailable`` at once without touching the
 network. After the window one call tries (reconnecting); the others keep failing fast until it
 succeeded. Every socket call is bounded by ``timeout_s``, connect included.
+
+Over 300 lines because one client serves a server and a cluster alike (routing, retries and
+the breaker wrap every call the same way).
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
-from kvtier.config import RedisConfig
 from kvtier.tiers.redis.breaker import Breaker, RedisUnavailable
 from kvtier.tiers.redis.check import check_node
 from kvtier.tiers.redis.cluster import SlotMap, key_slot
+from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.conn import Bulk, Connection, Value
 from kvtier.tiers.redis.errors import AskError, AuthError, MovedError, RespError
 from kvtier.tiers.redis.url import RedisAddress, parse_url

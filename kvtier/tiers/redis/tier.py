@@ -1,13 +1,13 @@
 """The Redis tier, as one worker rank reads and writes it: one verified record per chunk and rank.
 
 The same interface as the disk tier (``tiers/chunk_tier.py``), so the disk tier's handler pair
-moves it (``worker/redis_io.py``):
+moves it (``redis/io.py``):
 
     prefetch(key)             send the GET of ``key`` now (the load handler asks a few chunks
                               ahead, in the order it then reads them); replies stream back
                               while earlier chunks are checked and scattered
     read(key, out)            receive ``key``'s record straight into ``out`` and verify it
-    write / write_many        pipelined SETs of records (``redis_record.py``)
+    write / write_many        pipelined SETs of records (``record.py``)
     holds_many(keys)          which records are there (a shutdown flush writes the others)
 
 A record that is absent (Redis evicted it after the lookup) is a ``RecordAbsent`` ChunkError, a

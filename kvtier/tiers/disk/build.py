@@ -1,0 +1,35 @@
+"""The disk tier's two halves, built from its config section (``TierSpec`` builders)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvtier.tiers.chunk_io import TierLoadHandler, TierWriteHandler
+from kvtier.tiers.disk.files import DiskTier
+from kvtier.tiers.disk.index import DiskIndex
+from kvtier.tiers.spec import SchedulerContext, WorkerContext, WorkerTier
+
+NAME = "disk"
+
+
+def scheduler_index(ctx: SchedulerContext) -> DiskIndex:
+    """The directory's index, built from its file names (a restarted engine finds its chunks)."""
+    config = ctx.config
+    return DiskIndex(
+        Path(config.path), config.bytes, ctx.world_size, ctx.fingerprint,
+        ctx.chunk_bytes * ctx.world_size, write_through=config.write_through,
+    )  # fmt: skip
+
+
+def worker_tier(ctx: WorkerContext) -> WorkerTier:
+    """This rank's files: named by its rank, checked against its fingerprint."""
+    files = DiskTier(
+        Path(ctx.config.path), ctx.rank, ctx.fingerprint.digest(), ctx.fingerprint.describe(),
+        ctx.layout, ctx.factor,
+    )  # fmt: skip
+    return WorkerTier(
+        NAME,
+        load=TierLoadHandler(ctx.layout, files, NAME),
+        write=TierWriteHandler(ctx.host, files, NAME),
+        flush=files,
+    )

@@ -1,0 +1,44 @@
+"""The disk tier's config section (extra-config key ``disk``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvtier.config_parse import (
+    as_bool,
+    keys,
+    mapping,
+    non_empty_str,
+    optional,
+    positive_int,
+    positive_size,
+    required,
+)
+
+
+@dataclass(frozen=True)
+class DiskConfig:
+    """The local-disk tier (extra-config key ``disk``).
+
+    ``bytes`` is the disk budget. ``write_through`` stores every chunk on disk when it is stored
+    in CPU memory; otherwise (write-back) a chunk reaches disk when evicted from CPU memory.
+    """
+
+    path: str
+    bytes: int
+    write_through: bool = False
+
+    def __post_init__(self) -> None:
+        non_empty_str(self.path, "disk.path")
+        positive_int(self.bytes, "disk.bytes")
+        as_bool(self.write_through, "disk.write_through")
+
+    @classmethod
+    def from_mapping(cls, raw: object, key: str = "disk") -> DiskConfig:
+        """Parse the ``disk`` mapping; ``path`` and ``bytes`` are required."""
+        raw = mapping(raw, key, keys(cls))
+        return cls(
+            path=required(raw, key, "path", non_empty_str),
+            bytes=required(raw, key, "bytes", positive_size),
+            write_through=optional(raw, key, "write_through", as_bool, False),
+        )

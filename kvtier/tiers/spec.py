@@ -1,0 +1,104 @@
+"""A tier, as kvtier plugs it in: one ``TierSpec`` per package (``kvtier/tiers/<name>/``).
+
+A spec is everything the rest of kvtier knows about a tier:
+
+    name            its stats, log line, ``/metrics`` label (``tier``), provenance, and the
+                    medium of its chunks in a transfer (``TierChunks.tier``)
+    section         its key in ``kv_connector_extra_config`` (None: it takes no config)
+    parse(raw, key) that section parsed, or a ValueError naming the key (``config_parse.py``)
+    default         its config when the section is absent (None: the tier is off)
+    hit_source      the vLLM ``CacheHitSource`` its loaded tokens count under
+    scheduler(ctx)  the scheduler half's index (``scheduler/lower_tier.py``), or None: the tier
+                    is off (e.g. a store that did not answer and is not required)
+    worker(ctx)     one worker rank's side (``WorkerTier``), or None
+
+Specs with a ``scheduler`` builder form the chain below host memory, in the order of
+``registry.py``; both halves loop over it and name no tier. The host tier and the peer tier have
+specs for their names and config, and their own parts (they are not entries of the chain).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtier.keys import LayoutFingerprint
+from kvtier.layout import KVLayout
+from kvtier.scheduler.lower_tier import LowerTier
+from kvtier.tiers.host.buffers import HostTier
+from kvtier.worker.base import TransferHandler
+from kvtier.worker.shutdown_flush import FlushTier
+
+
+@dataclass(frozen=True)
+class SchedulerContext:
+    """What a tier's scheduler-side index is built from, in the engine's scheduler process."""
+
+    config: Any  # the tier's config section, parsed
+    world_size: int  # worker ranks: a chunk is loadable when every rank's share is there
+    fingerprint: bytes  # the engine's layout digest: tiers shared by several models keep apart
+    chunk_bytes: int  # one rank's bytes of one chunk, an upper bound (record headers included)
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """What one worker rank's side of a tier is built from."""
+
+    config: Any
+    layout: KVLayout  # this rank's engine KV tensors, as block views
+    host: HostTier  # this rank's host tier: writes read their chunks from it
+    rank: int  # among all ranks (pipeline stage, then tensor rank): names its share of a chunk
+    fingerprint: LayoutFingerprint  # this rank's: records are checked against it
+    factor: int  # engine blocks per chunk
+
+
+@dataclass
+class WorkerTier:
+    """One worker rank's side of a tier: its handler pair and what a shutdown flush writes.
+
+    ``load`` moves the tier's chunks into engine blocks (medium ``name`` -> engine), ``write``
+    host-tier chunks into the tier (host -> ``name``); either may be None. ``flush``: the tier
+    as a shutdown writes the host chunks it lacks (None: nothing written at shutdown).
+    A tier with more to do each step (the peer tier's offers) subclasses it.
+    """
+
+    name: str
+    load: TransferHandler | None = None
+    write: TransferHandler | None = None
+    flush: FlushTier | None = None
+    on_close: Callable[[], None] | None = None
+
+    def begin_step(self, messages: Sequence[object]) -> None:
+        """This step's messages from the tier's scheduler side (``StepPlan.messages``)."""
+        if messages:
+            raise ValueError(f"kvtier: tier {self.name!r} takes no messages, got {messages!r}")
+
+    def holding(self) -> set[str]:
+        """Finished requests whose blocks the tier still needs (a peer's offers)."""
+        return set()
+
+    def wait_idle(self, timeout_s: float) -> None:
+        """Nothing is in flight but what the tier waits for: block up to ``timeout_s``."""
+
+    def close(self) -> None:
+        if self.on_close is not None:
+            self.on_close()
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """A tier's names, config section and builders (module docstring)."""
+
+    name: str
+    hit_source: str = "EXTERNAL_UNSPECIFIED"
+    section: str | None = None
+    parse: Callable[[object, str], Any] | None = None
+    default: Any = None
+    scheduler: Callable[[SchedulerContext], LowerTier | None] | None = None
+    worker: Callable[[WorkerContext], WorkerTier | None] | None = None
+    doc: str = field(default="", compare=False)  # one line for the config's documentation
+
+    @property
+    def in_chain(self) -> bool:
+        return self.scheduler is not None

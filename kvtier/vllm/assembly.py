@@ -1,0 +1,189 @@
+"""kvtier built inside vLLM, in one place: both halves, the tier chain, the kv_role, observability.
+
+    SchedulerSide.build(vllm_config, kv_cache_config, config, role)  the scheduler process's half
+    WorkerSide(vllm_config, kv_cache_config, config, role)           a worker's, then register()
+
+The chain is the config's tiers (``KVTierConfig.chain``: each spec whose section is set, in the
+registry's order); each half asks every spec for its side (``TierSpec.scheduler``/``worker``),
+so nothing here names a tier. What names a chunk's bytes (the layout fingerprint) is computed
+here for both halves: the scheduler's namespaces the keys, each rank's checks its records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kvtier.config import KVTierConfig
+from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
+from kvtier.layout import KVLayout, Placement, host_num_chunks, placement_bytes_per_block
+from kvtier.scheduler.connector import GroupSpec, SchedulerConnector
+from kvtier.tiers.chunk_format import HEADER_BYTES
+from kvtier.tiers.host.buffers import HostTier
+from kvtier.tiers.spec import SchedulerContext, TierSpec, WorkerContext, WorkerTier
+from kvtier.vllm.kv_role import KVRole
+from kvtier.vllm.observability import Observability
+from kvtier.worker.connector import WorkerConnector
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+logger = logging.getLogger(__name__)
+
+# the group kinds whose blocks only leave a request as vLLM says (full attention), or drop out of
+# a sliding window behind the request's first token: others (chunked local attention, RSWA,
+# circular buffers, Mamba's copy-on-write) free or rewrite blocks in place, unseen by kvtier
+_SUPPORTED_SPECS = (
+    "FullAttentionSpec", "MLAAttentionSpec", "SinkFullAttentionSpec", "SlidingWindowSpec",
+    "SlidingWindowMLASpec",
+)  # fmt: skip
+
+
+def fingerprint(
+    vllm_config: VllmConfig, layout: str, tp_rank: int, pp_rank: int, factor: int
+) -> LayoutFingerprint:
+    """What a chunk's bytes mean; the scheduler's (rank 0) namespaces the keys."""
+    return LayoutFingerprint(
+        model=str(vllm_config.model_config.model),
+        dtype=f"{vllm_config.model_config.dtype}/{vllm_config.cache_config.cache_dtype}",
+        layout=layout,
+        tp_rank=tp_rank,
+        tp_size=vllm_config.parallel_config.tensor_parallel_size,
+        pp_rank=pp_rank,
+        chunk_tokens=vllm_config.cache_config.block_size * factor,
+    )
+
+
+def _per_block(kv_cache_config: KVCacheConfig) -> int:
+    """Engine bytes per block on one rank, as vLLM placed the KV tensors."""
+    placements = [Placement(t.size, tuple(t.layers)) for t in kv_cache_config.kv_cache_tensors]
+    return placement_bytes_per_block(placements, kv_cache_config.num_blocks)
+
+
+@dataclass
+class SchedulerSide:
+    """The scheduler process's half: the scheduler connector and what it tells vLLM."""
+
+    scheduler: SchedulerConnector
+    observe: Observability
+
+    @classmethod
+    def build(
+        cls,
+        vllm_config: VllmConfig,
+        kv_cache_config: KVCacheConfig,
+        config: KVTierConfig,
+        role: KVRole,
+    ) -> SchedulerSide:
+        engine_block = vllm_config.cache_config.block_size
+        factor = config.block_size_factor(engine_block)
+        world_size = vllm_config.parallel_config.world_size
+        groups = kv_cache_config.kv_cache_groups
+        per_block = _per_block(kv_cache_config)
+        num_chunks = host_num_chunks(per_block, world_size, factor, config.cpu_bytes_to_use)
+        layout = ";".join(repr(g.kv_cache_spec) for g in groups)
+        keys = fingerprint(vllm_config, layout, 0, 0, factor)
+        chain = config.chain()
+        if chain:
+            _warn_if_hashes_differ_per_process(vllm_config)
+        context = SchedulerContext(
+            None, world_size, keys.digest(), per_block * factor + HEADER_BYTES
+        )
+        lower = []
+        for spec in chain:
+            assert spec.scheduler is not None
+            index = spec.scheduler(dataclasses.replace(context, config=config.section(spec)))
+            if index is not None:
+                lower.append(index)
+        specs = [_group_spec(g.kv_cache_spec) for g in groups]
+        key_maker = ChunkKeyMaker(keys, factor, config.hash_algo)
+        scheduler = SchedulerConnector(config, specs, num_chunks, world_size, key_maker, lower)
+        role.scheduler(scheduler, engine_block, [spec.sliding_window for spec in specs])
+        logger.info(
+            "kvtier: host tier of %d chunks of %d tokens, %d KV cache group(s), %d rank(s)%s",
+            num_chunks, engine_block * factor, len(groups), world_size,
+            "".join(f", then {tier.name}" for tier in lower),
+        )  # fmt: skip
+        chunk_bytes = per_block * factor * world_size
+        return cls(scheduler, Observability(scheduler, chunk_bytes, config.tiers))
+
+
+class WorkerSide:
+    """A worker process's half: the worker connector, its tiers built once the KV tensors are."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        kv_cache_config: KVCacheConfig,
+        config: KVTierConfig,
+        role: KVRole,
+    ) -> None:
+        self._vllm_config, self._config, self._role = vllm_config, config, role
+        self._factor = config.block_size_factor(vllm_config.cache_config.block_size)
+        world_size = vllm_config.parallel_config.world_size
+        self.worker = WorkerConnector(config.cpu_bytes_to_use, self._factor, world_size)
+        self._group_layers = [list(g.layer_names) for g in kv_cache_config.kv_cache_groups]
+        self._num_blocks = kv_cache_config.num_blocks
+
+    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """This rank's views, host tier and tiers (the chain's, then the role's)."""
+        from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
+
+        tp_rank, pp_rank = get_tensor_model_parallel_rank(), get_pp_group().rank_in_group
+        tp_size = self._vllm_config.parallel_config.tensor_parallel_size
+        rank = pp_rank * tp_size + tp_rank  # among all ranks: names its share of a chunk
+        base = fingerprint(self._vllm_config, "", tp_rank, pp_rank, self._factor)
+        config = self._config
+
+        def builder(spec: TierSpec) -> Any:
+            def build(layout: KVLayout, host: HostTier, description: str) -> WorkerTier | None:
+                assert spec.worker is not None
+                mine = dataclasses.replace(base, layout=description)
+                context = WorkerContext(
+                    config.section(spec), layout, host, rank, mine, self._factor
+                )
+                return spec.worker(context)
+
+            return build
+
+        layers = [[name for name in group if name in kv_caches] for group in self._group_layers]
+        builders = [builder(spec) for spec in config.chain() if spec.worker is not None]
+        worker = self.worker
+        worker.register(kv_caches, layers, self._num_blocks, builders)
+        assert worker.layout is not None
+        role_tier = self._role.worker_tier(worker.layout, worker.layout_description, tp_rank)
+        if role_tier is not None:
+            worker.add_tier(role_tier)
+
+
+def _group_spec(spec: Any) -> GroupSpec:
+    inner = list(getattr(spec, "kv_cache_specs", {}).values()) or [spec]  # uniform-type groups
+    for layer_spec in inner:
+        kind = type(layer_spec).__name__
+        if kind not in _SUPPORTED_SPECS:
+            raise ValueError(
+                f"kvtier: KV cache groups of kind {kind} are not supported "
+                f"(supported: {', '.join(_SUPPORTED_SPECS)})"
+            )
+    window = getattr(inner[0], "sliding_window", None)
+    return GroupSpec(block_tokens=spec.block_size, sliding_window=window)
+
+
+def _warn_if_hashes_differ_per_process(vllm_config: VllmConfig) -> None:
+    """vLLM seeds a non-cryptographic block hash at random in each process unless
+    PYTHONHASHSEED is set: then no other engine, and no restart, ever finds a chunk in a tier
+    of the chain."""
+    algo = str(vllm_config.cache_config.prefix_caching_hash_algo)
+    if "xxhash" in algo and os.environ.get("PYTHONHASHSEED") is None:
+        logger.warning(
+            "kvtier: prefix_caching_hash_algo=%s without PYTHONHASHSEED gives block hashes that "
+            "differ in every process: chunks on disk will only be found by this process. Set "
+            "PYTHONHASHSEED to one value for all engines, or use sha256 (vLLM's default).",
+            algo,
+        )
