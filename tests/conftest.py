@@ -7,7 +7,9 @@ tests/gpu     needs CUDA (marker ``gpu``; skipped when ``torch.cuda.is_available
 ``make test`` runs two pytest-xdist workers, each taking a whole file at a time (``--dist
 loadfile``: a module's engines and servers are started once). Files are handed out in collection
 order, so the longest (seconds on this 2-core machine, measured) come first: a long file left for
-last would run alone while the other worker idles.
+last would run alone while the other worker idles. xdist would sort them by their number of tests
+instead (``--loadscope-reorder``, its default: a 1-test engine file of 90 s came after every unit
+file); ``pytest_configure`` turns that off.
 """
 
 from __future__ import annotations
@@ -21,11 +23,18 @@ pytest_plugins = ["redis_fixtures"]
 _TESTS = Path(__file__).resolve().parent
 _FOLDER_MARKERS = {"engine": pytest.mark.engine, "gpu": pytest.mark.gpu}
 _LONGEST_FIRST = [  # tests/engine files, longest first (the rest keep their order, after these)
-    "test_fault_campaign.py", "test_parallel.py", "test_pd.py", "test_redis.py",
-    "test_fault_scenario.py", "test_disk.py", "test_proxy_prefill_down.py", "test_serve.py",
-    "test_pd_hybrid.py", "test_bench_transfer.py", "test_bench_ttft.py", "test_bench_disk.py",
-    "test_redis_writes.py", "test_bench_redis_ttft.py", "test_connector_pressure.py",
+    "test_pd.py", "test_parallel.py", "test_redis.py", "test_fault_campaign.py",
+    "test_bench_ttft.py", "test_pd_hybrid.py", "test_fault_scenario.py", "test_bench_transfer.py",
+    "test_disk.py", "test_redis_writes.py", "test_block_tables.py", "test_hybrid.py",
+    "test_connector.py", "test_connector_pressure.py", "test_disk_limits.py", "test_bench_disk.py",
+    "test_disk_healing.py", "test_serve.py", "test_no_regret.py", "test_observability.py",
+    "test_demo.py", "test_bench_redis_ttft.py", "test_copy_lanes.py", "test_engine_smoke.py",
 ]  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep the collection order
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

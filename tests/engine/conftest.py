@@ -72,18 +72,45 @@ def llm_kwargs(tiny_model: Path) -> dict[str, Any]:
 _REFERENCES: dict[tuple[object, ...], list[list[int]]] = {}
 
 
-@pytest.fixture(scope="session")
-def reference() -> Any:
-    """Greedy outputs without any connector, computed once per (model, prompts, engine args)."""
-    from harness import engine, generate, greedy
+class References:
+    """Greedy outputs without any connector, computed once per (model, prompts, max_tokens,
+    engine args) in this process.
 
-    def outputs(
-        model: Path, prompts: list[list[int]], max_tokens: int = 8, **overrides: Any
+    ``reference(model, prompts)`` gives one set's outputs. ``reference.many(model, [(prompts,
+    max_tokens), ...])`` gives several, and computes those not known yet with one engine instead
+    of one each: an engine with the same arguments is started once (seconds in-process, ~30 s for
+    a multi-process one). Each set is still one ``generate()`` of that set alone, the engine's
+    prefix cache emptied before it: the batch and the computation a fresh engine would run.
+    """
+
+    def __call__(
+        self, model: Path, prompts: list[list[int]], max_tokens: int = 8, **overrides: Any
     ) -> list[list[int]]:
-        key = (str(model), tuple(map(tuple, prompts)), max_tokens, repr(sorted(overrides.items())))
-        if key not in _REFERENCES:
-            with engine(model, **overrides) as llm:
-                _REFERENCES[key] = generate(llm, prompts, greedy(max_tokens))
-        return _REFERENCES[key]
+        return self.many(model, [(prompts, max_tokens)], **overrides)[0]
 
-    return outputs
+    def many(
+        self, model: Path, sets: list[tuple[list[list[int]], int]], **overrides: Any
+    ) -> list[list[list[int]]]:
+        from harness import engine, generate, greedy
+
+        keys = [_reference_key(model, prompts, n, overrides) for prompts, n in sets]
+        missing = {key: (prompts, n) for key, (prompts, n) in zip(keys, sets, strict=True)
+                   if key not in _REFERENCES}  # fmt: skip
+        if missing:
+            with engine(model, **overrides) as llm:
+                for key, (prompts, n) in missing.items():
+                    assert llm.reset_prefix_cache(), "the reference engine's cache not emptied"
+                    _REFERENCES[key] = generate(llm, prompts, greedy(n))
+        return [_REFERENCES[key] for key in keys]
+
+
+def _reference_key(
+    model: Path, prompts: list[list[int]], max_tokens: int, overrides: dict[str, Any]
+) -> tuple[object, ...]:
+    return (str(model), tuple(map(tuple, prompts)), max_tokens, repr(sorted(overrides.items())))
+
+
+@pytest.fixture(scope="session")
+def reference() -> References:
+    """Greedy outputs without any connector (``References``)."""
+    return References()

@@ -18,12 +18,13 @@ import os
 import sys
 from pathlib import Path
 
-for _name, _value in {
+ENV_DEFAULTS = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_USE_V2_MODEL_RUNNER": "0",
     "HF_HUB_OFFLINE": "1",
     "VLLM_CPU_KVCACHE_SPACE": "1",
-}.items():
+}
+for _name, _value in ENV_DEFAULTS.items():
     os.environ.setdefault(_name, _value)
 
 from harness import engine, generate, kvtier_transfer, settle  # noqa: E402

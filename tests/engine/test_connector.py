@@ -27,6 +27,18 @@ import kvtier
 LENGTHS = [40, 100, 250, 300, 64, 500, 129, 450]
 
 
+def _expected(reference: Any, model: Path, token_prompts: list[list[int]]) -> list[list[int]]:
+    """``token_prompts``' outputs from the engine without kvtier (its default arguments); the
+    module's other such sets too, from the same engine (one engine start instead of three)."""
+    seen = prompts(model, [300, 20], seed=3)
+    mixed = [seen[0], prompts(model, [200, 10], seed=4)[0], seen[1],
+             prompts(model, [200, 10], seed=4)[1]]  # fmt: skip
+    others = [prompts(model, [480], seed=7), seen, mixed]
+    sets = [(p, 8) for p in (token_prompts, *others)]
+    outputs: list[list[list[int]]] = reference.many(model, sets)
+    return outputs[0]
+
+
 @pytest.mark.parametrize(
     ("engine_block", "factor"), [(32, 1), (32, 4), (64, 1), (64, 4)], ids=lambda v: str(v)
 )
@@ -56,7 +68,7 @@ def test_second_pass_comes_from_kvtier_and_equals_reference(
 def test_loaded_kv_is_what_the_engine_uses(tiny_model: Path, reference: Any) -> None:
     """Overwrite the host copies of a prompt's chunks: the output must change."""
     token_prompts = prompts(tiny_model, [480], seed=7)
-    expected = reference(tiny_model, token_prompts)
+    expected = _expected(reference, tiny_model, token_prompts)
     with engine(tiny_model, kv_transfer_config=kvtier_transfer()) as llm:
         assert generate(llm, token_prompts) == expected
         settle(llm)
@@ -78,7 +90,8 @@ def test_short_and_fresh_prompts_pass_through(tiny_model: Path, reference: Any) 
     seen = prompts(tiny_model, [300, 20], seed=3)
     fresh = prompts(tiny_model, [200, 10], seed=4)
     mixed = [seen[0], fresh[0], seen[1], fresh[1]]
-    expected_seen, expected_mixed = reference(tiny_model, seen), reference(tiny_model, mixed)
+    expected_seen = _expected(reference, tiny_model, seen)
+    expected_mixed = _expected(reference, tiny_model, mixed)
     with engine(tiny_model, kv_transfer_config=kvtier_transfer(block_size=64)) as llm:
         assert generate(llm, seen) == expected_seen
         settle(llm)

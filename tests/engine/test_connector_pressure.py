@@ -12,9 +12,23 @@ import kvtier
 from kvtier.worker.copy_cpu import CpuCopyHandler
 
 
+def _expected(reference: Any, model: Path, token_prompts: list[list[int]]) -> list[list[int]]:
+    """``token_prompts``' outputs from the engine without kvtier (its default arguments); the
+    module's other such sets of the tiny model too, from the same engine (one engine start
+    instead of three)."""
+    heads = prompts(model, [192, 128, 160, 96], seed=21)
+    tails = prompts(model, [40 + 9 * i for i in range(8)], seed=22)
+    others = [prompts(model, [260, 200, 330, 150, 280, 240], seed=11),
+              [head + tail[1:] for head in heads for tail in tails],
+              prompts(model, [330, 200], seed=71)]  # fmt: skip
+    sets = [(p, 8) for p in (token_prompts, *others)]
+    outputs: list[list[list[int]]] = reference.many(model, sets)
+    return outputs[0]
+
+
 def test_host_tier_smaller_than_the_working_set(tiny_model: Path, reference: Any) -> None:
     token_prompts = prompts(tiny_model, [260, 200, 330, 150, 280, 240], seed=11)
-    expected = reference(tiny_model, token_prompts)
+    expected = _expected(reference, tiny_model, token_prompts)
     # a 64-token chunk of the tiny model is 64 KiB: room for 8 of the prompts' 22 chunks
     transfer = kvtier_transfer(block_size=64, cpu_bytes_to_use="512KiB")
     with engine(tiny_model, kv_transfer_config=transfer) as llm:
@@ -34,7 +48,7 @@ def test_32_concurrent_prompts_sharing_prefixes(tiny_model: Path, reference: Any
     heads = prompts(tiny_model, [192, 128, 160, 96], seed=21)
     tails = prompts(tiny_model, [40 + 9 * i for i in range(8)], seed=22)
     token_prompts = [head + tail[1:] for head in heads for tail in tails]
-    expected = reference(tiny_model, token_prompts)
+    expected = _expected(reference, tiny_model, token_prompts)
     with engine(tiny_model, kv_transfer_config=kvtier_transfer(block_size=64)) as llm:
         assert generate(llm, token_prompts) == expected
         settle(llm)
@@ -97,7 +111,7 @@ def test_a_failed_load_is_recomputed(
     """A load that fails (here: every copy into the engine raises) is reported to vLLM through
     get_block_ids_with_load_errors; the engine recomputes those tokens and the output is right."""
     token_prompts = prompts(tiny_model, [330, 200], seed=71)
-    expected = reference(tiny_model, token_prompts)
+    expected = _expected(reference, tiny_model, token_prompts)
     with engine(tiny_model, kv_transfer_config=kvtier_transfer(block_size=64)) as llm:
         assert generate(llm, token_prompts) == expected
         settle(llm)

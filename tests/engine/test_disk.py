@@ -36,11 +36,26 @@ from kvtier.tiers.chunk_format import read_header, write_chunk
 LENGTHS = [100, 250, 300, 500, 129, 450]
 
 
+def _expected(reference: Any, model: Path, token_prompts: list[list[int]]) -> list[list[int]]:
+    """``token_prompts``' outputs from the engine without kvtier; the module's other sets too,
+    from the same engine (one engine start instead of four)."""
+    sets = [(p, 8) for p in (token_prompts, *_compared(model))]
+    outputs: list[list[list[int]]] = reference.many(model, sets)
+    return outputs[0]
+
+
+def _compared(model: Path) -> list[list[list[int]]]:
+    """Every prompt set this module's tests compare with the engine alone."""
+    shared = prompts(model, LENGTHS[:3], seed=3)
+    mine = [shared + prompts(model, LENGTHS[3:], seed=4 + i) for i in range(2)]
+    return [prompts(model, LENGTHS), *mine, prompts(model, LENGTHS, seed=9)]
+
+
 def test_restart_loads_from_disk_in_a_new_process(
     tiny_model: Path, reference: Any, tmp_path: Path
 ) -> None:
     token_prompts = prompts(tiny_model, LENGTHS)
-    expected = reference(tiny_model, token_prompts)
+    expected = _expected(reference, tiny_model, token_prompts)
     tier = tmp_path / "tier"
     # A exits right after generating, as a script would: its host chunks reach the disk as the
     # engine shuts down (write-back: nothing was evicted, the engine was never idle)
@@ -64,7 +79,7 @@ def test_two_processes_share_one_directory(
     """Both store and load at once (a host tier of ~3 chunks: evictions write back mid-run)."""
     shared = prompts(tiny_model, LENGTHS[:3], seed=3)
     mine = [shared + prompts(tiny_model, LENGTHS[3:], seed=4 + i) for i in range(2)]
-    expected = [reference(tiny_model, p) for p in mine]
+    expected = [_expected(reference, tiny_model, p) for p in mine]
     tier = tmp_path / "tier"
     extra = disk_extra(tier, cpu="256KiB")
     jobs = [start_job(tmp_path, f"p{i}", tiny_model, mine[i], extra, rounds=3) for i in range(2)]
@@ -136,7 +151,7 @@ def test_damaged_file_is_a_counted_miss(
     tmp_path: Path,
 ) -> None:
     source, token_prompts, files = filled_tier
-    expected = reference(tiny_model, token_prompts)
+    expected = _expected(reference, tiny_model, token_prompts)
     tier = copy_tier(source, tmp_path / "tier")
     damage, bad_loads = FAULTS[fault]
     chosen = [_middle_file(files[3]), _middle_file(files[5])]
@@ -163,7 +178,7 @@ def test_unreadable_directory_recomputes(
 ) -> None:
     """A directory the engine may not read: every chunk is a miss, stores are skipped."""
     source, token_prompts, _ = filled_tier
-    expected = reference(tiny_model, token_prompts)
+    expected = _expected(reference, tiny_model, token_prompts)
     tier = copy_tier(source, tmp_path / "tier")
     locked = [d for d in tier.iterdir() if d.is_dir()]
     for directory in locked:

@@ -18,11 +18,20 @@ from kvtier.tiers import chunk_format as disk_format
 LENGTHS = [100, 250, 300, 500, 129, 450]
 
 
+def _expected(reference: Any, model: Path, token_prompts: list[list[int]]) -> list[list[int]]:
+    """``token_prompts``' outputs from the engine without kvtier; the module's other set too,
+    from the same engine (one engine start instead of two)."""
+    others = [prompts(model, [*LENGTHS, 200], seed=11), prompts(model, LENGTHS, seed=12)]
+    sets = [(p, 8) for p in (token_prompts, *others)]
+    outputs: list[list[list[int]]] = reference.many(model, sets)
+    return outputs[0]
+
+
 def test_directory_stays_within_budget_and_keeps_the_recent(
     tiny_model: Path, reference: Any, tmp_path: Path
 ) -> None:
     token_prompts = prompts(tiny_model, [*LENGTHS, 200], seed=11)
-    expected = reference(tiny_model, token_prompts)
+    expected = _expected(reference, tiny_model, token_prompts)
     tier = tmp_path / "tier"
     with engine(tiny_model, kv_transfer_config=kvtier_transfer(**disk_extra(tier))) as llm:
         generate(llm, token_prompts[:1])
@@ -77,7 +86,7 @@ def test_full_disk_skips_stores_and_still_serves_loads(
     tiny_model: Path, reference: Any, small_disk: Path
 ) -> None:
     token_prompts = prompts(tiny_model, LENGTHS, seed=12)
-    expected = reference(tiny_model, token_prompts)
+    expected = _expected(reference, tiny_model, token_prompts)
     # a host tier of ~15 chunks: the first prompts' chunks are evicted from it, and only the
     # disk (which took the first ~14 chunks before it filled up) still holds them
     extra = disk_extra(small_disk / "tier", cpu="1MiB", bytes="64MiB", write_through=True)

@@ -4,6 +4,10 @@ over TCP (real processes, loopback, ephemeral ports), directly and through ``kvt
 The decode engine's greedy outputs equal a single engine's, and its counters say the prompt's KV
 came from the peer (no recompute). Faults end in a recompute with the same outputs, or a clear
 error, each bounded in time, and leave no block held (vLLM's KV-cache usage back at 0).
+
+One pair of engines serves the module (each ``kvtier serve`` takes ~30 s or more to start). Its
+last two tests stop the prefill engine: the proxy's degrade test starts it again on its port, the
+killed-prefill test (the last to use the pair) leaves it stopped.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 from harness import engine, kvtier_transfer
@@ -45,27 +50,41 @@ HOLD_S = 8.0  # the prefill engine keeps an unpulled request's blocks this long
 MAX_TOKENS = 8
 
 
-class Pair(NamedTuple):
+@dataclass
+class Pair:
     prefill: Server
     decode: Server
     model: Path
     work: Path
+    prefill_command: list[str] = field(default_factory=list)  # to start it again on its port
+
+    def start_prefill_again(self, log: str) -> None:
+        """A new prefill engine on the stopped one's port (its command, its environment)."""
+        port = int(self.prefill.url.rsplit(":", 1)[1])
+        self.prefill = launch(self.prefill_command, port, self.work / log, PAIR_ENV)
+        wait_healthy(self.prefill)
+
+
+PAIR_ENV = {"KVTIER_TRANSFER_SECRET": SECRET}
 
 
 @pytest.fixture(scope="module")
 def pair(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     work = tmp_path_factory.mktemp("pd")
-    servers = []
+    servers, commands = [], []
+    started: Pair | None = None
     try:
         for role in ("kv_producer", "kv_consumer"):
             port = free_port()
             extra = {"cpu_bytes_to_use": "64MiB", "transfer": {"hold_s": HOLD_S}}
-            command = [*serve_command(tiny_model, port, extra), "--kv-role", role]
-            env = {"KVTIER_TRANSFER_SECRET": SECRET}
-            servers.append(launch(command, port, work / f"{role}.log", env))
+            commands.append([*serve_command(tiny_model, port, extra), "--kv-role", role])
+            servers.append(launch(commands[-1], port, work / f"{role}.log", PAIR_ENV))
         wait_healthy(*servers)
-        yield Pair(servers[0], servers[1], tiny_model, work)
+        started = Pair(servers[0], servers[1], tiny_model, work, commands[0])
+        yield started
     finally:
+        if started is not None:  # the prefill engine may have been started again
+            servers = [started.prefill, started.decode]
         for server in servers:
             stop(server)
 
@@ -80,8 +99,18 @@ def _prompts(model: Path) -> list[list[int]]:
 
 
 def _reference(reference: Any, model: Path, prompts: list[list[int]]) -> list[list[int]]:
-    outputs: list[list[int]] = reference(model, prompts, MAX_TOKENS, max_model_len=1024)
-    return outputs
+    """``prompts``' outputs from one engine without kvtier; the module's other sets too, from the
+    same engine (one engine start instead of six)."""
+    sets = [(p, MAX_TOKENS) for p in (prompts, *_compared(model))]
+    outputs: list[list[list[int]]] = reference.many(model, sets, max_model_len=1024)
+    return outputs[0]
+
+
+def _compared(model: Path) -> list[list[list[int]]]:
+    """Every prompt set this module's tests compare with the engine without kvtier."""
+    return [_prompts(model), _prompts(model)[:8], [make_prompt(model, 400, seed=503)],
+            [make_prompt(model, 400, seed=504)], [make_prompt(model, 300, seed=508)],
+            [make_prompt(model, 800, seed=506), make_prompt(model, 300, seed=507)]]  # fmt: skip
 
 
 def _prefill(pair: Pair, prompt: list[int]) -> dict[str, Any]:
@@ -297,10 +326,101 @@ def test_a_proxy_whose_decode_engine_is_down_answers_503_naming_it(pair: Pair) -
     wait(lambda: _idle(pair.prefill), WAIT_S, "no prefill blocks held for the dead decode engine")
 
 
+# ---- the proxy degrades when its prefill engine dies ---------------------------------------
+# (test_proxy_prefill_down.py, with a pair of its own, until it shared this module's pair)
+
+REQUESTS = 20  # after the prefill engine is gone
+TIMEOUT_S = 60.0  # the proxy's --timeout-s: a bound on every request
+HEALTH_S = 0.5  # the proxy's --health-interval-s
+UP = "kvtier_proxy_engine_up"
+DEGRADED = "kvtier_proxy_degraded_requests_total"
+
+
+def test_a_killed_prefill_engine_degrades_to_the_decode_engine_and_transfers_resume(
+    pair: Pair,
+) -> None:
+    """``kvtier proxy`` degrades when its prefill engine dies: the decode engine computes the
+    prompts. The prefill engine is stopped: every request after that is answered by the decode
+    engine alone, within the proxy's timeout, and says so (``x-kvtier-prefill``, the proxy's
+    ``/metrics``). It is started again on its port: once the proxy's /health watch has seen it
+    up, a request's prompt is prefilled there and pulled by the decode engine again.
+
+    Runs after every other test of the pair but the killed-prefill one, and leaves the pair as
+    it found it: a prefill engine up on the same port (started again even when this fails)."""
+    port = free_port()
+    proxy_command = [KVTIER, "proxy", "--prefill", pair.prefill.url, "--decode", pair.decode.url,
+                     "--port", str(port), "--timeout-s", str(TIMEOUT_S),
+                     "--health-interval-s", str(HEALTH_S)]  # fmt: skip
+    proxy = launch(proxy_command, port, pair.work / "proxy-degrade.log")
+    try:
+        wait_healthy(pair.prefill, pair.decode, proxy)
+        _wait_prefill_up(proxy)
+        _assert_transferred(proxy.url, make_prompt(pair.model, 300, seed=701))
+
+        stop(pair.prefill)
+        for i in range(REQUESTS):
+            prompt = make_prompt(pair.model, 100 + 10 * i, seed=710 + i)
+            started = time.monotonic()
+            prefilled, tokens, kv = _complete(proxy.url, prompt, stream=i % 2 == 1)
+            assert time.monotonic() - started < TIMEOUT_S
+            assert prefilled in ("skipped", "failed"), (i, prefilled)
+            assert len(tokens) == MAX_TOKENS
+            if i % 2 == 0:  # not streamed: the decode engine says where the prompt came from
+                assert kv is not None and kv.get("peer", 0) == 0, kv
+        degraded = [sample(proxy.url, DEGRADED, reason=r) for r in ("no_prefill", "prefill_failed")]
+        assert sum(degraded) == REQUESTS and degraded[0] > 0, degraded
+
+        # started again only now: booting meanwhile, it could have prefilled some of the 20
+        pair.start_prefill_again("kv_producer-again.log")
+        _wait_prefill_up(proxy)
+        _assert_transferred(proxy.url, make_prompt(pair.model, 400, seed=702))
+    finally:
+        stop(proxy)
+        if pair.prefill.process.poll() is not None:  # failed while it was down: the next test
+            pair.start_prefill_again("kv_producer-restored.log")  # needs one
+
+
+def _wait_prefill_up(proxy: Server) -> None:
+    """Until the proxy's /health watch takes its one prefill engine for up (bounded)."""
+    wait(lambda: sample(proxy.url, UP, side="prefill") == 1, WAIT_S,
+         "the proxy to see the prefill engine up")  # fmt: skip
+
+
+def _assert_transferred(url: str, prompt: list[int]) -> None:
+    """A request through the proxy at ``url`` was prefilled, and its KV pulled by the decode."""
+    prefilled, tokens, kv = _complete(url, prompt, stream=False)
+    assert prefilled == "offered" and len(tokens) == MAX_TOKENS
+    assert kv is not None and kv["peer"] > 0 and kv["failed_tokens"] == 0, kv
+
+
+def _complete(
+    url: str, prompt: list[int], stream: bool
+) -> tuple[str | None, list[int], dict[str, Any] | None]:
+    """``x-kvtier-prefill``, the tokens and (not streamed) the decode engine's kvtier params."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+            "return_token_ids": True, "ignore_eos": True, "stream": stream}  # fmt: skip
+    request = urllib.request.Request(
+        url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=TIMEOUT_S + 10) as response:
+        prefilled = response.headers.get("x-kvtier-prefill")
+        if not stream:
+            answer = json.loads(response.read())
+            kv = (answer.get("kv_transfer_params") or {}).get("kvtier")
+            return prefilled, list(answer["choices"][0]["token_ids"]), kv
+        tokens: list[int] = []
+        for line in response:
+            text = line.decode().strip()
+            if text.startswith("data: ") and text != "data: [DONE]":
+                tokens += json.loads(text[6:])["choices"][0].get("token_ids") or []
+        return prefilled, tokens, None
+
+
 def test_a_killed_prefill_engine_is_a_recompute_and_the_decode_engine_keeps_serving(
     pair: Pair, reference: Any
 ) -> None:
-    """Runs last of the pair's tests: it kills the prefill engine (its whole process group)."""
+    """Runs last of the pair's tests: it kills the prefill engine (its whole process group)
+    for good."""
     prompts = [make_prompt(pair.model, 800, seed=506), make_prompt(pair.model, 300, seed=507)]
     expected = _reference(reference, pair.model, prompts)
     offered = [_prefill(pair, prompt) for prompt in prompts]

@@ -32,6 +32,20 @@ def redis_extra(url: str, cpu: str = "64MiB", **redis: Any) -> dict[str, Any]:
     }
 
 
+def _expected(reference: Any, model: Path, token_prompts: list[list[int]]) -> list[list[int]]:
+    """``token_prompts``' outputs from the engine without kvtier; the module's other sets of the
+    tiny model too, from the same engine (one engine start instead of seven)."""
+    sets = [(p, 8) for p in (token_prompts, *_compared(model))]
+    outputs: list[list[list[int]]] = reference.many(model, sets)
+    return outputs[0]
+
+
+def _compared(model: Path) -> list[list[list[int]]]:
+    """Every set of tiny-model prompts this module's tests compare with the engine alone."""
+    seeds = (21, 22, 31, 32, 33, 51)
+    return [prompts(model, LENGTHS, seed=s) for s in seeds] + [prompts(model, [300], seed=5)]
+
+
 def _served(stats: dict[str, Any]) -> int:
     return int(stats["tiers"]["redis"]["hit_chunks"])
 
@@ -41,7 +55,7 @@ def test_a_second_engine_process_is_served_from_redis(
 ) -> None:
     """The same on redis-server and on valkey-server: Valkey works unchanged."""
     token_prompts = prompts(tiny_model, LENGTHS, seed=21)
-    expected = reference(tiny_model, token_prompts)
+    expected = _expected(reference, tiny_model, token_prompts)
     extra = redis_extra(store_server.url, prefix=f"two-{time.monotonic_ns()}")
     a = run_job(tmp_path, "a", tiny_model, token_prompts, extra)
     assert a["outputs"] == [expected]
@@ -76,7 +90,7 @@ def test_two_engines_share_a_redis_cluster(
     tiny_model: Path, reference: Any, tmp_path: Path, redis_cluster: Any
 ) -> None:
     token_prompts = prompts(tiny_model, LENGTHS, seed=22)
-    expected = reference(tiny_model, token_prompts)
+    expected = _expected(reference, tiny_model, token_prompts)
     url, *seeds = redis_cluster.urls
     extra = redis_extra(url, cluster=True, seeds=seeds, prefix=f"cl-{time.monotonic_ns()}")
     a, b = (start_job(tmp_path, n, tiny_model, token_prompts, extra, rounds=2) for n in "ab")
@@ -96,7 +110,9 @@ def test_redis_killed_then_restarted_mid_run(
     """Killed: misses, outputs equal the reference, no request slower than the timeout allows;
     restarted on the same port: hits resume in the same engine."""
     first, second, third = (prompts(tiny_model, LENGTHS, seed=s) for s in (31, 32, 33))
-    expected = {s: reference(tiny_model, p) for s, p in ((1, first), (2, second), (3, third))}
+    expected = {
+        s: _expected(reference, tiny_model, p) for s, p in ((1, first), (2, second), (3, third))
+    }
     transfer = kvtier_transfer(**redis_extra(fresh_redis.url))
     with engine(tiny_model, kv_transfer_config=transfer) as llm:
         assert generate(llm, first) == expected[1]
@@ -165,7 +181,7 @@ def test_an_unreachable_redis_at_start_up_is_an_error_naming_the_setting(
 
 def test_an_unreachable_optional_redis_is_a_warning(tiny_model: Path, reference: Any) -> None:
     token_prompts = prompts(tiny_model, [300], seed=5)
-    expected = reference(tiny_model, token_prompts)  # before: one engine at a time
+    expected = _expected(reference, tiny_model, token_prompts)  # before: one engine at a time
     extra = redis_extra("redis://127.0.0.1:1/0", required=False)
     with engine(tiny_model, kv_transfer_config=kvtier_transfer(**extra)) as llm:
         assert generate(llm, token_prompts) == expected
@@ -178,7 +194,7 @@ def test_corrupted_and_evicted_records_are_misses(
     """Garbage under every key: counted misses, deleted, recomputed and written again; then a
     Redis too small for the prompts (allkeys-lru evicting under load): misses, never errors."""
     token_prompts = prompts(tiny_model, LENGTHS, seed=51)
-    expected = reference(tiny_model, token_prompts)
+    expected = _expected(reference, tiny_model, token_prompts)
     client = fresh_redis.client()
     transfer = kvtier_transfer(**redis_extra(fresh_redis.url))
     with engine(tiny_model, kv_transfer_config=transfer) as llm:

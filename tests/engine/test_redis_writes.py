@@ -46,7 +46,7 @@ def test_a_next_engine_finds_in_redis_what_an_engine_shut_down_at_once_computed(
     chunks for the next prompt's. Engine B is then served >= 95 % of the full chunks."""
     token_prompts = prompts(tiny_model, ONE_BY_ONE, seed=61)
     one = greedy(1)
-    expected = reference(tiny_model, token_prompts, max_tokens=1)
+    expected = _expected(reference, tiny_model, token_prompts, max_tokens=1)
     extra = redis_extra(redis_server.url, cpu=cpu, prefix=f"drain-{time.monotonic_ns()}")
     transfer = kvtier_transfer(**extra)
     with engine(tiny_model, kv_transfer_config=transfer) as llm:
@@ -71,7 +71,7 @@ def test_chunks_a_restarted_redis_lost_are_written_again_under_traffic(
     served >= 90 % of them. D's shutdown writes nothing (``shutdown_flush_s`` 0), so all E
     finds is what the rewrite put there."""
     token_prompts = prompts(tiny_model, LENGTHS, seed=62)
-    expected = reference(tiny_model, token_prompts)
+    expected = _expected(reference, tiny_model, token_prompts)
     extra = {**redis_extra(fresh_redis.url), "shutdown_flush_s": 0}
     transfer = kvtier_transfer(**extra)
     with engine(tiny_model, kv_transfer_config=transfer) as llm:
@@ -95,6 +95,17 @@ def test_chunks_a_restarted_redis_lost_are_written_again_under_traffic(
         served = kvtier.stats(llm).tiers["redis"]
     assert served.hit_chunks >= 0.9 * full_chunks(token_prompts, CHUNK), served
     assert served.bad_chunks == served.failed_loads == 0
+
+
+def _expected(
+    reference: Any, model: Path, token_prompts: list[list[int]], max_tokens: int = 8
+) -> list[list[int]]:
+    """``token_prompts``' outputs from the engine without kvtier; the module's other set too,
+    from the same engine (one engine start instead of two)."""
+    sets = [(token_prompts, max_tokens), (prompts(model, ONE_BY_ONE, seed=61), 1),
+            (prompts(model, LENGTHS, seed=62), 8)]  # fmt: skip
+    outputs: list[list[list[int]]] = reference.many(model, sets)
+    return outputs[0]
 
 
 def _names(client: redis.Redis) -> list[bytes]:
