@@ -1,5 +1,6 @@
 """The ``kvtier`` command: ``kvtier demo``,
-``kvtier bench copy|ttft|disk|transfer|redis|scheduler``, ``kvtier inspect``, ``kvtier serve``."""
+``kvtier bench copy|ttft|disk|transfer|redis|faults|scheduler|concurrency``, ``kvtier inspect``,
+``kvtier serve``, ``kvtier proxy``."""
 
 from __future__ import annotations
 

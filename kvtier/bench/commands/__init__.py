@@ -7,7 +7,16 @@ line below; ``kvtier.cli`` never names one.
 
 from __future__ import annotations
 
-from kvtier.bench.commands import copy, disk, faults, redis, scheduler, transfer, ttft
+from kvtier.bench.commands import (
+    concurrency,
+    copy,
+    disk,
+    faults,
+    redis,
+    scheduler,
+    transfer,
+    ttft,
+)
 from kvtier.command import Command
 
 BENCHES: tuple[Command, ...] = (
@@ -18,4 +27,5 @@ BENCHES: tuple[Command, ...] = (
     redis.COMMAND,
     faults.COMMAND,
     scheduler.COMMAND,
+    concurrency.COMMAND,
 )
