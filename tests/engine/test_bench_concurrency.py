@@ -1,0 +1,56 @@
+"""``kvtier bench concurrency`` end to end on the tiny model, its smallest sizes: engine processes
+with and without kvtier alternate, every round is timed, and the JSON's ratios are the ones its
+measured rounds make (the served long-miss part: its summary from given TTFTs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvtier.bench import concurrency
+from kvtier.bench.concurrency_rounds import Rounds
+from kvtier.bench.concurrency_served import LongMiss, summarize
+from kvtier.bench.report import median
+
+VERDICT_KEYS = {"key", "label", "ratio", "min", "max", "spread", "pairs", "goal", "pass"}
+
+
+def test_bench_concurrency_rounds_ratios_come_from_the_measured_rounds(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    work = Rounds(prompts=8, tokens=64, max_tokens=4, rounds=3, pairs=1, max_num_seqs=8,
+                  chunk_tokens=32)  # fmt: skip
+    concurrency.run(tmp_path, rounds=work, long_miss=None,
+                    models={"rounds": (tiny_model, "float32")})  # fmt: skip
+
+    document = json.loads((tmp_path / "concurrency.json").read_text())
+    assert (tmp_path / "concurrency.png").stat().st_size > 0
+    rounds = document["rounds"]
+    assert [(p["pair"], p["config"]) for p in rounds["processes"]] == [
+        (0, "baseline"), (0, "kvtier")
+    ]  # fmt: skip
+    times = {}
+    for process in rounds["processes"]:
+        assert len(process["round_s"]) == 3 and all(t > 0 for t in process["round_s"])
+        times[process["config"]] = median(process["round_s"][1:])  # after the warm-up round
+        assert process["median_round_s"] == pytest.approx(times[process["config"]], abs=1e-4)
+    kvtier = rounds["processes"][1]["kvtier_cpu"]
+    assert kvtier["stored_chunks"] >= 3 * 8 * 2 and kvtier["hit_chunks"] == 0  # 64 tokens: 2 chunks
+    assert rounds["ratios"] == [pytest.approx(times["baseline"] / times["kvtier"], abs=1e-3)]
+
+    [row] = document["rows"]
+    assert VERDICT_KEYS <= row.keys() and row["key"] == "rounds" and row["pairs"] == 1
+    assert row["ratio"] == row["min"] == row["max"] == round(rounds["ratios"][0], 3)
+    assert row["goal"] == ">= 0.97" and row["pass"] == (row["ratio"] >= 0.97)
+    assert document["all_pass"] == row["pass"]
+
+
+def test_long_miss_ratios_are_mean_ttft_over_pairs() -> None:
+    ttfts = {"kvtier": [[1.0, 3.0], [2.0, 2.0]], "alone": [[1.0, 1.0], [2.0, 6.0]]}
+    record = summarize(ttfts, LongMiss(documents=2, pairs=2), {"stored_chunks": 9.0})
+    assert record["mean_ttft_s"] == {"kvtier": [2.0, 2.0], "alone": [1.0, 4.0]}
+    assert record["ratios"] == [2.0, 0.5]
+    assert concurrency.verdict("long_miss", record["ratios"])["ratio"] == 1.25
+    assert not concurrency.verdict("long_miss", record["ratios"])["pass"]  # goal <= 1.02
