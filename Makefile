@@ -63,7 +63,7 @@ $(STAMP): pyproject.toml | $(PY)
 	touch $@
 
 models: $(STAMP)
-	$(PY) -m kvtier.models --out $(MODELS)
+	$(PY) -m kvtier.apps.models --out $(MODELS)
 
 test: $(STAMP) models
 	$(TEST_SETUP); \

@@ -29,7 +29,7 @@ _ENGINE_ENV = {
 for _name, _value in _ENGINE_ENV.items():
     os.environ.setdefault(_name, _value)
 
-from kvtier.models import model_path  # noqa: E402  (after the environment is set)
+from kvtier.apps.models import model_path  # noqa: E402  (after the environment is set)
 
 
 @pytest.fixture(autouse=True)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.bench import concurrency
-from kvtier.bench.concurrency_rounds import Rounds
-from kvtier.bench.concurrency_served import LongMiss, summarize
-from kvtier.bench.report import median
+from kvtier.apps.bench import concurrency
+from kvtier.apps.bench.concurrency_rounds import Rounds
+from kvtier.apps.bench.concurrency_served import LongMiss, summarize
+from kvtier.apps.bench.report import median
 
 VERDICT_KEYS = {"key", "label", "ratio", "min", "max", "spread", "pairs", "goal", "pass"}
 

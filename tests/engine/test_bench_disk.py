@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvtier.bench import disk
+from kvtier.apps.bench import disk
 
 RATIOS = {
     "store", "cold_load", "warm_load",

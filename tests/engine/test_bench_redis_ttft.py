@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvtier.bench import redis_ttft
+from kvtier.apps.bench import redis_ttft
 
 
 def test_bench_redis_ttft_serves_the_prompt_from_redis(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.bench import transfer_ttft
+from kvtier.apps.bench import transfer_ttft
 
 pytestmark = pytest.mark.engine
 

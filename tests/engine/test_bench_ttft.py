@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.bench import ttft
-from kvtier.bench.ttft_ratios import GOALS
-from kvtier.bench.ttft_setup import Workload
+from kvtier.apps.bench import ttft
+from kvtier.apps.bench.ttft_ratios import GOALS
+from kvtier.apps.bench.ttft_setup import Workload
 
 ROW_KEYS = {
     "prompt_tokens", "aligned", "recompute_s", "engine_hit_s", "engine_hit_on_s", "kvtier_hit_s",

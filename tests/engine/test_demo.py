@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier import demo
+from kvtier.apps import demo
 
 
 def test_demo_serves_chat_history_from_kvtier(

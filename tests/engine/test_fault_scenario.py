@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.bench.fault_campaign import Campaign, Setting, shared_prefix_prompts
-from kvtier.bench.fault_tiers import DiskFaults, Fault
+from kvtier.apps.bench.fault_campaign import Campaign, Setting, shared_prefix_prompts
+from kvtier.apps.bench.fault_tiers import DiskFaults, Fault
 
 
 @pytest.fixture(scope="module")

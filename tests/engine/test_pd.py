@@ -28,7 +28,7 @@ from harness import engine, kvtier_transfer
 from vllm import SamplingParams
 
 import kvtier
-from kvtier.bench.servers import (
+from kvtier.apps.bench.servers import (
     KVTIER,
     WAIT_S,
     Server,
@@ -41,7 +41,7 @@ from kvtier.bench.servers import (
     wait,
     wait_healthy,
 )
-from kvtier.models import make_prompt
+from kvtier.apps.models import make_prompt
 
 pytestmark = pytest.mark.engine
 

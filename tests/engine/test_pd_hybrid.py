@@ -20,7 +20,7 @@ from harness import engine, kvtier_transfer, prompts
 from vllm import SamplingParams
 
 import kvtier
-from kvtier.bench.servers import (
+from kvtier.apps.bench.servers import (
     WAIT_S,
     Server,
     free_port,

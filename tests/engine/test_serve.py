@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from kvtier.bench.servers import (
+from kvtier.apps.bench.servers import (
     WAIT_S,
     free_port,
     launch,
@@ -31,7 +31,7 @@ from kvtier.bench.servers import (
     wait,
     wait_healthy,
 )
-from kvtier.models import make_prompt
+from kvtier.apps.models import make_prompt
 
 pytestmark = pytest.mark.engine
 

@@ -34,8 +34,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.background import BackgroundTask
 from starlette.responses import Response
 
-from kvtier.proxy import build_app
-from kvtier.proxy.router import Router
+from kvtier.apps.proxy import build_app
+from kvtier.apps.proxy.router import Router
 
 LIMIT_S = 30.0  # a whole scenario
 WAIT_S = 10.0  # one wait on a condition inside a scenario

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from kvtier.bench import redis as redis_bench
-from kvtier.bench.redis_report import GOALS, RATIOS
-from kvtier.bench.redis_server import RedisServer
+from kvtier.apps.bench import redis as redis_bench
+from kvtier.apps.bench.redis_report import GOALS, RATIOS
+from kvtier.apps.bench.redis_server import RedisServer
 
 
 def test_quick_bench_writes_every_row_ratio_and_the_figure(

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from kvtier.bench import scheduler
-from kvtier.cli import main
+from kvtier.apps.bench import scheduler
+from kvtier.apps.cli import main
 
 
 def test_bench_scheduler_writes_json_and_png_with_min_median_max_and_ratios(

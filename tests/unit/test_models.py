@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from kvtier.models import MARKER, build_models, is_complete, make_prompt
+from kvtier.apps.models import MARKER, build_models, is_complete, make_prompt
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from kvtier.provenance_report import ProvenanceTotals, add_up, provenance_table
+from kvtier.apps.provenance_report import ProvenanceTotals, add_up, provenance_table
 
 
 def _params(engine: int, computed: int, load_ms: float, **tiers: int) -> dict[str, object]:

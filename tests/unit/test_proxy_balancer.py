@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from kvtier.proxy.balancer import Engine, Pool
+from kvtier.apps.proxy.balancer import Engine, Pool
 
 
 class Clock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtier.proxy.bodies import PREFILL_KV_PARAMS, decode_body, offered_params, prefill_body
+from kvtier.apps.proxy.bodies import PREFILL_KV_PARAMS, decode_body, offered_params, prefill_body
 
 CHAT: dict[str, Any] = {
     "model": "m",

@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from kvtier.proxy import ProxyConfig
-from kvtier.proxy.cli import add_arguments, run
+from kvtier.apps.proxy import ProxyConfig
+from kvtier.apps.proxy.cli import add_arguments, run
 
 
 def test_urls_are_normalized() -> None:

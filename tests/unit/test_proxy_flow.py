@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from proxy_fakes import FakeEngine, proxied, run, serving, stream_texts
 
-from kvtier.proxy.bodies import PREFILL_KV_PARAMS
+from kvtier.apps.proxy.bodies import PREFILL_KV_PARAMS
 
 COMPLETION = {"model": "m", "prompt": "hi", "max_tokens": 3, "min_tokens": 2}
 CHAT = {
@@ -86,7 +86,7 @@ def test_without_an_offer_the_decode_computes_the_prompt(caplog: pytest.LogCaptu
                     answer = await client.post("/v1/completions", json=COMPLETION)
                     assert answer.status_code == 200
 
-    with caplog.at_level(logging.WARNING, logger="kvtier.proxy"):
+    with caplog.at_level(logging.WARNING, logger="kvtier.apps.proxy"):
         run(scenario())
     assert [r.body for r in decode.received] == [COMPLETION, COMPLETION]
     warned = [r for r in caplog.records if "without kv_transfer_params" in r.getMessage()]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import redis
 
-from kvtier.bench.redis_server import RedisClusterServers, RedisServer, free_port
+from kvtier.apps.bench.redis_server import RedisClusterServers, RedisServer, free_port
 from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.store import RedisStore, RedisUnavailable
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kvtier.serve import split_kvtier_option, vllm_serve_args
+from kvtier.apps.serve import split_kvtier_option, vllm_serve_args
 
 
 def _transfer(args: list[str]) -> dict[str, object]:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.cli import main
+from kvtier.apps.cli import main
+from kvtier.apps.inspect_tier import BadFile, inspect_tier, render
 from kvtier.keys import make_key
-from kvtier.tier_report import BadFile, inspect_tier, render
 from kvtier.tiers.chunk_format import (
     HEADER_BYTES,
     ChunkHeader,
@@ -139,7 +139,7 @@ def test_a_file_evicted_during_the_walk_is_not_bad(
             path.unlink()
         return read_header(path)
 
-    monkeypatch.setattr("kvtier.tier_report.read_header", evicted_first)
+    monkeypatch.setattr("kvtier.apps.inspect_tier.read_header", evicted_first)
     report = inspect_tier(tier, verify=True)
     assert (report.vanished, report.bad, report.chunk_files) == (1, [], 4)
     assert (FP_B, "layout B") not in report.layouts

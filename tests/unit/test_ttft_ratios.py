@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier.bench import ttft
-from kvtier.bench.ttft_ratios import GOALS, Ratio, paired, spread, verdict
-from kvtier.bench.ttft_setup import Workload, loadable_chunks
+from kvtier.apps.bench import ttft
+from kvtier.apps.bench.ttft_ratios import GOALS, Ratio, paired, spread, verdict
+from kvtier.apps.bench.ttft_setup import Workload, loadable_chunks
 
 
 def test_paired_ratio_is_the_median_of_the_pairs() -> None:

@@ -1,0 +1,109 @@
+"""``kvtier bench concurrency``: what kvtier costs where it cannot help, at high concurrency.
+
+Two parts, each a ratio over pairs measured one right after the other:
+
+    rounds (``concurrency_rounds``)     512 never-seen 96-token prompts at once (the tiny model,
+                                        ``max_num_seqs`` 512), 32 tokens out: throughput with
+                                        kvtier / without, engine processes alternated A B A B A B
+    long miss (``concurrency_served``)  never-seen ~3,000-token documents, 2 in flight, through
+                                        ``kvtier serve`` / vLLM's server alone (the bench model):
+                                        the mean TTFT, kvtier / alone
+
+Each ratio is printed as the median (min, max) over its pairs with its goal and PASS/FAIL (on the
+median), and written to ``concurrency.json`` and ``concurrency.png``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from kvtier.apps.bench.concurrency_rounds import Rounds, measure_rounds
+from kvtier.apps.bench.concurrency_served import LongMiss, measure_served
+from kvtier.apps.bench.report import median, write_json
+from kvtier.apps.bench.ttft_ratios import Goal, spread
+from kvtier.apps.models import model_path
+
+GOALS = {
+    "rounds": Goal("0%-hit throughput at high concurrency, kvtier / none", 0.97, at_least=True),
+    "long_miss": Goal("never-seen long prompt, served TTFT, kvtier / vLLM alone", 1.02),
+}
+MODELS = {"rounds": ("tiny", "float32"), "long_miss": ("bench", "bfloat16")}
+ROUNDS, LONG_MISS = Rounds(), LongMiss()  # the full run
+
+
+def run(
+    out_dir: Path,
+    rounds: Rounds | None = ROUNDS,
+    long_miss: LongMiss | None = LONG_MISS,
+    models: dict[str, tuple[str | Path, str]] | None = None,
+) -> dict[str, Any]:
+    """Measure the parts not None, print their ratios, write ``concurrency.json`` and ``.png``
+    under ``out_dir``; returns the JSON document. ``models``: (a local model's name or
+    directory, dtype) per part, over ``MODELS``."""
+    chosen = {**MODELS, **(models or {})}
+    started = time.perf_counter()
+    parts: dict[str, dict[str, Any]] = {}
+    if rounds is not None:
+        parts["rounds"] = measure_rounds(*_model(*chosen["rounds"]), rounds)
+    if long_miss is not None:
+        parts["long_miss"] = measure_served(*_model(*chosen["long_miss"]), long_miss)
+    verdicts = [verdict(key, part["ratios"]) for key, part in parts.items()]
+    meta = {
+        "models": {key: [str(chosen[key][0]), chosen[key][1]] for key in parts},
+        "method": "ratios over pairs measured one right after the other; PASS on the median",
+        "all_pass": all(v["pass"] for v in verdicts),
+        **parts,
+        "runtime_s": round(time.perf_counter() - started, 1),
+    }  # fmt: skip
+    write_json(out_dir / "concurrency.json", "concurrency", verdicts, **meta)
+    _plot(verdicts, parts, out_dir / "concurrency.png")
+    for row in verdicts:
+        print(
+            f"{row['label']}: {row['ratio']:.3f} (min {row['min']:.3f}, max {row['max']:.3f}; "
+            f"{row['pairs']} pairs, spread {row['spread']:.1%}); goal {row['goal']}: "
+            f"{'PASS' if row['pass'] else 'FAIL'}"
+        )
+    return {**meta, "rows": verdicts}
+
+
+def _model(name: str | Path, dtype: str) -> tuple[Path, str]:
+    return (name if isinstance(name, Path) else model_path(name)), dtype
+
+
+def verdict(key: str, ratios: list[float]) -> dict[str, Any]:
+    """One part's row: the median of its pairs' ratios, min, max, spread, against its goal."""
+    goal, middle = GOALS[key], round(median(ratios), 3)
+    return {
+        "key": key, "label": goal.label, "ratio": middle, "min": round(min(ratios), 3),
+        "max": round(max(ratios), 3), "spread": round(spread(ratios), 3), "pairs": len(ratios),
+        "goal": goal.text, "pass": goal.holds(middle),
+    }  # fmt: skip
+
+
+def _plot(rows: list[dict[str, Any]], parts: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, max(1, len(rows)), figsize=(5 * max(1, len(rows)), 4),
+                                squeeze=False)  # fmt: skip
+    for axis, row in zip(axes[0], rows, strict=False):
+        ratios = parts[row["key"]]["ratios"]
+        pairs = range(1, len(ratios) + 1)
+        axis.plot(pairs, ratios, "o", label="pairs")
+        axis.axhline(row["ratio"], color="C0", linestyle="-", label=f"median {row['ratio']:.3f}")
+        axis.axhline(GOALS[row["key"]].bound, color="C3", linestyle="--",
+                     label=f"goal {row['goal']}")  # fmt: skip
+        axis.axhline(1.0, color="grey", linewidth=0.5)
+        axis.set_xticks(list(pairs))
+        axis.set_xlabel("pair")
+        axis.set_ylabel("kvtier / without")
+        axis.set_title(f"{row['label']}: {'PASS' if row['pass'] else 'FAIL'}", fontsize=9)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

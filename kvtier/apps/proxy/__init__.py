@@ -1,0 +1,43 @@
+"""``kvtier proxy``: one OpenAI-compatible endpoint in front of prefill and decode engines.
+
+A completion goes first to a prefill engine (one token; its KV kept for a remote decode), then,
+with the ``kv_transfer_params`` the prefill answered, to a decode engine, whose answer is the
+client's. Without a prefill engine up, or when it fails, the decode engine alone computes the
+prompt (degraded, said in ``x-kvtier-prefill`` and on ``/metrics``). One file per part:
+
+    config.py    ProxyConfig: engine URLs per side, time limits
+    balancer.py  Engine, Pool: least requests in flight, round-robin ties, down engines skipped
+    bodies.py    the request bodies each side gets
+    upstream.py  Exchange: one request on one side, retried on another engine if it cannot connect
+    relay.py     an engine's answer to the client, streamed as it comes
+    errors.py    the answers the proxy gives itself (503 engines down, 502/504, 400)
+    health.py    GET /health; the watch that skips prefill engines whose /health fails
+    prefill.py   the prefill hop, and the degraded outcomes (skipped, failed)
+    metrics.py   GET /metrics
+    router.py    Router: the two hops of a completion
+    app.py       build_app: the FastAPI app
+    cli.py       add_arguments, run: ``kvtier proxy``
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvtier.apps.proxy.app import build_app
+    from kvtier.apps.proxy.config import ProxyConfig
+
+__all__ = ["ProxyConfig", "build_app"]
+
+
+def __getattr__(name: str) -> object:
+    """Imported on first use: ``kvtier --help`` need not load FastAPI."""
+    if name == "build_app":
+        from kvtier.apps.proxy.app import build_app
+
+        return build_app
+    if name == "ProxyConfig":
+        from kvtier.apps.proxy.config import ProxyConfig
+
+        return ProxyConfig
+    raise AttributeError(f"module 'kvtier.apps.proxy' has no attribute {name!r}")

@@ -1,0 +1,124 @@
+"""A completion in two hops: its prompt on a prefill engine, its tokens from a decode engine.
+
+    Router.complete(path, body, auth)   prefill (one token, KV kept for a remote decode), then
+                                        the client's request on a decode engine, with the KV
+                                        transfer params the prefill answered; the decode
+                                        engine's answer goes back as it came
+    Router.models(auth)                 a decode engine's ``/v1/models``
+    Router.health()                     see ``kvtier.apps.proxy.health``
+    Router.watch()                      runs until cancelled: the prefill engines' /health
+    Router.metrics                      ``ProxyMetrics``, for ``GET /metrics``
+    Router.aclose()                     closes every engine's connection pool
+
+Both hops carry one ``X-Request-Id`` and the client's ``Authorization``. Without a prefill engine
+up, or when the one asked fails, the request goes to a decode engine alone, which computes the
+prompt (see ``apps/proxy/prefill.py``). The answer carries ``x-kvtier-prefill`` (what the
+prefill hop did) and ``Server-Timing: prefill;dur=MS`` (the hop as the proxy saw it), so a
+client can split its time to first token into the prefill and what followed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from typing import Any
+
+import httpx
+from starlette.responses import Response
+
+from kvtier.apps.proxy.balancer import Engine, Pool
+from kvtier.apps.proxy.bodies import decode_body
+from kvtier.apps.proxy.config import ProxyConfig
+from kvtier.apps.proxy.errors import BadRequest, EnginesDown, ProxyError
+from kvtier.apps.proxy.health import check_health, watch
+from kvtier.apps.proxy.metrics import ProxyMetrics
+from kvtier.apps.proxy.prefill import prefill
+from kvtier.apps.proxy.relay import relay
+from kvtier.apps.proxy.upstream import open_exchange
+
+logger = logging.getLogger(__name__)
+
+KEEPALIVE_S = 4.0  # under uvicorn's (vLLM's) 5 s: an idle connection is dropped here first
+
+
+class Router:
+    """Owns one connection pool per engine, from construction to ``aclose``."""
+
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self.prefill = Pool("prefill", [self._engine(url) for url in config.prefill],
+                            config.backoff_s)  # fmt: skip
+        self.decode = Pool("decode", [self._engine(url) for url in config.decode], config.backoff_s)
+        self.metrics = ProxyMetrics(self.prefill, self.decode)
+
+    def _engine(self, url: str) -> Engine:
+        timeout = httpx.Timeout(self.config.timeout_s, connect=self.config.connect_timeout_s)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None,
+                              keepalive_expiry=KEEPALIVE_S)  # fmt: skip
+        # trust_env=False: engines are reached directly, never through an HTTP(S)_PROXY
+        client = httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits, trust_env=False)
+        return Engine(url, client)
+
+    async def complete(self, path: str, raw: bytes, authorization: str | None) -> Response:
+        """The answer to a completion request ``raw`` sent to ``path``."""
+        request_id = uuid.uuid4().hex
+        headers = _headers(request_id, authorization)
+        deadline = asyncio.get_running_loop().time() + self.config.timeout_s
+        try:
+            request = _json_object(raw)
+            if not self.decode.any_up():  # fail before a prefill holds KV for no one
+                raise EnginesDown("decode", self.decode.down_reasons())
+            hop = await prefill(self.prefill, path, request, headers, deadline,
+                                self.config.prefill_timeout_s)  # fmt: skip
+            body = json.dumps(decode_body(request, hop.offer)).encode()
+            exchange = await open_exchange(self.decode, "POST", path, body, headers, deadline)
+            logger.debug("%s: decode on %s", request_id, exchange.engine.url)
+            self.metrics.count(hop.outcome)
+            return await relay(exchange, hop.headers())
+        except ProxyError as exc:
+            logger.debug("%s %s: %s", request_id, path, exc.message)
+            return exc.response()
+
+    async def models(self, authorization: str | None) -> Response:
+        """A decode engine's ``GET /v1/models``, as it answered."""
+        headers = _headers(uuid.uuid4().hex, authorization)
+        deadline = asyncio.get_running_loop().time() + self.config.timeout_s
+        try:
+            exchange = await open_exchange(
+                self.decode, "GET", "/v1/models", None, headers, deadline
+            )
+            return await relay(exchange)
+        except ProxyError as exc:
+            return exc.response()
+
+    async def health(self) -> Response:
+        return await check_health(self.prefill, self.decode, self.config.connect_timeout_s)
+
+    async def watch(self) -> None:
+        """Probe the prefill engines' /health until cancelled (see ``kvtier.apps.proxy.health``)."""
+        await watch(self.prefill, self.config.health_interval_s, self.config.connect_timeout_s)
+
+    async def aclose(self) -> None:
+        engines = [*self.prefill.engines, *self.decode.engines]
+        await asyncio.gather(*(engine.client.aclose() for engine in engines))
+
+
+def _headers(request_id: str, authorization: str | None) -> dict[str, str]:
+    # identity: the bytes relayed are the bytes the engine sent, never compressed
+    headers = {"content-type": "application/json", "accept-encoding": "identity",
+               "x-request-id": request_id}  # fmt: skip
+    if authorization is not None:
+        headers["authorization"] = authorization
+    return headers
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        request = json.loads(raw)
+    except ValueError:
+        raise BadRequest("the request body is not JSON") from None
+    if not isinstance(request, dict):
+        raise BadRequest("the request body is not a JSON object")
+    return request
