@@ -302,7 +302,7 @@ def default_models_dir() -> Path:
     override = os.environ.get(MODELS_DIR_ENV)
     if override:
         return Path(override)
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]  # kvtier/apps/models.py
     if (repo / "pyproject.toml").is_file():
         return repo / "models"
     return Path.home() / ".cache" / "kvtier" / "models"
