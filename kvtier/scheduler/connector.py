@@ -198,19 +198,19 @@ class SchedulerConnector:
         for load in self._plan.loads:
             flush.update(self.jobs.reading(load.dst.block_ids.tolist()))
         windows = [group.sliding_window for group in self.groups]
-        for request in scheduled:
+        tracked: list[tuple[RequestState, int]] = []  # (state, tokens computed after the step)
+        for request in scheduled:  # each request looked up once
             state = self.requests.get(request.req_id)
             for ids in take_blocks(state, request, windows, self.block_tokens):
                 if ids:
                     flush.update(self.jobs.reading(ids))
-        for request in scheduled:
-            state = self.requests.get(request.req_id)
             if state is not None:
-                self._plan.stores += self._stores.plan(state, request.num_computed_tokens)
-        for request in scheduled:  # prompt tails last: a full chunk is worth more than a tail
-            state = self.requests.get(request.req_id)
-            if state is not None:
-                self._plan.stores += self._tails.plan(state, request.num_computed_tokens)
+                tracked.append((state, request.num_computed_tokens))
+        for state, computed in tracked:
+            self._plan.stores += self._stores.plan(state, computed)
+        for state, computed in tracked:  # prompt tails last: a full chunk is worth more
+            if state.tail_key is not None and not state.tail_done:  # else nothing to store
+                self._plan.stores += self._tails.plan(state, computed)
         evicted = self._stores.take_evicted()
         for writes in self._writes.values():
             writes.evicted(evicted)
