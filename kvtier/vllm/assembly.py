@@ -28,7 +28,7 @@ from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.spec import SchedulerContext, TierSpec, WorkerContext, WorkerTier
 from kvtier.vllm.kv_role import KVRole
 from kvtier.vllm.observability import Observability
-from kvtier.worker.connector import WorkerConnector
+from kvtier.worker.connector import TierBuilder, WorkerConnector
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -141,7 +141,7 @@ class WorkerSide:
         base = fingerprint(self._vllm_config, "", tp_rank, pp_rank, self._factor)
         config = self._config
 
-        def builder(spec: TierSpec) -> Any:
+        def builder(spec: TierSpec) -> TierBuilder:
             def build(layout: KVLayout, host: HostTier, description: str) -> WorkerTier | None:
                 assert spec.worker is not None
                 mine = dataclasses.replace(base, layout=description)
