@@ -38,7 +38,8 @@ def test_bench_concurrency_rounds_ratios_come_from_the_measured_rounds(
         assert process["median_round_s"] == pytest.approx(times[process["config"]], abs=1e-4)
     kvtier = rounds["processes"][1]["kvtier_cpu"]
     assert kvtier["stored_chunks"] >= 3 * 8 * 2 and kvtier["hit_chunks"] == 0  # 64 tokens: 2 chunks
-    assert rounds["ratios"] == [pytest.approx(times["baseline"] / times["kvtier"], abs=1e-3)]
+    # the JSON's rounds are rounded to 0.1 ms: a ratio of rounds of a few ms carries that error
+    assert rounds["ratios"] == [pytest.approx(times["baseline"] / times["kvtier"], rel=2e-2)]
 
     [row] = document["rows"]
     assert VERDICT_KEYS <= row.keys() and row["key"] == "rounds" and row["pairs"] == 1
