@@ -165,6 +165,7 @@ class SchedulerConnector:
         """The engine allocated ``block_ids`` (per group, whole request): plan the hit's load."""
         state = self.requests[req_id]
         state.block_ids = [list(ids) for ids in block_ids]
+        state.table_set = True
         for source in self.sources.values():
             load = source.plan_load(state, num_external_tokens)
             if load is not None:
@@ -198,14 +199,28 @@ class SchedulerConnector:
         for load in self._plan.loads:
             flush.update(self.jobs.reading(load.dst.block_ids.tolist()))
         windows = [group.sliding_window for group in self.groups]
+        windowed = any(window is not None for window in windows)
+        chunk_tokens = self.chunk_tokens
         tracked: list[tuple[RequestState, int]] = []  # (state, tokens computed after the step)
-        for request in scheduled:  # each request looked up once
+        for request in scheduled:  # each request looked up once; most decode steps: no work
             state = self.requests.get(request.req_id)
-            for ids in take_blocks(state, request, windows, self.block_tokens):
-                if ids:
-                    flush.update(self.jobs.reading(ids))
-            if state is not None:
-                tracked.append((state, request.num_computed_tokens))
+            if (
+                request.block_ids is not None
+                or not request.appended
+                or windowed
+                or (state is not None and state.table_set)
+            ):  # else its table did not change: nothing new to flush
+                for ids in take_blocks(state, request, windows, self.block_tokens):
+                    if ids:
+                        flush.update(self.jobs.reading(ids))
+                if state is not None:
+                    state.table_set = False
+            computed = request.num_computed_tokens
+            if state is not None and (
+                computed >= (min(state.stored_upto) + 1) * chunk_tokens  # a chunk completes
+                or (state.tail_key is not None and not state.tail_done)
+            ):
+                tracked.append((state, computed))
         for state, computed in tracked:
             self._plan.stores += self._stores.plan(state, computed)
         for state, computed in tracked:  # prompt tails last: a full chunk is worth more

@@ -34,6 +34,7 @@ class RequestState:
     planned: list[int] = field(init=False)  # per group: leading blocks build_plan has seen
     dropped: list[int] = field(init=False)  # per group: leading blocks never to read (window)
     skipped_upto: list[int] = field(init=False)  # per group: chunks below it counted skipped
+    table_set: bool = False  # on_alloc set ``block_ids``: the next step reads the whole table
     lookup_start: int = 0  # chunk index where the last lookup started (the local hit)
     lookup_end: int = 0  # full prompt chunks at the last lookup; 0 once counted
     num_computed_tokens: int = 0  # the engine's local hit at the last lookup

@@ -2,6 +2,8 @@
 
 Primitives:
     transfer_async(job_id, src, dst) -> bool   submit a copy; False if it could not be submitted
+    transfer_batch(transfers) -> [bool]        submit several at once (a step's stores): a
+                                               handler may copy them as one
     get_finished() -> list[TransferResult]     jobs finished since the last call, each once
     wait(job_ids)                              block until those jobs finished (tests, shutdown)
     shutdown()                                 finish what is in flight and release threads/streams
@@ -10,10 +12,16 @@ Primitives:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
 from kvtier.addresses import TransferSpec
+
+
+class Transfer(NamedTuple):
+    job_id: int
+    src: TransferSpec
+    dst: TransferSpec
 
 
 class TransferResult(NamedTuple):
@@ -29,6 +37,11 @@ class TransferHandler(ABC):
 
     @abstractmethod
     def transfer_async(self, job_id: int, src: TransferSpec, dst: TransferSpec) -> bool: ...
+
+    def transfer_batch(self, transfers: Sequence[Transfer]) -> list[bool]:
+        """Submit ``transfers`` in order, each as ``transfer_async`` would (False: refused).
+        A handler may copy them as one, and report them together; default: one by one."""
+        return [self.transfer_async(*transfer) for transfer in transfers]
 
     @abstractmethod
     def get_finished(self) -> list[TransferResult]: ...

@@ -35,7 +35,7 @@ from kvtier.media import Medium
 from kvtier.step_plan import JobOutcome, LoadJob, StepPlan, StoreJob, TierWriteJob, WorkerReport
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.spec import WorkerTier
-from kvtier.worker.base import TransferHandler
+from kvtier.worker.base import Transfer, TransferHandler
 from kvtier.worker.handlers import engine_host_handlers
 from kvtier.worker.shutdown_flush import FlushCount, FlushTarget, flush_host
 from kvtier.worker.transfer_worker import TransferWorker
@@ -208,7 +208,15 @@ class WorkerConnector:
                 self._slot_keys.pop(slot, None)
             if job.keys:
                 self._store_keys[job.job_id] = (job.dst.slots, job.keys)
-            self._submit(job.job_id, _InFlight(job.req_id, True, job.src), (job.src, job.dst))
+        submitted = [False] * len(stores)
+        try:  # together: a handler may copy a step's stores as one
+            submitted = self.transfers.transfer_batch(
+                [Transfer(job.job_id, job.src, job.dst) for job in stores]
+            )
+        except Exception:
+            logger.exception("kvtier: could not submit %d store jobs", len(stores))
+        for job, ok in zip(stores, submitted, strict=True):
+            self._submitted(job.job_id, _InFlight(job.req_id, True, job.src), ok)
 
     def _submit(self, job_id: int, job: _InFlight, spec: tuple[TransferSpec, TransferSpec]) -> None:
         submitted = False
@@ -216,6 +224,9 @@ class WorkerConnector:
             submitted = self.transfers.transfer_async(job_id, spec)
         except Exception:
             logger.exception("kvtier: could not submit transfer job %d", job_id)
+        self._submitted(job_id, job, submitted)
+
+    def _submitted(self, job_id: int, job: _InFlight, submitted: bool) -> None:
         if not submitted:  # done here, and failed: a load is recomputed, a store is dropped
             self._record(job_id, job, ok=False, nbytes=0, seconds=0.0)
             return

@@ -9,7 +9,9 @@ Loads run inline: ``transfer_async`` returns once the job's bytes are in the eng
 waits for them before the forward), and ``get_finished`` reports the job. Stores run inline too by
 default, right after the step's forward (``handlers.engine_host_handlers`` says why); with
 ``inline=False`` they run on the handler's job thread, in submission order, and ``wait`` and
-``wait_any`` block with the GIL released.
+``wait_any`` block with the GIL released. A step's stores come together (``transfer_batch``) and
+copy as one (``row_batch.py``): hundreds of one-chunk stores at high concurrency cost one claim of
+the lanes and a gather and a scatter per view, not a plan and copy calls each.
 
 Why the earlier two-lane pool stalled (a job thread per direction handing each job's views to a
 two-thread pool shared by both directions; torch copies, then numpy), found by replaying it in
@@ -45,18 +47,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from functools import partial
 
 import numpy as np
 
 from kvtier.layout import KVLayout
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.worker.base import TransferResult
+from kvtier.worker.base import Transfer, TransferResult
 from kvtier.worker.copy_lanes import CopyLanes
 from kvtier.worker.engine_host import EngineHostHandler
 from kvtier.worker.job_thread import JobThread
 from kvtier.worker.plan import GroupCopy
+from kvtier.worker.row_batch import RowBatch, plan_rows
 from kvtier.worker.segments import Segment, job_segments, segment_bytes, split_segments
 
 logger = logging.getLogger(__name__)
@@ -84,6 +87,9 @@ class CpuCopyHandler(EngineHostHandler):
         self._lanes = CopyLanes(name, max(lanes, 1) - 1, self.device, background=background)
         self._thread = None if inline else JobThread(name, self.device, background=background)
         self._inline_finished: list[TransferResult] = []  # the caller's thread only
+        self._factor = host.block_size_factor
+        self._page_bytes = layout.page_bytes
+        self._group_bytes = [sum(self._page_bytes[v] for v in views) for views in layout.groups]
 
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
         if self._thread is not None:
@@ -95,6 +101,58 @@ class CpuCopyHandler(EngineHostHandler):
             logger.exception("kvtier: transfer job %d failed", job_id)
             result = TransferResult(job_id, False, 0, 0.0)
         self._inline_finished.append(result)
+
+    def transfer_batch(self, transfers: Sequence[Transfer]) -> list[bool]:
+        """Inline, several jobs (a step's stores) copy as one (``row_batch.py``): planned with
+        Python ints, one gather and one scatter per view and piece, split across the lanes. A
+        job ``plan_copy`` refuses is refused alone; if a job names a block or slot out of range,
+        or the joined copy fails, each job is copied alone instead (``EngineHostHandler``), so
+        only the jobs that fail by themselves are reported failed."""
+        if self._thread is not None or len(transfers) < 2:
+            return super().transfer_batch(transfers)
+        groups = len(self.layout.groups)
+        planned: list[tuple[int, list[tuple[int, list[int], list[int]]]]] = []
+        submitted = []
+        for job_id, src, dst in transfers:
+            engine, host = self._sides(src, dst)
+            try:
+                planned.append((job_id, plan_rows(engine, host, self._factor, groups)))
+                submitted.append(True)
+            except ValueError as error:
+                logger.error("kvtier: refused transfer job %d: %s", job_id, error)
+                submitted.append(False)
+        batch = RowBatch.of([job for _, job in planned], groups)
+        num_rows = self.host.num_chunks * self._factor
+        if not batch.within(self.layout.num_blocks, num_rows):
+            return super().transfer_batch(transfers)
+        started = time.perf_counter()
+        try:
+            self._scatter(batch)
+        except Exception:
+            logger.exception("kvtier: a batch of %d transfer jobs failed", len(planned))
+            kept = {job_id for job_id, _ in planned}
+            super().transfer_batch([t for t in transfers if t.job_id in kept])
+            return submitted
+        nbytes = [sum(len(ids) * self._group_bytes[g] for g, ids, _ in job) for _, job in planned]
+        seconds, total = time.perf_counter() - started, max(sum(nbytes), 1)
+        self._inline_finished += [  # each job its share of the time, by its bytes
+            TransferResult(job_id, True, size, seconds * size / total)
+            for (job_id, _), size in zip(planned, nbytes, strict=True)
+        ]
+        return submitted
+
+    def _scatter(self, batch: RowBatch) -> None:
+        total = sum(len(ids) * self._group_bytes[g] for g, ids in enumerate(batch.ids))
+        piece_bytes = max(MIN_PIECE_BYTES, -(-total // (self._lanes.lanes * PIECES_PER_LANE)))
+        pieces = batch.pieces(self.layout.groups, self._page_bytes, piece_bytes)
+        self._lanes.run([partial(self._scatter_piece, *piece) for piece in pieces])
+
+    def _scatter_piece(self, view: int, ids: np.ndarray, rows: np.ndarray) -> None:
+        engine, host = self._engine[view], self._rows[view]
+        if self.store:  # ids and rows were range-checked for the batch
+            host[rows] = np.take(engine, ids, axis=0)
+        else:
+            engine[ids] = np.take(host, rows, axis=0)
 
     def _run(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> TransferResult:
         started = time.perf_counter()

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 from abc import abstractmethod
+from collections.abc import Sequence
 
 import numpy as np
 
 from kvtier.addresses import EngineBlocks, HostChunks, TransferSpec
 from kvtier.layout import KVLayout
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.worker.base import TransferHandler
+from kvtier.worker.base import Transfer, TransferHandler
 from kvtier.worker.plan import GroupCopy, plan_copy
 
 logger = logging.getLogger(__name__)
@@ -31,24 +32,42 @@ class EngineHostHandler(TransferHandler):
         self.device = layout.device  # captured once, before any copy runs
 
     def transfer_async(self, job_id: int, src: TransferSpec, dst: TransferSpec) -> bool:
+        return self.transfer_batch([Transfer(job_id, src, dst)])[0]
+
+    def transfer_batch(self, transfers: Sequence[Transfer]) -> list[bool]:
+        """Plan each transfer (a bad one is refused alone) and submit it."""
+        submitted = []
+        for job_id, src, dst in transfers:
+            plan = self._checked_plan(job_id, src, dst)
+            submitted.append(plan is not None)
+            if plan is not None:
+                nbytes = sum(
+                    len(copy.block_ids) * self.layout.page_bytes[view]
+                    for copy in plan
+                    for view in self.layout.groups[copy.group]
+                )
+                self._submit(job_id, plan, nbytes)
+        return submitted
+
+    def _checked_plan(
+        self, job_id: int, src: TransferSpec, dst: TransferSpec
+    ) -> list[GroupCopy] | None:
+        engine, host = self._sides(src, dst)
+        try:
+            return self._plan(engine, host)
+        except ValueError as error:
+            logger.error("kvtier: refused transfer job %d: %s", job_id, error)
+            return None
+
+    def _sides(self, src: TransferSpec, dst: TransferSpec) -> tuple[EngineBlocks, HostChunks]:
+        """The job's engine side and host side (``TypeError``: not this handler's media)."""
         engine, host = (src, dst) if self.store else (dst, src)
         if not isinstance(engine, EngineBlocks) or not isinstance(host, HostChunks):
             raise TypeError(
                 f"kvtier: {type(self).__name__} moves EngineBlocks <-> HostChunks, "
                 f"got {type(src).__name__} -> {type(dst).__name__}"
             )
-        try:
-            plan = self._plan(engine, host)
-        except ValueError as error:
-            logger.error("kvtier: refused transfer job %d: %s", job_id, error)
-            return False
-        nbytes = sum(
-            len(copy.block_ids) * self.layout.page_bytes[view]
-            for copy in plan
-            for view in self.layout.groups[copy.group]
-        )
-        self._submit(job_id, plan, nbytes)
-        return True
+        return engine, host
 
     @abstractmethod
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from kvtier.addresses import TransferSpec
-from kvtier.worker.base import TransferHandler, TransferResult
+from kvtier.worker.base import Transfer, TransferHandler, TransferResult
 
 
 class TransferWorker:
@@ -24,10 +24,7 @@ class TransferWorker:
     def transfer_async(self, job_id: int, spec: tuple[TransferSpec, TransferSpec]) -> bool:
         """Submit job ``job_id`` copying ``spec[0]`` to ``spec[1]``; False if it was refused."""
         src, dst = spec
-        handler = self._handlers.get((src.medium, dst.medium))
-        if handler is None:
-            known = ", ".join(f"{s}->{d}" for s, d in self._handlers)
-            raise ValueError(f"kvtier: no handler for {src.medium} -> {dst.medium} (have: {known})")
+        handler = self._handler(src.medium, dst.medium)
         if job_id in self._job_handler:
             raise ValueError(f"kvtier: transfer job {job_id} is already in flight")
         if not handler.transfer_async(job_id, src, dst):
@@ -35,12 +32,40 @@ class TransferWorker:
         self._job_handler[job_id] = handler
         return True
 
+    def transfer_batch(self, transfers: Sequence[Transfer]) -> list[bool]:
+        """Submit ``transfers`` (one step's, e.g. its stores), each handler's together, in
+        order; per transfer whether it was submitted (False: refused)."""
+        batches: dict[tuple[str, str], list[int]] = {}  # media -> positions in transfers
+        for position, (job_id, src, dst) in enumerate(transfers):  # raise before any submits
+            if job_id in self._job_handler:
+                raise ValueError(f"kvtier: transfer job {job_id} is already in flight")
+            media = (src.medium, dst.medium)
+            if media not in batches:
+                self._handler(*media)
+            batches.setdefault(media, []).append(position)
+        submitted = [False] * len(transfers)
+        for media, positions in batches.items():
+            handler = self._handlers[media]
+            batch = [transfers[p] for p in positions]
+            for position, ok in zip(positions, handler.transfer_batch(batch), strict=True):
+                submitted[position] = ok
+                if ok:
+                    self._job_handler[transfers[position].job_id] = handler
+        return submitted
+
     def get_finished(self) -> list[TransferResult]:
         """Jobs finished since the last call, each reported once."""
         finished = [r for h in self._handlers.values() for r in h.get_finished()]
         for result in finished:
             self._job_handler.pop(result.job_id, None)
         return finished
+
+    def _handler(self, src: str, dst: str) -> TransferHandler:
+        handler = self._handlers.get((src, dst))
+        if handler is None:
+            known = ", ".join(f"{s}->{d}" for s, d in self._handlers)
+            raise ValueError(f"kvtier: no handler for {src} -> {dst} (have: {known})")
+        return handler
 
     def wait(self, job_ids: Collection[int]) -> None:
         for handler in {self._job_handler[j] for j in job_ids if j in self._job_handler}:

@@ -4,6 +4,12 @@ Buffer ``i`` is ``(num_chunks, page_words[i] * block_size_factor)`` in view ``i`
 ``s`` holds chunk slot ``s`` (its ``factor`` engine pages back to back). Slots are handed out by the
 scheduler half's ``ChunkManager``; this class only owns the memory. Buffers are pinned when the
 engine tensors live on CUDA, so copies can run asynchronously.
+
+The memory is committed up front, as pinned memory is: on the CPU the buffers are written once
+when built. Left untouched, the first store into each page pays the kernel's page fault and
+zeroing, measured at about 3x the copy itself (8 MiB of 8 KiB rows: 7.1 ms into fresh pages,
+2.5 ms into touched ones), for the whole first pass through the host tier; and a host tier too
+large for the machine fails at start-up, not under load.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ class HostTier:
             )
             for view in layout.views
         )
+        if not pin:
+            for buffer in self.buffers:
+                buffer.zero_()  # commit the pages now, not on the first store into each
 
     @property
     def nbytes(self) -> int:

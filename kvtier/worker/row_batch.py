@@ -1,0 +1,107 @@
+"""Many small jobs of one step as one scatter copy per view: the plan, made with Python ints.
+
+    plan_rows(engine, host, factor, groups) -> [(group, ids, rows)]   ``plan_copy``'s mapping
+    RowBatch.of(planned, groups) -> RowBatch      the jobs' ids and rows joined, group by group
+    RowBatch.within(num_blocks, num_rows) -> bool every id and row in range
+    RowBatch.pieces(groups, page_bytes, bytes)    (view, ids, rows) of about ``bytes`` each
+
+At high concurrency a step stores hundreds of one-chunk jobs (a chunk and a prompt's tail per
+request). Planned one by one with numpy (``plan.py``), each costs tens of microseconds of small-
+array overhead and a copy call per run of host rows; here a job of a few blocks is planned with
+Python ints, and the whole step copies with one gather and one scatter per view and piece.
+The mapping is ``plan_copy``'s (see ``plan.py``), and so are its refusals: a job it would refuse
+is refused here alone, with the same message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from kvtier.addresses import EngineBlocks, HostChunks
+from kvtier.worker.plan import chunks_spanned
+
+
+def plan_rows(
+    engine: EngineBlocks, host: HostChunks, factor: int, num_groups: int
+) -> list[tuple[int, list[int], list[int]]]:
+    """Per group with blocks: (group, engine block ids, host page rows), as ``plan_copy`` maps
+    them; ``ValueError`` where it would refuse the job (ids and slots are range-checked by the
+    caller)."""
+    sizes, starts = engine.group_sizes, engine.block_indices
+    if len(sizes) > num_groups:
+        raise ValueError(f"{len(sizes)} groups in a transfer, the layout has {num_groups}")
+    if len(sizes) != len(starts):
+        raise ValueError(
+            f"kvtier: {len(sizes)} group sizes but {len(starts)} block indices in a transfer"
+        )
+    ids, slots = engine.block_ids.tolist(), host.slots.tolist()
+    if len(ids) != sum(sizes):
+        raise ValueError(f"kvtier: {len(ids)} engine blocks but group sizes add up to {sum(sizes)}")
+    spans = [chunks_spanned(n, start, factor) for n, start in zip(sizes, starts, strict=True)]
+    if len(slots) != sum(spans):
+        raise ValueError(
+            f"kvtier: {len(slots)} host slots for a transfer spanning {sum(spans)} chunks"
+        )
+    planned = []
+    block_at = slot_at = 0
+    for group, (n, start, span) in enumerate(zip(sizes, starts, spans, strict=True)):
+        if n:
+            skip = start % factor
+            rows = [
+                slots[slot_at + (skip + k) // factor] * factor + (skip + k) % factor
+                for k in range(n)
+            ]
+            planned.append((group, ids[block_at : block_at + n], rows))
+        block_at += n
+        slot_at += span
+    return planned
+
+
+class RowBatch(NamedTuple):
+    """Engine block ids and host page rows of many jobs, per group (equal lengths)."""
+
+    ids: list[np.ndarray]  # per group, int64
+    rows: list[np.ndarray]  # per group, int64
+
+    @staticmethod
+    def of(planned: Sequence[list[tuple[int, list[int], list[int]]]], num_groups: int) -> RowBatch:
+        """The jobs' plans (``plan_rows``) joined, group by group."""
+        ids: list[list[int]] = [[] for _ in range(num_groups)]
+        rows: list[list[int]] = [[] for _ in range(num_groups)]
+        for job in planned:
+            for group, job_ids, job_rows in job:
+                ids[group] += job_ids
+                rows[group] += job_rows
+        return RowBatch(
+            [np.array(i, dtype=np.int64) for i in ids], [np.array(r, dtype=np.int64) for r in rows]
+        )
+
+    def within(self, num_blocks: int, num_rows: int) -> bool:
+        """Whether every id lies in ``[0, num_blocks)`` and every row in ``[0, num_rows)``."""
+        return all(
+            _within(ids, num_blocks) and _within(rows, num_rows)
+            for ids, rows in zip(self.ids, self.rows, strict=True)
+        )
+
+    def pieces(
+        self, groups: Sequence[Sequence[int]], page_bytes: Sequence[int], piece_bytes: int
+    ) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """(view, ids, rows) of at most ``piece_bytes`` each (at least one page), every block of
+        every view of each group once."""
+        pieces = []
+        for group, views in enumerate(groups):
+            ids, rows = self.ids[group], self.rows[group]
+            for view in views:
+                step = max(1, piece_bytes // page_bytes[view])
+                pieces += [
+                    (view, ids[at : at + step], rows[at : at + step])
+                    for at in range(0, len(ids), step)
+                ]
+        return pieces
+
+
+def _within(values: np.ndarray, limit: int) -> bool:
+    return not len(values) or (int(values.min()) >= 0 and int(values.max()) < limit)

@@ -1,0 +1,194 @@
+"""A step's stores submitted together (``transfer_batch``): the bytes land as if each job had
+been copied alone, a bad job is refused alone, a failed batch copy fails only the jobs that fail
+alone; the batch's plan (``row_batch.py``) maps every block as ``plan_copy`` does."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from kvtier.addresses import EngineBlocks, HostChunks
+from kvtier.layout import KVLayout, build_layout
+from kvtier.media import Medium
+from kvtier.tiers.host.buffers import HostTier
+from kvtier.worker import TransferWorker, copy_cpu, engine_host_handlers
+from kvtier.worker.base import Transfer
+from kvtier.worker.plan import chunks_spanned, plan_copy
+from kvtier.worker.row_batch import RowBatch, plan_rows
+from kvtier.worker.segments import Segment
+
+NUM_BLOCKS, NUM_CHUNKS, FACTOR = 32, 12, 2
+
+
+def _layout() -> KVLayout:
+    torch.manual_seed(1)
+    caches = {"a.0": torch.randn(NUM_BLOCKS, 4, 8), "a.1": torch.randn(NUM_BLOCKS, 4, 8)}
+    caches |= {"b.0": torch.randn(NUM_BLOCKS, 2, 8)}
+    return build_layout(caches, [["a.0", "a.1"], ["b.0"]], NUM_BLOCKS)
+
+
+@pytest.fixture
+def inline() -> Iterator[tuple[KVLayout, HostTier, TransferWorker]]:
+    """The default CPU handlers (stores inline), host rows zeroed."""
+    layout = _layout()
+    host = HostTier(layout, NUM_CHUNKS, FACTOR)
+    for buffer in host.buffers:
+        buffer.zero_()
+    worker = TransferWorker()
+    store, load = engine_host_handlers(layout, host, lanes=2)
+    worker.register_handler(Medium.ENGINE, Medium.CPU, store)
+    worker.register_handler(Medium.CPU, Medium.ENGINE, load)
+    yield layout, host, worker
+    worker.shutdown()
+
+
+def _store(job_id: int, blocks: list[int], slots: list[int], group: int = 0) -> Transfer:
+    sizes = (len(blocks), 0) if group == 0 else (0, len(blocks))
+    engine = EngineBlocks(np.array(blocks, dtype=np.int64), sizes, (0, 0))
+    return Transfer(job_id, engine, HostChunks(np.array(slots, dtype=np.int64)))
+
+
+# one-chunk stores of many requests into consecutive slots, one out of order, one of group 1
+BATCH = [
+    _store(1, [3, 4], [0]),
+    _store(2, [9, 1], [1]),
+    _store(3, [20, 21, 22, 23], [2, 3]),
+    _store(4, [7, 8], [9]),
+    _store(5, [30, 31], [4], group=1),
+]
+
+
+def _host_after(transfers: list[Transfer], batched: bool) -> list[torch.Tensor]:
+    layout = _layout()
+    host = HostTier(layout, NUM_CHUNKS, FACTOR)
+    for buffer in host.buffers:
+        buffer.zero_()
+    store, load = engine_host_handlers(layout, host, lanes=2)
+    if batched:
+        assert store.transfer_batch(transfers) == [True] * len(transfers)
+    else:
+        assert all(store.transfer_async(*transfer) for transfer in transfers)
+    assert all(result.success for result in store.get_finished())
+    store.shutdown()
+    load.shutdown()
+    return [buffer.clone() for buffer in host.buffers]
+
+
+def test_a_batch_copies_the_bytes_each_job_copies_alone() -> None:
+    alone, together = _host_after(BATCH, batched=False), _host_after(BATCH, batched=True)
+    assert any(bool(buffer.any()) for buffer in together)
+    assert all(torch.equal(a, b) for a, b in zip(alone, together, strict=True))
+
+
+def test_each_job_of_a_batch_is_reported_with_its_bytes(
+    inline: tuple[KVLayout, HostTier, TransferWorker],
+) -> None:
+    layout, _, worker = inline
+    assert worker.transfer_batch(BATCH) == [True] * len(BATCH)
+    results = {result.job_id: result for result in worker.get_finished()}
+    assert sorted(results) == [1, 2, 3, 4, 5]
+    group_bytes = [sum(layout.page_bytes[v] for v in views) for views in layout.groups]
+    for transfer in BATCH:
+        engine = transfer.src
+        assert isinstance(engine, EngineBlocks)
+        expected = sum(n * group_bytes[g] for g, n in enumerate(engine.group_sizes))
+        assert results[transfer.job_id].success
+        assert results[transfer.job_id].bytes == expected
+    assert worker.num_in_flight == 0
+
+
+def test_a_bad_job_is_refused_alone(inline: tuple[KVLayout, HostTier, TransferWorker]) -> None:
+    layout, host, worker = inline
+    bad = _store(7, [NUM_BLOCKS, 1], [5])  # a block id past the engine's
+    assert worker.transfer_batch([BATCH[0], bad, BATCH[1]]) == [True, False, True]
+    assert sorted(r.job_id for r in worker.get_finished()) == [1, 2]
+    rows = host.page_rows(0)
+    assert torch.equal(rows[0:2], layout.views[0][[3, 4]])
+    assert not rows[10:12].any()  # slot 5: untouched
+
+
+def test_a_failed_batch_copy_fails_only_the_job_that_fails_alone(
+    inline: tuple[KVLayout, HostTier, TransferWorker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layout, host, worker = inline
+    copy = copy_cpu.CpuCopyHandler._copy_segments
+
+    def scatter_fails(*_: object) -> None:
+        raise RuntimeError("the joined copy fails")
+
+    def fail_on_block_9(self: copy_cpu.CpuCopyHandler, segments: list[Segment]) -> None:
+        if any(9 in segment.ids for segment in segments):  # job 2's block, copied alone
+            raise RuntimeError("a copy fails")
+        copy(self, segments)
+
+    monkeypatch.setattr(copy_cpu.CpuCopyHandler, "_scatter_piece", scatter_fails)
+    monkeypatch.setattr(copy_cpu.CpuCopyHandler, "_copy_segments", fail_on_block_9)
+    assert worker.transfer_batch(BATCH) == [True] * len(BATCH)
+    outcomes = {result.job_id: result.success for result in worker.get_finished()}
+    assert outcomes == {1: True, 2: False, 3: True, 4: True, 5: True}
+    assert torch.equal(host.page_rows(0)[4:8], layout.views[0][[20, 21, 22, 23]])
+
+
+@pytest.mark.parametrize("factor", [1, 2, 3])
+def test_plan_rows_maps_blocks_as_plan_copy_does(factor: int) -> None:
+    rng = np.random.default_rng(factor)
+    for _ in range(200):
+        sizes = tuple(int(n) for n in rng.integers(0, 7, size=3))
+        starts = tuple(int(i) for i in rng.integers(0, 9, size=3))
+        spans = sum(chunks_spanned(n, i, factor) for n, i in zip(sizes, starts, strict=True))
+        engine = EngineBlocks(rng.permutation(64)[: sum(sizes)].astype(np.int64), sizes, starts)
+        host = HostChunks(rng.permutation(40)[:spans].astype(np.int64))
+        expected = [
+            (copy.group, copy.block_ids.tolist(), copy.host_rows.tolist())
+            for copy in plan_copy(engine, host, factor)
+        ]
+        assert plan_rows(engine, host, factor, 3) == expected
+
+
+REFUSED = [
+    (EngineBlocks(np.array([0, 1, 2]), (3, 0, 0), (0, 0, 0)), [0, 1]),  # 3 blocks: 1 chunk
+    (EngineBlocks(np.array([0, 1]), (3, 0, 0), (0, 0, 0)), [0]),  # fewer ids than sizes say
+    (EngineBlocks(np.array([0]), (1, 0), (0, 0, 0)), [0]),  # sizes and indices disagree
+]
+
+
+@pytest.mark.parametrize(("engine", "slots"), REFUSED)
+def test_plan_rows_refuses_what_plan_copy_refuses(engine: EngineBlocks, slots: list[int]) -> None:
+    host = HostChunks(np.array(slots))
+    with pytest.raises(ValueError) as expected:
+        plan_copy(engine, host, 3)
+    with pytest.raises(ValueError) as refused:
+        plan_rows(engine, host, 3, 3)
+    assert str(refused.value) == str(expected.value)
+    too_many = EngineBlocks(np.array([0]), (1, 0, 0, 0), (0, 0, 0, 0))
+    with pytest.raises(ValueError, match="4 groups in a transfer, the layout has 3"):
+        plan_rows(too_many, HostChunks(np.array([0])), 3, 3)
+
+
+def test_pieces_cover_every_block_of_every_view_once() -> None:
+    batch = RowBatch([np.arange(10), np.arange(3) + 20], [np.arange(10) + 100, np.arange(3)])
+    pieces = batch.pieces([[0, 1], [2]], [100, 100, 50], piece_bytes=300)
+    assert all(len(ids) <= 3 for view, ids, _ in pieces if view < 2)
+    moved = sorted((view, int(i), int(r)) for view, ids, rows in pieces
+                   for i, r in zip(ids, rows, strict=True))  # fmt: skip
+    expected = sorted([(v, i, i + 100) for v in (0, 1) for i in range(10)]
+                      + [(2, 20 + k, k) for k in range(3)])  # fmt: skip
+    assert moved == expected
+    assert batch.within(23, 110) and not batch.within(22, 110) and not batch.within(23, 109)
+
+
+def test_a_batch_with_an_unknown_medium_submits_nothing(
+    inline: tuple[KVLayout, HostTier, TransferWorker],
+) -> None:
+    _, host, worker = inline
+    foreign = Transfer(8, HostChunks(np.array([0])), HostChunks(np.array([1])))
+    with pytest.raises(ValueError, match="no handler for cpu -> cpu"):
+        worker.transfer_batch([BATCH[0], foreign])
+    assert worker.num_in_flight == 0 and worker.get_finished() == []
+    assert not any(bool(buffer.any()) for buffer in host.buffers)
+    assert worker.transfer_batch([BATCH[0]]) == [True]
+    with pytest.raises(ValueError, match="job 1 is already in flight"):
+        worker.transfer_batch([BATCH[0]])
