@@ -1,5 +1,8 @@
 """kvtier across processes and ranks: the default multi-process engine, TP=2 and PP=2.
 
+The two TP=2 tests share one kvtier engine (``tp2_engine``), started after the others'
+engines are gone, and one reference engine (``_tp2_references``).
+
 Each worker rank moves its own share of every chunk; a load or store is done only when all ranks
 reported it. These tests read every rank's own counters (``collective_rpc``) to show each rank
 loaded from kvtier, and compare outputs with the same parallel layout without a connector.
@@ -7,6 +10,8 @@ loaded from kvtier, and compare outputs with the same parallel layout without a 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -57,65 +62,104 @@ def _tp2_references(model: Path, reference: Any) -> list[list[list[int]]]:
     return outputs
 
 
-def _reset_and_regenerate(model: Path, reference: Any, ranks: int, **overrides: Any) -> None:
-    token_prompts = prompts(model, LENGTHS, seed=61)
-    if overrides == TP2:
-        _tp2_references(model, reference)
-    expected = reference(model, token_prompts, **overrides)
-    with engine(model, kv_transfer_config=kvtier_transfer(block_size=CHUNK), **overrides) as llm:
-        assert generate(llm, token_prompts) == expected
-        _reset_when_drained(llm)
-        assert generate(llm, token_prompts) == expected
-        _loads_on_every_rank(llm, token_prompts, ranks)
+def _reset_and_regenerate(
+    llm: Any, token_prompts: list[list[int]], expected: Any, ranks: int
+) -> None:
+    assert generate(llm, token_prompts) == expected
+    _reset_when_drained(llm)
+    assert generate(llm, token_prompts) == expected
+    _loads_on_every_rank(llm, token_prompts, ranks)
 
 
 def test_default_multiprocess_engine(
     tiny_model: Path, reference: Any, multiprocess: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """vLLM's default mode: the scheduler half in the engine-core process, the worker half in
-    its worker process; both import kvtier.vllm from the installed package."""
+    its worker process; both import kvtier.vllm from the installed package. One rank computes
+    as an in-process engine does: the reference is the in-process one (started in seconds)."""
+    token_prompts = prompts(tiny_model, LENGTHS, seed=61)
+    expected = reference(tiny_model, token_prompts)
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-    _reset_and_regenerate(tiny_model, reference, 1, distributed_executor_backend="mp")
-
-
-def test_tensor_parallel_two_ranks(tiny_model: Path, reference: Any, multiprocess: None) -> None:
-    _reset_and_regenerate(tiny_model, reference, 2, **TP2)
+    transfer = kvtier_transfer(block_size=CHUNK)
+    with engine(tiny_model, kv_transfer_config=transfer, distributed_executor_backend="mp") as llm:
+        _reset_and_regenerate(llm, token_prompts, expected, 1)
 
 
 def test_pipeline_parallel_two_ranks(tiny_model: Path, reference: Any, multiprocess: None) -> None:
     # PP on the CPU needs compiled (eager-backend) graphs instead of enforce_eager (VLLM_CPU.md)
-    _reset_and_regenerate(
-        tiny_model,
-        reference,
-        2,
-        pipeline_parallel_size=2,
-        distributed_executor_backend="mp",
-        enforce_eager=False,
-        compilation_config={"backend": "eager"},
-    )
+    parallel: dict[str, Any] = {
+        "pipeline_parallel_size": 2, "distributed_executor_backend": "mp", "enforce_eager": False,
+        "compilation_config": {"backend": "eager"},
+    }  # fmt: skip
+    token_prompts = prompts(tiny_model, LENGTHS, seed=61)
+    expected = reference(tiny_model, token_prompts, **parallel)
+    with engine(
+        tiny_model, kv_transfer_config=kvtier_transfer(block_size=CHUNK), **parallel
+    ) as llm:
+        _reset_and_regenerate(llm, token_prompts, expected, 2)
+
+
+class _SharedEngine:
+    """A TP=2 engine with kvtier and a disk tier, started at first use and closed once."""
+
+    def __init__(self, model: Path, directory: Path) -> None:
+        self.directory = directory
+        self.transfer = kvtier_transfer(block_size=CHUNK, disk={"path": str(directory),
+                                                                "bytes": "256MiB"})  # fmt: skip
+        self._model = model
+        self._stack = ExitStack()
+        self._llm: Any = None
+
+    @property
+    def llm(self) -> Any:
+        if self._llm is None:
+            self._llm = self._stack.enter_context(
+                engine(self._model, kv_transfer_config=self.transfer, **TP2)
+            )
+        return self._llm
+
+    def close(self) -> None:
+        """Shut the engine down (its ranks write what the disk lacks); idempotent."""
+        self._stack.close()
+
+
+@pytest.fixture(scope="module")
+def tp2_engine(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[_SharedEngine]:
+    """One TP=2 kvtier engine for both TP=2 tests (a multi-process engine takes ~30 s to start):
+    the first regenerates on it, the second shuts it down and restarts from its disk tier."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        patch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+        shared = _SharedEngine(tiny_model, tmp_path_factory.mktemp("tp2") / "tier")
+        try:
+            yield shared
+        finally:
+            shared.close()
+
+
+def test_tensor_parallel_two_ranks(
+    tiny_model: Path, reference: Any, multiprocess: None, tp2_engine: _SharedEngine
+) -> None:
+    token_prompts = prompts(tiny_model, LENGTHS, seed=61)
+    expected = _tp2_references(tiny_model, reference)[0]  # seed 61's
+    _reset_and_regenerate(tp2_engine.llm, token_prompts, expected, 2)
 
 
 def test_tensor_parallel_restarts_from_disk(
-    tiny_model: Path,
-    reference: Any,
-    multiprocess: None,
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
+    tiny_model: Path, reference: Any, multiprocess: None, tp2_engine: _SharedEngine
 ) -> None:
-    """vLLM's default multi-process mode, TP=2: each rank writes its own share of every chunk
-    (at idle or at shutdown), and a new engine loads every rank's share back from disk."""
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    """TP=2: each rank writes its own share of every chunk (at idle or at shutdown), and a new
+    engine loads every rank's share back from disk."""
     token_prompts = prompts(tiny_model, LENGTHS, seed=62)
-    parallel = TP2
     expected = _tp2_references(tiny_model, reference)[1]  # seed 62's
-    disk = {"path": str(tmp_path / "tier"), "bytes": "256MiB"}
-    transfer = kvtier_transfer(block_size=CHUNK, disk=disk)
-    with engine(tiny_model, kv_transfer_config=transfer, **parallel) as llm:
-        assert generate(llm, token_prompts) == expected
-    files = chunk_files(tmp_path / "tier")
+    assert generate(tp2_engine.llm, token_prompts) == expected
+    tp2_engine.close()
+    files = chunk_files(tp2_engine.directory)
     assert {f.name.split(".")[-2] for f in files} == {"0", "1"}  # both ranks' shares
     assert len(files) >= 2 * full_chunks(token_prompts, CHUNK)
-    with engine(tiny_model, kv_transfer_config=transfer, **parallel) as llm:
+    with engine(tiny_model, kv_transfer_config=tp2_engine.transfer, **TP2) as llm:
         assert generate(llm, token_prompts) == expected
         counters = llm.collective_rpc(rank_counters)
     assert len(counters) == 2
