@@ -3,12 +3,12 @@ against vLLM's server without a connector (LMCache's long-doc-qa warm-up round).
 
 Two servers alive together, the same model and vLLM arguments (``servers.serve_command``):
 ``kvtier serve`` with a host tier only, and vLLM's own server with no connector
-(``vllm_alone``). Each pair: ``documents`` fresh documents of ``tokens`` tokens (never seen by
-either server; the same ones for both), sent to one server ``in_flight`` at a time (streamed,
-``max_tokens`` each), then to the other, the order alternating per pair, with a pause between
-so a server's busy-polling engine has gone idle before the other one is timed. A pair's ratio is
-kvtier's mean TTFT over the server alone's. The first pair is a warm-up (first-call costs of
-prompts this long), not counted.
+(``vllm_alone``), their workers on as many cores (``SAME_CORES``). Each pair: ``documents``
+fresh documents of ``tokens`` tokens (never seen by either server; the same ones for both), sent
+to one server ``in_flight`` at a time (streamed, ``max_tokens`` each), then to the other, the
+order alternating per pair, with a pause between so a server's busy-polling engine has gone
+idle before the other one is timed. A pair's ratio is kvtier's mean TTFT over the server
+alone's. The first pair is a warm-up (first-call costs of prompts this long), not counted.
 """
 
 from __future__ import annotations
@@ -41,6 +41,11 @@ from kvtier.apps.models import make_prompt
 
 CONFIGS = ("kvtier", "alone")
 IDLE_S = 2.0  # a vLLM engine busy-polls for ~1 s after its last step
+# vLLM on the CPU keeps cores off its worker's OpenMP threads for its other processes: one per
+# rank, and one more per rank when a KV connector is configured (meant for NIXL). On two cores
+# the server alone computed on one core and kvtier serve on both (two reserved of two: none kept),
+# so vLLM alone took 2x kvtier's TTFT. Both servers keep vLLM's default without a connector.
+SAME_CORES = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,7 @@ def started(model: Path, dtype: str, work: LongMiss, logs: Path) -> Iterator[dic
                 assert command[1:2] == ["serve"] and command[3] == "--kvtier", command
                 command = [sys.executable, "-m", "kvtier.apps.bench.vllm_alone", command[2],
                            *command[5:]]  # fmt: skip
-            servers[config] = launch(command, port, logs / f"{config}.log")
+            servers[config] = launch(command, port, logs / f"{config}.log", SAME_CORES)
         wait_healthy(*servers.values())
         yield servers
     finally:
