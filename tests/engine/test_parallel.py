@@ -86,16 +86,17 @@ def test_default_multiprocess_engine(
 
 
 def test_pipeline_parallel_two_ranks(tiny_model: Path, reference: Any, multiprocess: None) -> None:
+    """Each rank computes its own layers as one engine computes them: the reference is the
+    in-process one (the default test's, computed once)."""
     # PP on the CPU needs compiled (eager-backend) graphs instead of enforce_eager (VLLM_CPU.md)
     parallel: dict[str, Any] = {
         "pipeline_parallel_size": 2, "distributed_executor_backend": "mp", "enforce_eager": False,
         "compilation_config": {"backend": "eager"},
     }  # fmt: skip
     token_prompts = prompts(tiny_model, LENGTHS, seed=61)
-    expected = reference(tiny_model, token_prompts, **parallel)
-    with engine(
-        tiny_model, kv_transfer_config=kvtier_transfer(block_size=CHUNK), **parallel
-    ) as llm:
+    expected = reference(tiny_model, token_prompts)
+    transfer = kvtier_transfer(block_size=CHUNK)
+    with engine(tiny_model, kv_transfer_config=transfer, **parallel) as llm:
         _reset_and_regenerate(llm, token_prompts, expected, 2)
 
 
