@@ -131,8 +131,9 @@ class CpuCopyHandler(EngineHostHandler):
         except Exception:
             logger.exception("kvtier: a batch of %d transfer jobs failed", len(planned))
             kept = {job_id for job_id, _ in planned}
-            super().transfer_batch([t for t in transfers if t.job_id in kept])
-            return submitted
+            again = [t for t in transfers if t.job_id in kept]
+            refused = {t.job_id for t, ok in zip(again, super().transfer_batch(again)) if not ok}
+            return [ok and t.job_id not in refused for t, ok in zip(transfers, submitted)]
         nbytes = [sum(len(ids) * self._group_bytes[g] for g, ids, _ in job) for _, job in planned]
         seconds, total = time.perf_counter() - started, max(sum(nbytes), 1)
         self._inline_finished += [  # each job its share of the time, by its bytes

@@ -14,9 +14,14 @@ large for the machine fails at start-up, not under load.
 
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 
 from kvtier.layout import KVLayout
+
+logger = logging.getLogger(__name__)
 
 
 class HostTier:
@@ -34,8 +39,13 @@ class HostTier:
             for view in layout.views
         )
         if not pin:
+            started = time.perf_counter()
             for buffer in self.buffers:
                 buffer.zero_()  # commit the pages now, not on the first store into each
+            logger.info(
+                "kvtier: committed %.1f GiB of host memory in %.1f s",
+                self.nbytes / 2**30, time.perf_counter() - started,
+            )  # fmt: skip
 
     @property
     def nbytes(self) -> int:
