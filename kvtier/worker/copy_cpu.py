@@ -125,25 +125,25 @@ class CpuCopyHandler(EngineHostHandler):
         num_rows = self.host.num_chunks * self._factor
         if not batch.within(self.layout.num_blocks, num_rows):
             return super().transfer_batch(transfers)
-        started = time.perf_counter()
+        nbytes = [sum(len(ids) * self._group_bytes[g] for g, ids, _ in job) for _, job in planned]
+        started, total = time.perf_counter(), max(sum(nbytes), 1)
         try:
-            self._scatter(batch)
+            self._scatter(batch, total)
         except Exception:
             logger.exception("kvtier: a batch of %d transfer jobs failed", len(planned))
             kept = {job_id for job_id, _ in planned}
             again = [t for t in transfers if t.job_id in kept]
             refused = {t.job_id for t, ok in zip(again, super().transfer_batch(again)) if not ok}
             return [ok and t.job_id not in refused for t, ok in zip(transfers, submitted)]
-        nbytes = [sum(len(ids) * self._group_bytes[g] for g, ids, _ in job) for _, job in planned]
-        seconds, total = time.perf_counter() - started, max(sum(nbytes), 1)
+        seconds = time.perf_counter() - started
         self._inline_finished += [  # each job its share of the time, by its bytes
             TransferResult(job_id, True, size, seconds * size / total)
             for (job_id, _), size in zip(planned, nbytes, strict=True)
         ]
         return submitted
 
-    def _scatter(self, batch: RowBatch) -> None:
-        total = sum(len(ids) * self._group_bytes[g] for g, ids in enumerate(batch.ids))
+    def _scatter(self, batch: RowBatch, total: int) -> None:
+        """Copy ``batch`` (``total`` bytes) on this thread and the helper lanes."""
         piece_bytes = max(MIN_PIECE_BYTES, -(-total // (self._lanes.lanes * PIECES_PER_LANE)))
         pieces = batch.pieces(self.layout.groups, self._page_bytes, piece_bytes)
         self._lanes.run([partial(self._scatter_piece, *piece) for piece in pieces])

@@ -17,7 +17,7 @@ from kvtier.addresses import EngineBlocks, HostChunks, TransferSpec
 from kvtier.layout import KVLayout
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker.base import Transfer, TransferHandler
-from kvtier.worker.plan import GroupCopy, plan_copy
+from kvtier.worker.plan import GroupCopy, check_groups, plan_copy
 
 logger = logging.getLogger(__name__)
 
@@ -74,11 +74,7 @@ class EngineHostHandler(TransferHandler):
         """Start the copies of ``plan``; report ``job_id`` through ``get_finished`` when done."""
 
     def _plan(self, engine: EngineBlocks, host: HostChunks) -> list[GroupCopy]:
-        if len(engine.group_sizes) > len(self.layout.groups):
-            raise ValueError(
-                f"{len(engine.group_sizes)} groups in a transfer, "
-                f"the layout has {len(self.layout.groups)}"
-            )
+        check_groups(engine, len(self.layout.groups))
         check_range("engine block id", engine.block_ids, self.layout.num_blocks)
         check_range("host slot", host.slots, self.host.num_chunks)
         return plan_copy(engine, host, self.host.block_size_factor)

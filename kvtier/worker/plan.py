@@ -36,19 +36,7 @@ def chunks_spanned(num_blocks: int, block_index: int, factor: int) -> int:
 def plan_copy(engine: EngineBlocks, host: HostChunks, factor: int) -> list[GroupCopy]:
     """Map every engine block of ``engine`` onto a host page row of ``host`` (raises ValueError)."""
     sizes, starts = engine.group_sizes, engine.block_indices
-    if len(sizes) != len(starts):
-        raise ValueError(
-            f"kvtier: {len(sizes)} group sizes but {len(starts)} block indices in a transfer"
-        )
-    if len(engine.block_ids) != sum(sizes):
-        raise ValueError(
-            f"kvtier: {len(engine.block_ids)} engine blocks but group sizes add up to {sum(sizes)}"
-        )
-    spans = [chunks_spanned(n, start, factor) for n, start in zip(sizes, starts)]
-    if len(host.slots) != sum(spans):
-        raise ValueError(
-            f"kvtier: {len(host.slots)} host slots for a transfer spanning {sum(spans)} chunks"
-        )
+    spans = checked_spans(engine, len(host.slots), factor)
     copies = []
     block_at = slot_at = 0
     for group, (n, start, span) in enumerate(zip(sizes, starts, spans)):
@@ -61,6 +49,34 @@ def plan_copy(engine: EngineBlocks, host: HostChunks, factor: int) -> list[Group
         block_at += n
         slot_at += span
     return copies
+
+
+def check_groups(engine: EngineBlocks, num_groups: int) -> None:
+    """``ValueError`` when the transfer names more groups than the layout has."""
+    if len(engine.group_sizes) > num_groups:
+        raise ValueError(
+            f"{len(engine.group_sizes)} groups in a transfer, the layout has {num_groups}"
+        )
+
+
+def checked_spans(engine: EngineBlocks, num_slots: int, factor: int) -> list[int]:
+    """The chunks each group of ``engine`` spans; ``ValueError`` when its sizes, indices, blocks
+    and ``num_slots`` host slots do not add up."""
+    sizes, starts = engine.group_sizes, engine.block_indices
+    if len(sizes) != len(starts):
+        raise ValueError(
+            f"kvtier: {len(sizes)} group sizes but {len(starts)} block indices in a transfer"
+        )
+    if len(engine.block_ids) != sum(sizes):
+        raise ValueError(
+            f"kvtier: {len(engine.block_ids)} engine blocks but group sizes add up to {sum(sizes)}"
+        )
+    spans = [chunks_spanned(n, start, factor) for n, start in zip(sizes, starts)]
+    if num_slots != sum(spans):
+        raise ValueError(
+            f"kvtier: {num_slots} host slots for a transfer spanning {sum(spans)} chunks"
+        )
+    return spans
 
 
 def consecutive_runs(rows: np.ndarray) -> list[tuple[int, int]]:

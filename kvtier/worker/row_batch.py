@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvtier.addresses import EngineBlocks, HostChunks
-from kvtier.worker.plan import chunks_spanned
+from kvtier.worker.plan import check_groups, checked_spans
 
 
 def plan_rows(
@@ -30,21 +30,10 @@ def plan_rows(
     """Per group with blocks: (group, engine block ids, host page rows), as ``plan_copy`` maps
     them; ``ValueError`` where it would refuse the job (ids and slots are range-checked by the
     caller)."""
+    check_groups(engine, num_groups)
+    spans = checked_spans(engine, len(host.slots), factor)
     sizes, starts = engine.group_sizes, engine.block_indices
-    if len(sizes) > num_groups:
-        raise ValueError(f"{len(sizes)} groups in a transfer, the layout has {num_groups}")
-    if len(sizes) != len(starts):
-        raise ValueError(
-            f"kvtier: {len(sizes)} group sizes but {len(starts)} block indices in a transfer"
-        )
     ids, slots = engine.block_ids.tolist(), host.slots.tolist()
-    if len(ids) != sum(sizes):
-        raise ValueError(f"kvtier: {len(ids)} engine blocks but group sizes add up to {sum(sizes)}")
-    spans = [chunks_spanned(n, start, factor) for n, start in zip(sizes, starts, strict=True)]
-    if len(slots) != sum(spans):
-        raise ValueError(
-            f"kvtier: {len(slots)} host slots for a transfer spanning {sum(spans)} chunks"
-        )
     planned = []
     block_at = slot_at = 0
     for group, (n, start, span) in enumerate(zip(sizes, starts, spans, strict=True)):
