@@ -32,14 +32,15 @@ from collections.abc import Iterable, Sequence
 
 from kvtier.config import KVTierConfig
 from kvtier.counters import KVTierStats, TierStats
-from kvtier.keys import ChunkKeyMaker
-from kvtier.scheduler.base import TierEvent
+from kvtier.keys import ChunkKey, ChunkKeyMaker
+from kvtier.scheduler.base import EventKind
 from kvtier.scheduler.failed_loads import offer_again, untrusted_stores
 from kvtier.scheduler.hit_policy import HitPolicy, HitRequest, choose_hit
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.scheduler.load_planner import GroupSpec, HitRun, LoadPlanner
 from kvtier.scheduler.lower_tier import LowerTier
 from kvtier.scheduler.manager import ChunkManager
+from kvtier.scheduler.prefix_events import HOST, PrefixEvent, PrefixEvents
 from kvtier.scheduler.provenance import JobLog, Provenance, provenance
 from kvtier.scheduler.request import RequestState
 from kvtier.scheduler.request_source import RequestSource
@@ -61,8 +62,10 @@ class SchedulerConnector:
         num_workers: int,
         key_maker: ChunkKeyMaker,
         lower: Sequence[LowerTier] = (),
+        prefix_events: bool = False,
     ) -> None:
-        """``lower``: the tier chain below host memory, in order."""
+        """``lower``: the tier chain below host memory, in order. ``prefix_events``: tell a
+        router which prefixes each tier holds (``take_events``)."""
         block_tokens = {g.block_tokens for g in groups}
         if len(block_tokens) != 1:
             raise ValueError(f"kvtier: KV cache groups with different block sizes {block_tokens}")
@@ -88,7 +91,6 @@ class SchedulerConnector:
             self.stats,
         )  # fmt: skip
         self._plan = StepPlan(num_chunks=num_chunks)
-        self._events: list[TierEvent] = []
         self.sources: dict[str, RequestSource] = {}
         self._writes: dict[str, TierWrites] = {}  # per lower tier, by name
         for tier in self.lower:
@@ -97,6 +99,11 @@ class SchedulerConnector:
             stats = self.stats.tiers[tier.name] = TierStats()
             self._writes[tier.name] = TierWrites(tier, self.manager, self.jobs, stats)
         self._tiers = {tier.name: tier for tier in self.lower}
+        self.prefixes = (
+            PrefixEvents(self.block_tokens, self.factor, [(t.name, t.holds) for t in self.lower])
+            if prefix_events
+            else None
+        )
         self._untrusted: set[int] = set()  # store jobs to fail as they complete
         self._reported: dict[int, Job] = {}  # jobs the report being handled completed
 
@@ -120,6 +127,7 @@ class SchedulerConnector:
         num_computed_tokens: int,
         num_tokens: int | None = None,
         tail_tokens: Sequence[int] | None = None,
+        token_ids: Sequence[int] = (),
     ) -> int | None:
         """Tokens beyond ``num_computed_tokens`` worth loading from kvtier; None asks the engine
         to try again next step (the next chunk's store is in flight, and worth waiting for).
@@ -128,7 +136,7 @@ class SchedulerConnector:
         block (None: the tokens do not name the KV, e.g. multimodal input: no tail). Which hit
         is worth loading, and whether synchronously (``loads_async``): ``hit_policy.py``.
         """
-        state = self.state(req_id, block_hashes)
+        state = self.state(req_id, block_hashes, token_ids)
         first = num_computed_tokens // self.chunk_tokens
         full = len(block_hashes) // self.factor
         state.num_computed_tokens = num_computed_tokens
@@ -147,11 +155,15 @@ class SchedulerConnector:
         state.load_async = hit.load_async
         return hit.tokens
 
-    def state(self, req_id: str, block_hashes: Sequence[bytes]) -> RequestState:
+    def state(
+        self, req_id: str, block_hashes: Sequence[bytes], token_ids: Sequence[int] = ()
+    ) -> RequestState:
         """``req_id``'s state, created at its first lookup."""
         state = self.requests.get(req_id)
         if state is None:
-            state = self.requests[req_id] = RequestState(req_id, block_hashes, len(self.groups))
+            state = self.requests[req_id] = RequestState(
+                req_id, block_hashes, len(self.groups), token_ids
+            )
         return state
 
     def loads_async(self, req_id: str) -> bool:
@@ -187,6 +199,7 @@ class SchedulerConnector:
         the requests' whole tables: see ``scheduled.py``.
         """
         scheduled = list(scheduled)
+        self._tier_events()  # before this step's writes: a chunk is told in a tier once written
         flush: set[int] = set()
         for req_id in preempted:  # its blocks went back to the pool: finish what reads them
             state = self.requests.get(req_id)
@@ -260,12 +273,16 @@ class SchedulerConnector:
         self.job_log.finished(job, self.requests.get(job.req_id))
         if job.kind is JobKind.TIER_WRITE:
             self._writes[job.tier].complete(job)
+            if self.prefixes is not None:
+                self.prefixes.written(job.tier, job.keys, self._tiers[job.tier].holds)
             return
         state = self.requests[job.req_id]
         if job.kind is JobKind.STORE:
             untrusted = job_id in self._untrusted
             self._untrusted.discard(job_id)
             self._complete_store(job, untrusted)
+            if self.prefixes is not None and job.runs and not (job.outcome.failed or untrusted):
+                self.prefixes.describe(state, job.runs)
             state.store_jobs.discard(job_id)
         else:
             self._complete_load(job)
@@ -385,9 +402,28 @@ class SchedulerConnector:
         sources = any(source.pending for source in self.sources.values())
         return bool(self.jobs) or writes or sources
 
-    def take_events(self) -> list[TierEvent]:
-        """Chunks stored in or removed from the host tier since the last call."""
-        return self.manager.take_events()
+    def take_events(self) -> list[PrefixEvent]:
+        """The prefixes each tier started or stopped holding since the last call, in the
+        engine's block hashes (``prefix_events.py``; none unless ``prefix_events``)."""
+        self._tier_events()
+        return self.prefixes.take() if self.prefixes is not None else []
+
+    def _tier_events(self) -> None:
+        """Hand what the tiers stored and removed to ``prefixes`` (read every step, so that
+        nothing piles up when no router is told). A chunk stored into host memory is told in
+        the lower tiers that hold it too: only one written before (this step plans none yet)."""
+        prefixes = self.prefixes
+        for event in self.manager.take_events():
+            if prefixes is not None:
+                keys: list[ChunkKey] = event.keys  # type: ignore[assignment]
+                if event.kind is EventKind.STORED:
+                    prefixes.stored(HOST, keys)
+                else:
+                    prefixes.removed(HOST, keys)
+        for tier in self.lower:
+            removed = tier.take_removed()
+            if removed and prefixes is not None:
+                prefixes.removed(tier.name, removed)
 
     def check_integrity(self) -> None:
         self.manager.check_integrity()

@@ -41,6 +41,7 @@ class Job:
     sync: bool = False  # a load read before its step's forward (that step's stores follow it)
     first_chunk: int = 0  # a store's first chunk in its request (any group): offered again
     # from there if the store turns out to hold KV computed from a failed load
+    runs: tuple[tuple[int, int, int], ...] = ()  # a store's (group, first, end) chunk runs
 
     @property
     def store(self) -> bool:

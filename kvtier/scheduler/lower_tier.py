@@ -12,6 +12,8 @@
                                               earlier; a remote tier asks on its own thread):
                                               how many it will check (0: ask again later)
     take_gone()               -> [key]        keys ``verify`` found gone since the last call
+    take_removed()            -> [key]        keys it stopped holding since the last call (evicted,
+                                              found bad or gone, forgotten): a router is told
     forgotten                 -> int          times it forgot every key it knew held (a remote
                                               tier that failed: it may come back empty)
 
@@ -77,6 +79,8 @@ class LowerTier(Protocol):
     def verify(self, keys: Sequence[ChunkKey]) -> int: ...
 
     def take_gone(self) -> list[ChunkKey]: ...
+
+    def take_removed(self) -> list[ChunkKey]: ...
 
     @property
     def forgotten(self) -> int: ...

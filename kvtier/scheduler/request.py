@@ -28,6 +28,9 @@ class RequestState:
     req_id: str
     block_hashes: Sequence[bytes]
     num_groups: int
+    # the engine's own list of the request's token ids, growing as ``block_hashes`` does (empty:
+    # not given; its chunks are then never described to a router, ``prefix_events.py``)
+    token_ids: Sequence[int] = ()
     keys: list[list[ChunkKey]] = field(init=False)
     stored_upto: list[int] = field(init=False)
     block_ids: list[list[int]] = field(init=False)  # per group, as the engine allocated them

@@ -147,8 +147,9 @@ class StorePlanner:
             ids += state.block_ids[g][first * self.factor : end * self.factor]
             sizes.append((end - first) * self.factor)
             starts.append(first * self.factor)
-        first = min(run[1] for run in runs if run is not None)
-        job = Job(state.req_id, keys, JobKind.STORE, blocks=ids, first_chunk=first)
+        kept = tuple(run for run in runs if run is not None)
+        first = min(run[1] for run in kept)
+        job = Job(state.req_id, keys, JobKind.STORE, blocks=ids, first_chunk=first, runs=kept)
         job_id = self.jobs.add(job)
         state.store_jobs.add(job_id)
         return StoreJob(

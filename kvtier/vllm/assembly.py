@@ -103,7 +103,11 @@ class SchedulerSide:
                 lower.append(index)
         specs = [_group_spec(g.kv_cache_spec) for g in groups]
         key_maker = ChunkKeyMaker(keys, factor, config.hash_algo)
-        scheduler = SchedulerConnector(config, specs, num_chunks, world_size, key_maker, lower)
+        events = vllm_config.kv_events_config  # a router is told what each tier holds
+        publish = events is not None and events.enable_kv_cache_events
+        scheduler = SchedulerConnector(
+            config, specs, num_chunks, world_size, key_maker, lower, prefix_events=publish
+        )
         role.scheduler(scheduler, engine_block, [spec.sliding_window for spec in specs])
         logger.info(
             "kvtier: host tier of %d chunks of %d tokens, %d KV cache group(s), %d rank(s)%s",

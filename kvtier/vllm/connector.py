@@ -34,9 +34,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     PromMetric,
     PromMetricT,
 )
+from vllm.v1.core.kv_cache_utils import BlockHash, ExternalBlockHash, maybe_convert_block_hash
 
 from kvtier.config import KVTierConfig
-from kvtier.scheduler.base import EventKind
 from kvtier.scheduler.connector import SchedulerConnector
 from kvtier.vllm import versions
 from kvtier.vllm.assembly import SchedulerSide, WorkerSide
@@ -104,20 +104,19 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         if pull is not None:  # a decode engine's prompt, from its prefill engine
             return pull
         req_id = request.request_id
+        named = _tokens_name_kv(request)
         hit = self.scheduler.lookup(
             req_id, request.block_hashes, num_computed_tokens, request.num_tokens,
-            self._tail_tokens(request),
+            self._tail_tokens(request) if named else None,
+            token_ids=request.all_token_ids if named else (),
         )  # fmt: skip
         if hit is None:
             return None, False
         # a hit in host memory loads before this step's forward (no step spent waiting for it)
         return hit, hit > 0 and self.scheduler.loads_async(req_id)
 
-    def _tail_tokens(self, request: Request) -> list[int] | None:
-        """The request's tokens after its last full block, when they alone name its KV (not so
-        with images or prompt embeddings: their KV depends on more than the token ids)."""
-        if request.mm_features or request.prompt_embeds is not None:
-            return None
+    def _tail_tokens(self, request: Request) -> list[int]:
+        """The request's tokens after its last full block."""
         full = len(request.block_hashes) * self._engine_block
         return list(request.all_token_ids[full : request.num_tokens])
 
@@ -152,16 +151,22 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         return self.scheduler.has_pending_work
 
     def take_events(self) -> Iterable[KVCacheEvent]:
-        chunk_tokens = self.scheduler.chunk_tokens
+        # each tier's chunks in the engine's block hashes, beside the engine's own ("GPU") blocks
+        block_size = self.scheduler.block_tokens
         for event in self.scheduler.take_events():
-            hashes: list[bytes | int] = [k for k in event.keys if isinstance(k, bytes)]
-            if event.kind is EventKind.STORED:
+            hashes = [_external(h) for h in event.block_hashes]
+            if event.stored:
+                parent = event.parent
                 yield BlockStored(
-                    block_hashes=hashes, parent_block_hash=None, token_ids=[],
-                    block_size=chunk_tokens, lora_id=None, medium="CPU", lora_name=None,
+                    block_hashes=hashes,
+                    parent_block_hash=None if parent is None else _external(parent),
+                    token_ids=list(event.token_ids), block_size=block_size, lora_id=None,
+                    medium=event.tier.upper(), lora_name=None, group_idx=event.group,
                 )  # fmt: skip
             else:
-                yield BlockRemoved(block_hashes=hashes, medium="CPU")
+                yield BlockRemoved(
+                    block_hashes=hashes, medium=event.tier.upper(), group_idx=event.group
+                )
 
     # ---- worker side -----------------------------------------------------------------------
 
@@ -280,3 +285,14 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def reset_cache(self) -> bool | None:
         return self._observe.reset() if self._observe is not None else None
+
+
+def _external(block_hash: bytes) -> ExternalBlockHash:
+    """A block hash as vLLM publishes its own (an int: ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``)."""
+    return maybe_convert_block_hash(BlockHash(block_hash))
+
+
+def _tokens_name_kv(request: Request) -> bool:
+    """Whether the request's token ids alone name its KV (not so with images or prompt
+    embeddings: their KV depends on more than the token ids)."""
+    return not request.mm_features and request.prompt_embeds is None

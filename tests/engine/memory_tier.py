@@ -58,6 +58,7 @@ class MemoryIndex:
         self.writing: set[ChunkKey] = set()
         self.pinned: dict[ChunkKey, int] = {}
         self.evicted = 0
+        self.removed: list[ChunkKey] = []  # ready chunks dropped since ``take_removed``
 
     @property
     def used(self) -> int:
@@ -109,6 +110,10 @@ class MemoryIndex:
     def take_gone(self) -> list[ChunkKey]:
         return []
 
+    def take_removed(self) -> list[ChunkKey]:
+        removed, self.removed = self.removed, []
+        return removed
+
     def check_integrity(self) -> None:
         assert not self.ready.keys() & self.writing
 
@@ -121,7 +126,9 @@ class MemoryIndex:
         return False
 
     def _drop(self, key: ChunkKey) -> None:
-        self.ready.pop(key, None)
+        if key in self.ready:
+            del self.ready[key]
+            self.removed.append(key)
         for rank in range(self.world_size):
             STORE.pop((key, rank), None)
 

@@ -93,6 +93,7 @@ class DiskIndex:
         self.evicted = 0  # chunks removed to make room, since start
         self.failed_lookups = 0  # a lookup reads memory: it always has an answer
         self._refused: dict[ChunkKey, float] = {}  # key -> newest mtime of files a load refused
+        self._removed: list[ChunkKey] = []  # for ``take_removed``
         root.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         self._scan()
@@ -283,6 +284,9 @@ class DiskIndex:
                 self._remove_files(key, entry.ranks)  # the ranks that did write it
 
     def _remove_files(self, key: ChunkKey, ranks: int) -> None:
+        entry = self._entries.get(key)
+        if entry is not None and not entry.writing:
+            self._removed.append(key)
         self._forget([key])
         for rank in range(ranks):
             try:
@@ -313,6 +317,11 @@ class DiskIndex:
 
     def take_gone(self) -> list[ChunkKey]:
         return []
+
+    def take_removed(self) -> list[ChunkKey]:
+        """Ready chunks removed since the last call (evicted, found bad)."""
+        removed, self._removed = self._removed, []
+        return removed
 
     def ready_keys(self) -> list[ChunkKey]:
         """Ready chunks, least recently used first (for tests and inspection)."""

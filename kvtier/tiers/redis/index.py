@@ -76,6 +76,7 @@ class RedisIndex:
         self._asked: dict[ChunkKey, float] = {}  # a query's first key -> when it was sent
         self._writing: set[ChunkKey] = set()
         self._gone: list[ChunkKey] = []  # verified missing, not taken yet
+        self._removed: list[ChunkKey] = []  # no longer known present, for ``take_removed``
         self._verifying = 0  # verify queries queued or running
         # (verify?, keys): a lookup's query, or a verify's
         self._queries: queue.Queue[tuple[bool, list[ChunkKey]]] = queue.Queue(MAX_QUEUED)
@@ -166,7 +167,8 @@ class RedisIndex:
         with self._lock:
             self._asked.pop(first, None)
             self._absent[first] = time.monotonic()
-            self._present.clear()  # Redis may come back empty
+            self._removed += self._present  # Redis may come back empty
+            self._present.clear()
             self.forgotten += 1
             self._lock.notify_all()
 
@@ -174,7 +176,7 @@ class RedisIndex:
         self._present[key] = None
         self._present.move_to_end(key)
         if len(self._present) > MAX_KNOWN:
-            self._present.popitem(last=False)
+            self._removed.append(self._present.popitem(last=False)[0])
 
     def prepare_load(self, keys: Sequence[ChunkKey]) -> None:
         """Nothing to pin: a chunk Redis evicts before it is read is a miss of that load."""
@@ -186,7 +188,9 @@ class RedisIndex:
         now = time.monotonic()
         with self._lock:
             for key in bad:
-                self._present.pop(key, None)
+                if key in self._present:
+                    del self._present[key]
+                    self._removed.append(key)
                 self._absent[key] = now
             bad_keys = set(bad)
             for key in reversed(keys):
@@ -240,7 +244,9 @@ class RedisIndex:
                 if there:
                     self._remember(key)
                 else:
-                    self._present.pop(key, None)
+                    if key in self._present:
+                        del self._present[key]
+                        self._removed.append(key)
                     self._gone.append(key)
 
     def take_gone(self) -> list[ChunkKey]:
@@ -248,6 +254,12 @@ class RedisIndex:
         with self._lock:
             gone, self._gone = self._gone, []
         return gone
+
+    def take_removed(self) -> list[ChunkKey]:
+        """Chunks no longer known present since the last call (gone, bad, forgotten)."""
+        with self._lock:
+            removed, self._removed = self._removed, []
+        return removed
 
     # ---- store -----------------------------------------------------------------------------
 
