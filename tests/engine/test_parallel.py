@@ -1,4 +1,5 @@
-"""kvtier across processes and ranks: the default multi-process engine, TP=2 and PP=2.
+"""kvtier across processes and ranks: TP=2 and PP=2 (vLLM's default multi-process mode with one
+rank is ``kvtier serve``'s: ``test_serve.py``).
 
 The two TP=2 tests share one kvtier engine (``tp2_engine``), started after the others'
 engines are gone, and one reference engine (``_tp2_references``).
@@ -71,23 +72,9 @@ def _reset_and_regenerate(
     _loads_on_every_rank(llm, token_prompts, ranks)
 
 
-def test_default_multiprocess_engine(
-    tiny_model: Path, reference: Any, multiprocess: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """vLLM's default mode: the scheduler half in the engine-core process, the worker half in
-    its worker process; both import kvtier.vllm from the installed package. One rank computes
-    as an in-process engine does: the reference is the in-process one (started in seconds)."""
-    token_prompts = prompts(tiny_model, LENGTHS, seed=61)
-    expected = reference(tiny_model, token_prompts)
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-    transfer = kvtier_transfer(block_size=CHUNK)
-    with engine(tiny_model, kv_transfer_config=transfer, distributed_executor_backend="mp") as llm:
-        _reset_and_regenerate(llm, token_prompts, expected, 1)
-
-
 def test_pipeline_parallel_two_ranks(tiny_model: Path, reference: Any, multiprocess: None) -> None:
     """Each rank computes its own layers as one engine computes them: the reference is the
-    in-process one (the default test's, computed once)."""
+    in-process one (started in seconds)."""
     # PP on the CPU needs compiled (eager-backend) graphs instead of enforce_eager (VLLM_CPU.md)
     parallel: dict[str, Any] = {
         "pipeline_parallel_size": 2, "distributed_executor_backend": "mp", "enforce_eager": False,

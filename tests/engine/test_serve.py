@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from harness import prompts
 
 from kvtier.apps.bench.servers import (
     WAIT_S,
@@ -58,6 +59,23 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield Server(running.url, running.log, tiny_model)
     finally:
         stop(running)
+
+
+def test_the_default_multiprocess_engine_computes_as_one_process_does(
+    server: Server, reference: Any
+) -> None:
+    """vLLM's default mode, as ``kvtier serve`` runs it: the scheduler half in the engine-core
+    process, the worker half in its worker process, both importing kvtier.vllm from the installed
+    package. Outputs equal the in-process engine's (one rank computes as it does), computed, then
+    loaded from kvtier's host tier."""
+    token_prompts = prompts(server.model, [300, 200, 450], seed=61)
+    expected = reference(server.model, token_prompts)
+    assert [_generate(server, prompt)[0] for prompt in token_prompts] == expected
+    _reset(server, external=False)  # the engine's cache only: the second pass loads from kvtier
+    again = [_generate(server, prompt) for prompt in token_prompts]
+    assert [tokens for tokens, _ in again] == expected
+    for prompt, (_, found) in zip(token_prompts, again, strict=True):
+        assert found["cpu"] >= len(prompt) // 32 * 32 - 32 and found["failed_tokens"] == 0, found
 
 
 def test_a_host_hit_is_counted_and_named(server: Server) -> None:
@@ -132,6 +150,14 @@ def test_kvtier_lines_and_the_stats_line_reach_the_server_log(server: Server) ->
 
 
 # ---- HTTP ---------------------------------------------------------------------------------
+
+
+def _generate(server: Server, prompt: list[int]) -> tuple[list[int], dict[str, Any]]:
+    """Eight greedy tokens, and where the prompt's KV came from."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0.0,
+            "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+    answer = post(server.url, "/v1/completions", body)
+    return list(answer["choices"][0]["token_ids"]), answer["kv_transfer_params"]["kvtier"]
 
 
 def _complete(server: Server, prompt: list[int]) -> dict[str, Any]:
