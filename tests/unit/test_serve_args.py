@@ -95,3 +95,19 @@ def test_kv_role_goes_to_the_transfer_config_and_needs_the_secret(
         "kv_consumer",
         ["-x"],
     )
+
+
+def test_kv_events_are_published_where_the_server_listens_unless_given() -> None:
+    def events(args: list[str]) -> dict[str, object]:
+        config: dict[str, object] = json.loads(args[args.index("--kv-events-config") + 1])
+        return config
+
+    local = events(vllm_serve_args("m", [], None, cpu_only=False))
+    assert local["enable_kv_cache_events"] is True and local["publisher"] == "zmq"
+    assert str(local["endpoint"]).startswith("ipc://")  # this machine only: a Unix socket
+    assert str(local["replay_endpoint"]).startswith("tcp://127.0.0.1:")
+    everywhere = events(vllm_serve_args("m", ["--host", "0.0.0.0"], None, cpu_only=False))
+    assert str(everywhere["endpoint"]).startswith("tcp://*:")
+    assert str(everywhere["replay_endpoint"]).startswith("tcp://*:")
+    own = ["--kv-events-config", '{"enable_kv_cache_events": false}']
+    assert vllm_serve_args("m", own, None, cpu_only=False).count("--kv-events-config") == 1

@@ -15,8 +15,18 @@ prompt (degraded, said in ``x-kvtier-prefill`` and on ``/metrics``). One file pe
     prefill.py   the prefill hop, and the degraded outcomes (skipped, failed)
     metrics.py   GET /metrics
     router.py    Router: the two hops of a completion
-    app.py       build_app: the FastAPI app
+    app.py       build_app, build_fleet_app: the FastAPI app
     cli.py       add_arguments, run: ``kvtier proxy``
+
+``kvtier proxy --engine URL...`` fronts a fleet of ``kv_both`` engines instead, each request sent
+where its prompt's KV already is:
+
+    fleet.py          FleetRouter: tokenize (the engine's /tokenize), choose, relay
+    kv_events.py      vLLM's KV event batches, decoded by field name
+    event_stream.py   one engine's events followed (subscription + replay), its index's mode
+    prefix_index.py   which engine holds which prefix in which tier, keyed by the tokens
+    scoring.py        the policies: kv-aware, least-loaded, round-robin
+    fleet_metrics.py  GET /metrics of a fleet proxy
 """
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
-"""The proxy's ASGI app: OpenAI-compatible routes onto a ``Router``.
+"""The proxy's ASGI app: OpenAI-compatible routes onto a ``Router`` (prefill then decode) or a
+``FleetRouter`` (a fleet of engines, each request where its KV is).
 
-POST /v1/completions, POST /v1/chat/completions   prefill then decode; streamed or not,
-                                                  as the client asked
+POST /v1/completions, POST /v1/chat/completions   prefill then decode, or the fleet's choice;
+                                                  streamed or not, as the client asked
 GET  /v1/models                                   a decode engine's
 GET  /health                                      200 (maybe degraded) / 503, see
                                                   ``kvtier.apps.proxy.health``
 GET  /metrics                                     see ``kvtier.apps.proxy.metrics``
 
-While the app's lifespan runs, the prefill engines' /health is watched (``Router.watch``).
+While the app's lifespan runs, the engines' /health is watched (``watch``: the prefill side, or
+every engine of a fleet, whose KV events are followed while it is up).
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from kvtier.apps.proxy.config import ProxyConfig
+from kvtier.apps.proxy.config import FleetConfig, ProxyConfig
+from kvtier.apps.proxy.fleet import FleetRouter
+from kvtier.apps.proxy.fleet_metrics import FleetMetrics
+from kvtier.apps.proxy.metrics import ProxyMetrics
 from kvtier.apps.proxy.router import Router
 
 logger = logging.getLogger(__name__)
@@ -43,13 +49,38 @@ def build_app(
     lifespan ends."""
     config = ProxyConfig(tuple(prefill), tuple(decode), timeout_s, connect_timeout_s, backoff_s,
                          prefill_timeout_s, health_interval_s)  # fmt: skip
-    router = Router(config)
+    started = f"prefill {', '.join(config.prefill)}; decode {', '.join(config.decode)}"
+    return _app(Router(config), started)
 
+
+def build_fleet_app(config: FleetConfig) -> FastAPI:
+    """The app for a fleet of ``kv_both`` engines (``fleet.py``); its ``FleetRouter`` is
+    ``app.state.router``."""
+    return _app(FleetRouter(config), f"{config.policy} over {', '.join(config.engines)}")
+
+
+class _Routes(Protocol):
+    """What the app asks of a router (``Router``, ``FleetRouter``)."""
+
+    async def complete(self, path: str, raw: bytes, authorization: str | None) -> Response: ...
+
+    async def models(self, authorization: str | None) -> Response: ...
+
+    async def health(self) -> Response: ...
+
+    async def watch(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    @property
+    def metrics(self) -> ProxyMetrics | FleetMetrics: ...
+
+
+def _app(router: _Routes, started: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        logger.info("kvtier proxy: prefill %s; decode %s",
-                    ", ".join(config.prefill), ", ".join(config.decode))  # fmt: skip
-        watching = asyncio.create_task(router.watch(), name="kvtier proxy: prefill /health")
+        logger.info("kvtier proxy: %s", started)
+        watching = asyncio.create_task(router.watch(), name="kvtier proxy: /health")
         try:
             yield
         finally:

@@ -2,7 +2,8 @@
 
     Engine              one upstream: its URL, its connection pool, its requests in flight
     Pool.acquire        the engine with the fewest requests in flight, among those neither down
-                        nor already tried; ties go round-robin. Counts the request in flight.
+                        nor already tried; ties go round-robin (or the one a router preferred,
+                        if up). Counts the request in flight.
     Pool.release        the request ended (answered, failed or abandoned)
     Pool.mark_down      skip an engine for ``backoff_s``: a connection to it failed (or, on the
                         prefill side, a request to it)
@@ -54,9 +55,15 @@ class Pool:
         self._clock = clock
         self._turn = 0  # where the next tie-break scan starts
 
-    def acquire(self, tried: Container[str] = ()) -> Engine | None:
-        """The engine to send a request to, counted in flight; None: every one is down or tried."""
+    def acquire(self, tried: Container[str] = (), prefer: str | None = None) -> Engine | None:
+        """The engine to send a request to, counted in flight; None: every one is down or tried.
+        ``prefer``: that engine's URL, if it is up and not tried (a router chose it)."""
         now = self._clock()
+        if prefer is not None and prefer not in tried:
+            chosen = self.named(prefer)
+            if _up(chosen, now):
+                chosen.in_flight += 1
+                return chosen
         best: Engine | None = None
         best_index = 0
         for step in range(len(self.engines)):

@@ -1,5 +1,7 @@
 """``kvtier proxy --prefill URL... --decode URL...``: one OpenAI-compatible endpoint in front of
-prefill and decode engines (disaggregated serving; see ``kvtier.apps.proxy``)."""
+prefill and decode engines (disaggregated serving; see ``kvtier.apps.proxy``).
+``kvtier proxy --engine URL...``: in front of a fleet of engines, each request sent where its KV
+already is (``--policy kv-aware``, the default), or by load (``fleet.py``)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import logging
 import sys
 
 DEFAULT_HOST = "127.0.0.1"
+POLICIES = ("kv-aware", "least-loaded", "round-robin")  # scoring.POLICIES (not imported: --help)
 DEFAULT_PORT = 8000
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -16,10 +19,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``proxy`` subcommand's options, on ``parser``."""
     for side, port in (("prefill", 8100), ("decode", 8200)):
         parser.add_argument(
-            f"--{side}", nargs="+", action="extend", required=True, metavar="URL",
+            f"--{side}", nargs="+", action="extend", metavar="URL",
             help=f"{side} engine URL(s), e.g. http://127.0.0.1:{port} (list several, or repeat "
             "the option, to balance over them)",
         )  # fmt: skip
+    parser.add_argument(
+        "--engine", nargs="+", action="extend", metavar="URL",
+        help="a fleet's engine URL(s) (kv_both; instead of --prefill/--decode): each request "
+        "goes to one of them, chosen by --policy",
+    )  # fmt: skip
+    parser.add_argument(
+        "--policy", choices=POLICIES, default="kv-aware",
+        help="how --engine picks one: kv-aware (where the prompt's KV is, against each engine's "
+        "queue; found from the engines' KV events), least-loaded, round-robin",
+    )  # fmt: skip
     parser.add_argument("--host", default=DEFAULT_HOST, help="address to listen on")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument(
@@ -42,8 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--health-interval-s", type=float, default=2.0,
-        help="how often each prefill engine's /health is asked; one that fails it is skipped "
-        "until it passes again",
+        help="how often each prefill engine's (or fleet engine's) /health is asked; one that "
+        "fails it is skipped until it passes again",
     )  # fmt: skip
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info",
                         help="debug: a line per request, and uvicorn's access log")  # fmt: skip
@@ -53,14 +66,27 @@ def run(args: argparse.Namespace) -> int:
     """Serve until interrupted. 2: a bad engine URL or limit (said on stderr)."""
     import uvicorn
 
-    from kvtier.apps.proxy.app import build_app
+    from kvtier.apps.proxy.app import build_app, build_fleet_app
+    from kvtier.apps.proxy.config import FleetConfig
 
     try:
-        app = build_app(
-            args.prefill, args.decode, timeout_s=args.timeout_s,
-            connect_timeout_s=args.connect_timeout_s, backoff_s=args.backoff_s,
-            prefill_timeout_s=args.prefill_timeout_s, health_interval_s=args.health_interval_s,
-        )  # fmt: skip
+        if args.engine and (args.prefill or args.decode):
+            raise ValueError("--engine excludes --prefill/--decode (a fleet, or a pair of sides)")
+        if args.engine:
+            config = FleetConfig(
+                tuple(args.engine), args.policy, args.timeout_s, args.connect_timeout_s,
+                args.backoff_s, args.health_interval_s,
+            )  # fmt: skip
+            app = build_fleet_app(config)
+        elif not (args.prefill and args.decode):
+            raise ValueError("give --engine URL..., or both --prefill URL... and --decode URL...")
+        else:
+            app = build_app(
+                args.prefill, args.decode, timeout_s=args.timeout_s,
+                connect_timeout_s=args.connect_timeout_s, backoff_s=args.backoff_s,
+                prefill_timeout_s=args.prefill_timeout_s,
+                health_interval_s=args.health_interval_s,
+            )  # fmt: skip
     except ValueError as exc:
         print(f"kvtier proxy: {exc}", file=sys.stderr)
         return 2

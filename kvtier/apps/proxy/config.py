@@ -1,4 +1,4 @@
-"""The proxy's settings, checked once: engine URLs per side and its time limits."""
+"""The proxy's settings, checked once: engine URLs per side (or a fleet's), and time limits."""
 
 from __future__ import annotations
 
@@ -31,6 +31,29 @@ class ProxyConfig:
         for side in ("prefill", "decode"):
             object.__setattr__(self, side, _engine_urls(side, getattr(self, side)))
         for key in LIMITS:
+            if not getattr(self, key) > 0:
+                raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """A fleet of ``kv_both`` engines, each taking whole requests, and how one is chosen
+    (``scoring.POLICIES``). URLs and limits are checked as ``ProxyConfig``'s."""
+
+    engines: tuple[str, ...]
+    policy: str = "kv-aware"
+    timeout_s: float = 300.0
+    connect_timeout_s: float = 5.0
+    backoff_s: float = 2.0
+    health_interval_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        from kvtier.apps.proxy.scoring import POLICIES
+
+        object.__setattr__(self, "engines", _engine_urls("engine", self.engines))
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {self.policy!r}")
+        for key in ("timeout_s", "connect_timeout_s", "backoff_s", "health_interval_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
 

@@ -48,26 +48,19 @@ class Router:
 
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
-        self.prefill = Pool("prefill", [self._engine(url) for url in config.prefill],
-                            config.backoff_s)  # fmt: skip
-        self.decode = Pool("decode", [self._engine(url) for url in config.decode], config.backoff_s)
+        engines = [[engine_at(url, config.timeout_s, config.connect_timeout_s) for url in urls]
+                   for urls in (config.prefill, config.decode)]  # fmt: skip
+        self.prefill = Pool("prefill", engines[0], config.backoff_s)
+        self.decode = Pool("decode", engines[1], config.backoff_s)
         self.metrics = ProxyMetrics(self.prefill, self.decode)
-
-    def _engine(self, url: str) -> Engine:
-        timeout = httpx.Timeout(self.config.timeout_s, connect=self.config.connect_timeout_s)
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None,
-                              keepalive_expiry=KEEPALIVE_S)  # fmt: skip
-        # trust_env=False: engines are reached directly, never through an HTTP(S)_PROXY
-        client = httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits, trust_env=False)
-        return Engine(url, client)
 
     async def complete(self, path: str, raw: bytes, authorization: str | None) -> Response:
         """The answer to a completion request ``raw`` sent to ``path``."""
         request_id = uuid.uuid4().hex
-        headers = _headers(request_id, authorization)
+        headers = request_headers(request_id, authorization)
         deadline = asyncio.get_running_loop().time() + self.config.timeout_s
         try:
-            request = _json_object(raw)
+            request = json_object(raw)
             if not self.decode.any_up():  # fail before a prefill holds KV for no one
                 raise EnginesDown("decode", self.decode.down_reasons())
             hop = await prefill(self.prefill, path, request, headers, deadline,
@@ -83,7 +76,7 @@ class Router:
 
     async def models(self, authorization: str | None) -> Response:
         """A decode engine's ``GET /v1/models``, as it answered."""
-        headers = _headers(uuid.uuid4().hex, authorization)
+        headers = request_headers(uuid.uuid4().hex, authorization)
         deadline = asyncio.get_running_loop().time() + self.config.timeout_s
         try:
             exchange = await open_exchange(
@@ -105,7 +98,17 @@ class Router:
         await asyncio.gather(*(engine.client.aclose() for engine in engines))
 
 
-def _headers(request_id: str, authorization: str | None) -> dict[str, str]:
+def engine_at(url: str, timeout_s: float, connect_timeout_s: float) -> Engine:
+    """The engine at ``url``, with a keep-alive connection pool of its own."""
+    timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None,
+                          keepalive_expiry=KEEPALIVE_S)  # fmt: skip
+    # trust_env=False: engines are reached directly, never through an HTTP(S)_PROXY
+    client = httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits, trust_env=False)
+    return Engine(url, client)
+
+
+def request_headers(request_id: str, authorization: str | None) -> dict[str, str]:
     # identity: the bytes relayed are the bytes the engine sent, never compressed
     headers = {"content-type": "application/json", "accept-encoding": "identity",
                "x-request-id": request_id}  # fmt: skip
@@ -114,7 +117,7 @@ def _headers(request_id: str, authorization: str | None) -> dict[str, str]:
     return headers
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
+def json_object(raw: bytes) -> dict[str, Any]:
     try:
         request = json.loads(raw)
     except ValueError:

@@ -69,13 +69,15 @@ async def open_exchange(
     body: bytes | None,
     headers: Mapping[str, str],
     deadline: float,
+    prefer: str | None = None,
 ) -> Exchange:
-    """Send the request to an engine of ``pool`` and wait for its answer's headers.
+    """Send the request to an engine of ``pool`` (``prefer``'s first, if up) and wait for its
+    answer's headers.
 
     Raises ``EnginesDown`` (naming each engine and why) when none could be connected to, and
     ``EngineFailed`` when the chosen one failed after that."""
     tried: dict[str, str] = {}
-    while (engine := pool.acquire(tried)) is not None:
+    while (engine := pool.acquire(tried, prefer)) is not None:
         request = engine.client.build_request(method, path, content=body, headers=headers)
         try:
             async with asyncio.timeout_at(deadline):

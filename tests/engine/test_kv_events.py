@@ -62,7 +62,7 @@ def _tiers(events: list[Any], medium: str) -> tuple[list[BlockStored], list[Bloc
 def test_each_tiers_chunks_are_told_in_the_engines_block_hashes(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    publish, replay = f"tcp://127.0.0.1:{_port()}", f"tcp://127.0.0.1:{_port()}"
+    publish, replay = f"ipc://{tmp_path}/events", f"tcp://127.0.0.1:{_port()}"
     events_config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": publish,
                      "replay_endpoint": replay, "topic": "kv"}  # fmt: skip
     # a host tier of four chunks; three prompts of three chunks: six are evicted to disk

@@ -1,0 +1,202 @@
+"""One engine's KV events, followed on a thread of its own and placed in the proxy's index.
+
+    sources(url, host)         -> [Source]  where an engine publishes (vLLM's /kv_event_sources)
+    EventStream(engine, source, index, lock).start() / .stop()
+    EventStream.mode, .reason               exact, degraded (rebuilding), or down (no events)
+
+vLLM publishes each step's events on a ZMQ PUB socket, each batch numbered, and keeps the last
+batches for a ROUTER *replay* socket that answers "from number N" with them, then an end marker
+(-1). The stream subscribes first, then asks the replay from 0 (nothing published meanwhile is
+lost: it waits in the subscription, and batches already seen are skipped by number), so a proxy
+started (or restarted) after the engine rebuilds its index from the engine's buffer. A batch
+number that skips one is a gap: the engine is *degraded* (routed by load) until the missing
+batches are replayed; if the buffer no longer has them, what the engine told is forgotten and
+the buffer replayed from its start, so the index never keeps a block the engine removed in a
+batch it lost. No answer from the replay socket within ``timeout_s``: the stream says why, is
+down, and tries again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.request
+from enum import Enum
+from typing import NamedTuple
+from urllib.parse import urlsplit
+
+import zmq
+
+from kvtier.apps.proxy.kv_events import decode_batch
+from kvtier.apps.proxy.prefix_index import PrefixIndex
+
+logger = logging.getLogger(__name__)
+
+END = -1  # the replay's end marker
+POLL_MS = 200  # how long the thread waits for a batch before it looks at ``stop`` again
+RETRY_S = 1.0  # before asking a replay socket that did not answer again
+
+
+class Mode(Enum):
+    EXACT = "exact"  # every batch since the replay placed
+    DEGRADED = "degraded"  # a gap: rebuilding from the replay; routed by load meanwhile
+    DOWN = "down"  # no events (not started, replay unanswered): routed by load
+
+
+class Source(NamedTuple):
+    """Where one data-parallel rank of an engine publishes its events."""
+
+    endpoint: str
+    replay: str | None
+    topic: str
+
+
+def sources(url: str, timeout_s: float) -> list[Source]:
+    """The event sources ``url``'s engine publishes on (empty: it publishes none). A wildcard
+    host (``tcp://*:5557``, ``0.0.0.0``) is the engine's own, as reached at ``url``.
+
+    Raises ``OSError`` when the engine cannot be asked."""
+    with urllib.request.urlopen(url + "/kv_event_sources", timeout=timeout_s) as answer:
+        found = json.loads(answer.read())
+    host = urlsplit(url).hostname or "127.0.0.1"
+    out = []
+    for rank in sorted(found, key=int):
+        config = found[rank] or {}
+        if not config.get("enable_kv_cache_events") or config.get("publisher") != "zmq":
+            continue
+        replay = config.get("replay_endpoint")
+        out.append(Source(_reachable(config["endpoint"], host),
+                          _reachable(replay, host) if replay else None,
+                          config.get("topic") or ""))  # fmt: skip
+    return out
+
+
+def _reachable(endpoint: str, host: str) -> str:
+    for wildcard in ("://*:", "://0.0.0.0:", "://[::]:"):
+        endpoint = endpoint.replace(wildcard, f"://{host}:")
+    return endpoint
+
+
+class EventStream:
+    def __init__(
+        self,
+        engine: str,
+        source: Source,
+        index: PrefixIndex,
+        lock: threading.Lock,
+        timeout_s: float = 5.0,
+    ) -> None:
+        self.engine = engine
+        self.source = source
+        self.index = index
+        self.lock = lock
+        self.timeout_s = timeout_s
+        self.mode = Mode.DOWN
+        self.reason = "not started"
+        self.last = -1  # the last batch placed
+        self.gaps = 0  # batch numbers skipped, since start
+        self.batches = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"kvtier-events {engine}",
+                                        daemon=True)  # fmt: skip
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        sub = context.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
+        sub.connect(self.source.endpoint)
+        try:
+            while not self._stop.is_set():
+                if self.mode is not Mode.EXACT and not self._rebuild(context):
+                    self._stop.wait(RETRY_S)
+                    continue
+                if sub.poll(POLL_MS):
+                    _, seq, payload = sub.recv_multipart()
+                    self._receive(int.from_bytes(seq, "big", signed=True), payload)
+        except Exception:  # never let a bad engine take the thread down silently
+            logger.exception("kvtier proxy: %s's event stream failed", self.engine)
+            self.mode, self.reason = Mode.DOWN, "the stream failed (see the log)"
+        finally:
+            sub.close()
+
+    def _receive(self, seq: int, payload: bytes) -> None:
+        if seq <= self.last:
+            return  # replayed already
+        if seq != self.last + 1:  # (the first batch is 0: one published before the
+            # subscription took hold, and after the replay was asked, is a gap too)
+            self.gaps += 1
+            self.mode, self.reason = Mode.DEGRADED, f"batches {self.last + 1}..{seq - 1} lost"
+            logger.warning("kvtier proxy: %s: %s; rebuilding from its replay",
+                           self.engine, self.reason)  # fmt: skip
+            return  # the replay brings this one too
+        self._place(seq, payload)
+
+    def _place(self, seq: int, payload: bytes) -> None:
+        try:
+            events = decode_batch(payload)
+        except ValueError as exc:
+            logger.warning("kvtier proxy: %s: batch %d unreadable: %s", self.engine, seq, exc)
+            events = []
+        with self.lock:
+            self.index.apply(self.engine, events)
+        self.last = seq
+        self.batches += 1
+
+    def _rebuild(self, context: zmq.Context[zmq.Socket[bytes]]) -> bool:
+        """Replay what this stream lacks (all, at first); True once exact again."""
+        if self.source.replay is None:
+            self.reason = "the engine has no replay socket: its index starts empty"
+            self.mode = Mode.EXACT
+            return True
+        replayed = self._replay(context, self.last + 1)
+        if replayed is None:
+            return False
+        if replayed and replayed[0][0] > self.last + 1 and self.last >= 0:
+            # the buffer lost some: forget what the engine told, take the buffer from its start
+            with self.lock:
+                self.index.drop(self.engine)
+            self.last = -1
+            replayed = self._replay(context, 0)
+            if replayed is None:
+                return False
+        for seq, payload in replayed:
+            if seq > self.last:
+                self._place(seq, payload)
+        self.mode, self.reason = Mode.EXACT, ""
+        return True
+
+    def _replay(
+        self, context: zmq.Context[zmq.Socket[bytes]], start: int
+    ) -> list[tuple[int, bytes]] | None:
+        """The buffered batches from ``start`` on; None: no answer within ``timeout_s``."""
+        assert self.source.replay is not None
+        dealer = context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(self.source.replay)
+        try:
+            dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            out: list[tuple[int, bytes]] = []
+            deadline = time.monotonic() + self.timeout_s
+            while True:
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                if left_ms <= 0 or not dealer.poll(left_ms):
+                    self.mode = Mode.DOWN
+                    self.reason = f"no answer from {self.source.replay} in {self.timeout_s:g} s"
+                    return None
+                frames = dealer.recv_multipart()
+                seq = int.from_bytes(frames[-2], "big", signed=True)
+                if seq == END:
+                    return out
+                out.append((seq, frames[-1]))
+        finally:
+            dealer.close()

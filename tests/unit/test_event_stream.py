@@ -1,0 +1,157 @@
+"""The proxy following an engine's KV events (``kvtier/apps/proxy/event_stream.py``) over real
+ZMQ sockets: vLLM's own publisher (replayed from its buffer, then live), and a publisher that
+loses batches (a gap: degraded, then exact again from the replay; or rebuilt when the buffer lost
+them too)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+from vllm.distributed.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
+
+from kvtier.apps.proxy.event_stream import EventStream, Mode, Source
+from kvtier.apps.proxy.prefix_index import PrefixIndex
+
+BS = 4
+WAIT_S = 10.0
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _block(i: int) -> BlockStored:
+    """Block ``i`` of a prompt whose block ``i`` holds tokens 4i..4i+3 (engine hash i + 1)."""
+    return BlockStored(block_hashes=[i + 1], parent_block_hash=i if i else None,
+                       token_ids=list(range(4 * i, 4 * i + 4)), block_size=BS, lora_id=None,
+                       medium="GPU", lora_name=None)  # fmt: skip
+
+
+def _held(index: PrefixIndex, lock: threading.Lock, blocks: int) -> int:
+    with lock:
+        return index.runs(index.digests(list(range(4 * blocks))), ["e"])["e"].total
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {WAIT_S} s for {what}"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def stream_of() -> Iterator[Callable[[Source], tuple[EventStream, PrefixIndex, threading.Lock]]]:
+    streams: list[EventStream] = []
+
+    def start(source: Source) -> tuple[EventStream, PrefixIndex, threading.Lock]:
+        index, lock = PrefixIndex(), threading.Lock()
+        streams.append(EventStream("e", source, index, lock, timeout_s=2.0))
+        streams[-1].start()
+        return streams[-1], index, lock
+
+    yield start
+    for stream in streams:
+        stream.stop()
+
+
+def test_vllms_publisher_is_replayed_from_its_buffer_then_followed_live(  # type: ignore[no-untyped-def]
+    stream_of, tmp_path: Path
+) -> None:
+    # vLLM binds its PUB socket only to a wildcard or a Unix socket (as ``kvtier serve`` does)
+    source = Source(f"ipc://{tmp_path}/events", f"tcp://127.0.0.1:{_port()}", "kv")
+    publisher = ZmqEventPublisher(0, source.endpoint, source.replay, topic="kv")
+    try:
+        for i in range(3):  # published before anyone listens: only the replay has them
+            publisher.publish(KVEventBatch(ts=time.time(), events=[_block(i)]))
+        time.sleep(0.2)  # let the publisher's thread buffer them (the replay must find them)
+        stream, index, lock = stream_of(source)
+        _until(lambda: _held(index, lock, 3) == 3, "the replayed blocks")
+        assert stream.mode is Mode.EXACT
+        publisher.publish(KVEventBatch(ts=time.time(), events=[_block(3)]))
+        _until(lambda: _held(index, lock, 4) == 4, "a live block")
+        assert stream.gaps == 0
+    finally:
+        publisher.shutdown()
+
+
+class _LossyPublisher:
+    """A PUB socket and a replay ROUTER answering from ``buffer`` (seq -> batch), on a thread."""
+
+    def __init__(self) -> None:
+        self.source = Source(f"tcp://127.0.0.1:{_port()}", f"tcp://127.0.0.1:{_port()}", "")
+        context = zmq.Context.instance()
+        self.pub = context.socket(zmq.PUB)
+        self.pub.bind(self.source.endpoint)
+        self.router = context.socket(zmq.ROUTER)
+        self.router.bind(self.source.replay or "")
+        self.buffer: dict[int, bytes] = {}
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def batch(self, seq: int, block: int, send: bool = True) -> None:
+        payload = msgspec.msgpack.encode(KVEventBatch(ts=time.time(), events=[_block(block)]))
+        with self.lock:
+            self.buffer[seq] = payload
+        if send:
+            self.pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            if not self.router.poll(50):
+                continue
+            client, _, start = self.router.recv_multipart()
+            with self.lock:
+                batches = sorted((s, p) for s, p in self.buffer.items()
+                                 if s >= int.from_bytes(start, "big"))  # fmt: skip
+            for seq, payload in batches:
+                self.router.send_multipart([client, b"", b"", seq.to_bytes(8, "big"), payload])
+            self.router.send_multipart([client, b"", b"", (-1).to_bytes(8, "big", signed=True),
+                                        b""])  # fmt: skip
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.pub.close(0)
+        self.router.close(0)
+
+
+def test_a_gap_degrades_the_engine_until_the_replay_fills_it(stream_of) -> None:  # type: ignore[no-untyped-def]
+    publisher = _LossyPublisher()
+    try:
+        publisher.batch(0, 0)
+        stream, index, lock = stream_of(publisher.source)
+        _until(lambda: _held(index, lock, 1) == 1 and stream.mode is Mode.EXACT, "batch 0")
+        publisher.batch(1, 1, send=False)  # lost on the way; the replay has it
+        # the subscription may start late: send batch 2 until the stream has seen it
+        _until(lambda: publisher.batch(2, 2) or _held(index, lock, 3) == 3, "batch 1 replayed")
+        assert stream.gaps >= 1 and stream.mode is Mode.EXACT
+    finally:
+        publisher.close()
+
+
+def test_batches_the_buffer_lost_too_rebuild_the_engines_index(stream_of) -> None:  # type: ignore[no-untyped-def]
+    publisher = _LossyPublisher()
+    try:
+        publisher.batch(0, 0)
+        publisher.batch(1, 1)
+        stream, index, lock = stream_of(publisher.source)
+        _until(lambda: _held(index, lock, 2) == 2, "batches 0 and 1")
+        with publisher.lock:  # the engine's buffer moved on: batch 2 is gone from it
+            publisher.buffer = {3: publisher.buffer[0]}  # only a re-told block 0 is left
+        _until(lambda: publisher.batch(4, 0) or stream.gaps > 0, "the gap seen")
+        # forgotten and rebuilt from what the buffer holds: block 0, never block 1
+        _until(lambda: stream.mode is Mode.EXACT and _held(index, lock, 2) == 1, "the rebuild")
+    finally:
+        publisher.close()

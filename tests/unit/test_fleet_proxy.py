@@ -1,0 +1,164 @@
+"""``kvtier proxy --engine``: a fleet of fake engines whose KV events come from vLLM's own
+publisher over real ZMQ; each request goes where its prefix is, and by load without one."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from proxy_fakes import WAIT_S, FakeEngine, metric, run, serving, until
+from vllm.distributed.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
+
+from kvtier.apps.proxy.app import build_fleet_app
+from kvtier.apps.proxy.config import FleetConfig
+from kvtier.apps.proxy.fleet import FleetRouter
+
+BS = 16
+PROMPT = list(range(1000, 1100))  # six full blocks and four tokens
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class FleetEngine(FakeEngine):
+    """A fake engine that publishes KV events (vLLM's publisher) and tokenizes chat requests."""
+
+    def __init__(self, name: str, work: Path) -> None:
+        self.events = {"enable_kv_cache_events": True, "publisher": "zmq",
+                       "endpoint": f"ipc://{work}/{name}", "topic": "kv",
+                       "replay_endpoint": f"tcp://127.0.0.1:{_port()}"}  # fmt: skip
+        self.publisher = ZmqEventPublisher(0, self.events["endpoint"],
+                                           self.events["replay_endpoint"], topic="kv")  # fmt: skip
+        self.tokenized: list[dict[str, Any]] = []
+        super().__init__(name)
+
+    def _app(self) -> FastAPI:
+        app = super()._app()
+        app.get("/kv_event_sources")(self._sources)
+        app.post("/tokenize")(self._tokenize)
+        return app
+
+    async def _sources(self) -> Any:
+        return {"0": self.events}
+
+    async def _tokenize(self, request: Request) -> Any:
+        body = await request.json()
+        self.tokenized.append(body)
+        return JSONResponse({"tokens": PROMPT if "messages" in body else [1, 2, 3]})
+
+    def holds(self, tokens: list[int], medium: str = "GPU") -> None:
+        """Tell that its memory holds ``tokens``' full blocks (engine hashes of its own)."""
+        hashes = [hash((self.name, i)) & 0xFFFF_FFFF for i in range(len(tokens) // BS)]
+        event = BlockStored(block_hashes=hashes, parent_block_hash=None, block_size=BS,
+                            token_ids=tokens[: len(hashes) * BS], lora_id=None, medium=medium,
+                            lora_name=None)  # fmt: skip
+        self.publisher.publish(KVEventBatch(ts=time.time(), events=[event]))
+
+
+@pytest.fixture
+def engines(tmp_path: Path) -> Iterator[list[FleetEngine]]:
+    fleet = [FleetEngine(name, tmp_path) for name in ("a", "b")]
+    yield fleet
+    for engine in fleet:
+        engine.publisher.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def fleet(
+    engines: list[FleetEngine], policy: str = "kv-aware"
+) -> AsyncIterator[tuple[httpx.AsyncClient, FleetRouter, list[str]]]:
+    async with serving(*(e.app for e in engines)) as urls:
+        app = build_fleet_app(FleetConfig(tuple(urls), policy, health_interval_s=0.05))
+        async with serving(app) as [url], httpx.AsyncClient(base_url=url, timeout=WAIT_S) as c:
+            yield c, app.state.router, urls
+
+
+async def _route(client: httpx.AsyncClient, body: dict[str, Any], chat: bool = False) -> str:
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    answer = await client.post(path, json={"model": "m", "max_tokens": 2, **body})
+    assert answer.status_code == 200, answer.text
+    return answer.headers["x-kvtier-route"]
+
+
+def test_a_request_goes_where_its_prefix_is_and_by_load_without_one(
+    engines: list[FleetEngine],
+) -> None:
+    a, b = engines
+
+    async def scenario() -> None:
+        async with fleet(engines) as (client, router, urls):
+            await until(lambda: all(router.streams[u] for u in urls), "both engines followed")
+            b.holds(PROMPT)
+            await until(lambda: router.index.block_size == BS and len(router.index) == 6,
+                        "b's blocks in the index")  # fmt: skip
+            for _ in range(3):  # every time, whatever the turn
+                route = await _route(client, {"prompt": PROMPT})
+                assert route.startswith(f"{urls[1]}; prefix; predicted_cached_tokens=96"), route
+            assert len(b.received) == 3 and not a.received
+            other = [await _route(client, {"prompt": list(range(7, 60))}) for _ in range(2)]
+            assert {r.split(";")[0] for r in other} == set(urls)  # no prefix: by load, in turn
+            assert await metric(client, "kvtier_proxy_decisions_total", policy="kv-aware",
+                                reason="prefix") == 3  # fmt: skip
+            assert await metric(client, "kvtier_proxy_index_mode", url=urls[1],
+                                mode="exact") == 1  # fmt: skip
+            # a chat request is tokenized by an engine, with its template: the same prefix
+            route = await _route(client, {"messages": [{"role": "user", "content": "hi"}]}, True)
+            assert route.startswith(urls[1]), route
+            asked = [t for e in engines for t in e.tokenized]
+            assert asked and asked[-1]["messages"] == [{"role": "user", "content": "hi"}]
+
+    run(scenario())
+
+
+def test_an_engine_down_is_forgotten_and_its_traffic_moves(engines: list[FleetEngine]) -> None:
+    a, b = engines
+
+    async def scenario() -> None:
+        async with fleet(engines) as (client, router, urls):
+            await until(lambda: all(router.streams[u] for u in urls), "both engines followed")
+            b.holds(PROMPT)
+            await until(lambda: len(router.index) == 6, "b's blocks in the index")
+            b.health_status = 503
+            await until(lambda: not router.streams[urls[1]] and len(router.index) == 0,
+                        "b's index dropped")  # fmt: skip
+            assert (await _route(client, {"prompt": PROMPT})).startswith(urls[0])
+            b.health_status = 200  # back: followed again, its buffer replayed
+            await until(lambda: len(router.index) == 6, "b's blocks again")
+            assert (await _route(client, {"prompt": PROMPT})).startswith(urls[1])
+
+    run(scenario())
+
+
+def test_round_robin_and_least_loaded_ignore_the_prefix(engines: list[FleetEngine]) -> None:
+    _, b = engines
+
+    async def scenario() -> None:
+        async with fleet(engines, "round-robin") as (client, router, urls):
+            await until(lambda: all(router.streams[u] for u in urls), "both engines followed")
+            b.holds(PROMPT)
+            await until(lambda: len(router.index) == 6, "b's blocks in the index")
+            routes = [(await _route(client, {"prompt": PROMPT})).split(";")[0] for _ in range(4)]
+            assert routes == [urls[0], urls[1], urls[0], urls[1]]
+            assert not [t for e in engines for t in e.tokenized]  # nothing to tokenize for
+
+    run(scenario())
+
+
+def test_a_fleet_config_names_its_bad_value() -> None:
+    with pytest.raises(ValueError, match="policy must be one of"):
+        FleetConfig(("http://127.0.0.1:1",), "random")
+    with pytest.raises(ValueError, match="engine: http://127.0.0.1:1 is given twice"):
+        FleetConfig(("127.0.0.1:1", "http://127.0.0.1:1/"))
+    assert FleetConfig(("h:1",)).engines == ("http://h:1",)

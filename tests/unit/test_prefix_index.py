@@ -1,0 +1,109 @@
+"""The proxy's prefix index (``kvtier/apps/proxy/prefix_index.py``) and its policies
+(``scoring.py``): blocks placed from events by their tokens, runs per engine and tier, and the
+engine each policy picks."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+
+from kvtier.apps.proxy.kv_events import Event, Kind, decode_batch
+from kvtier.apps.proxy.prefix_index import PrefixIndex, Run
+from kvtier.apps.proxy.scoring import Candidate, Decision, choose
+
+BS = 4  # tokens per block
+TOKENS = list(range(100, 132))  # eight blocks
+
+
+def _stored(hashes: list[int], first: int, medium: str = "GPU", parent: int | None = None) -> Event:
+    """Blocks ``first..`` of TOKENS, under the engine's ``hashes``."""
+    tokens = tuple(TOKENS[first * BS : (first + len(hashes)) * BS])
+    return Event(Kind.STORED, tuple(hashes), parent, tokens, BS, medium)
+
+
+def test_vllms_batches_decode_by_field_name_old_and_new_unknown_fields_ignored() -> None:
+    stored = BlockStored(block_hashes=[1, 2], parent_block_hash=None, token_ids=TOKENS[:8],
+                         block_size=BS, lora_id=None, medium="CPU", lora_name=None,
+                         session_id="s")  # fmt: skip
+    batch = KVEventBatch(ts=1.0, events=[stored, BlockRemoved(block_hashes=[2], medium=None),
+                                         AllBlocksCleared()])  # fmt: skip
+    events = decode_batch(msgspec.msgpack.encode(batch))
+    assert events == [
+        Event(Kind.STORED, (1, 2), None, tuple(TOKENS[:8]), BS, "CPU"),
+        Event(Kind.REMOVED, (2,), medium="GPU"),  # None: the engine's own memory
+        Event(Kind.CLEARED),
+    ]
+    positional = [1.0, [["BlockStored", [7], 3, TOKENS[:4], BS, None, "DISK"],
+                        {"type": "SomethingNew", "x": 1},
+                        {"type": "BlockRemoved", "block_hashes": [7], "medium": "DISK",
+                         "new_field": [1, 2]}], None]  # fmt: skip
+    assert decode_batch(msgspec.msgpack.encode(positional)) == [
+        Event(Kind.STORED, (7,), 3, tuple(TOKENS[:4]), BS, "DISK"),
+        Event(Kind.REMOVED, (7,), medium="DISK"),
+    ]
+    for bad in (b"\xc1", msgspec.msgpack.encode(5), msgspec.msgpack.encode([1.0, 3])):
+        with pytest.raises(ValueError):
+            decode_batch(bad)
+
+
+def test_engines_hashing_alike_tokens_with_other_seeds_meet_in_one_index() -> None:
+    index = PrefixIndex()
+    # engine a: two blocks in its memory, then a chunk of two in host memory
+    assert index.apply("a", [_stored([11], 0), _stored([12], 1, parent=11)]) == 0
+    assert index.apply("a", [_stored([13, 14], 2, "CPU", parent=12)]) == 0
+    # engine b hashes with another seed: the same tokens meet under one digest
+    assert index.apply("b", [_stored([91, 92], 0, "DISK")]) == 0
+    digests = index.digests(TOKENS)
+    assert len(digests) == 8 and len(index) == 4
+    runs = index.runs(digests, ["a", "b", "c"])
+    assert runs["a"] == Run({"GPU": 2, "CPU": 2})
+    assert runs["b"] == Run({"DISK": 2})
+    assert runs["c"].total == 0
+
+
+def test_removals_clears_unknown_parents_and_a_dropped_engine() -> None:
+    index = PrefixIndex()
+    index.apply("a", [_stored([11, 12], 0), _stored([11, 12], 0, "CPU")])
+    assert index.apply("a", [_stored([14], 3, parent=13)]) == 1  # its parent was never told
+    assert index.unplaced == 1
+    index.apply("a", [Event(Kind.REMOVED, (12,), medium="GPU")])
+    assert index.runs(index.digests(TOKENS), ["a"])["a"] == Run({"GPU": 1, "CPU": 1})
+    index.apply("a", [Event(Kind.CLEARED)])  # the engine's own memory: host memory stays
+    assert index.runs(index.digests(TOKENS), ["a"])["a"] == Run({"CPU": 2})
+    index.drop("a")
+    assert len(index) == 0 and index.hashes("a") == 0
+
+
+def test_a_shared_tier_serves_every_engine_and_memory_is_bounded() -> None:
+    index = PrefixIndex(max_blocks=3)
+    index.apply("a", [_stored([1, 2], 0, "REDIS")])
+    assert index.runs(index.digests(TOKENS), ["a", "b"])["b"] == Run({"REDIS": 2})
+    index.apply("a", [_stored([3, 4], 2, "CPU", parent=2)])  # four hashes: the oldest forgotten
+    assert index.hashes("a") == 3
+    assert index.runs(index.digests(TOKENS), ["b"])["b"].total == 0  # block 0 is gone
+
+
+def _candidate(url: str, blocks: int = 0, in_flight: int = 0, queued: int = 0) -> Candidate:
+    return Candidate(url, in_flight, queued, Run({"CPU": blocks}) if blocks else Run())
+
+
+def test_kv_aware_weighs_the_cached_prefix_against_the_queue() -> None:
+    near, far = _candidate("near", blocks=6), _candidate("far")
+    decision = choose("kv-aware", [far, near], 32, BS, turn=0)
+    assert (decision.index, decision.reason, decision.cached_tokens) == (1, "prefix", 24)
+    busy = _candidate("near", blocks=6, queued=100)  # its queue outweighs the prefix
+    assert choose("kv-aware", [far, busy], 32, BS, turn=0).index == 0
+    nothing = [Candidate("a", 1, 0, None), Candidate("b", 0, 0, None)]  # no index: by load
+    assert choose("kv-aware", nothing, 32, BS, turn=0) == Decision(1, "no-index", 0)
+    whole = _candidate("whole", blocks=8)  # the last token is always computed
+    assert choose("kv-aware", [whole], 32, BS, turn=0).cached_tokens == 31
+
+
+def test_least_loaded_and_round_robin() -> None:
+    engines = [_candidate("a", in_flight=2), _candidate("b", in_flight=1), _candidate("c", 8, 1)]
+    assert choose("least-loaded", engines, 32, BS, turn=0).index == 1
+    assert choose("least-loaded", engines, 32, BS, turn=2).index == 2  # a tie: whose turn
+    assert [choose("round-robin", engines, 32, BS, t).index for t in range(4)] == [0, 1, 2, 0]
+    with pytest.raises(ValueError, match="policy must be one of"):
+        choose("random", engines, 32, BS, 0)
