@@ -100,6 +100,14 @@ def test_kv_aware_weighs_the_cached_prefix_against_the_queue() -> None:
     assert choose("kv-aware", [whole], 32, BS, turn=0).cached_tokens == 31
 
 
+def test_a_new_conversation_goes_to_the_engine_sent_fewest_lately() -> None:
+    # both hold the shared system prompt only: the one sent fewer requests lately, not the
+    # one with the shorter queue (conversations spread evenly, then stay where they are)
+    busy = Candidate("busy", 1, 50, Run({"GPU": 2}), recent=3.0)
+    idle = Candidate("idle", 0, 0, Run({"GPU": 2}), recent=5.0)
+    assert choose("kv-aware", [busy, idle], 32, BS, turn=1) == Decision(0, "load", 8)
+
+
 def test_least_loaded_and_round_robin() -> None:
     engines = [_candidate("a", in_flight=2), _candidate("b", in_flight=1), _candidate("c", 8, 1)]
     assert choose("least-loaded", engines, 32, BS, turn=0).index == 1

@@ -42,6 +42,8 @@ from kvtier.apps.proxy.upstream import open_exchange
 
 logger = logging.getLogger(__name__)
 
+RECENT = 64  # requests over which "sent lately" is counted (a new conversation's tie-break)
+
 # what /tokenize takes of a chat request, to apply the chat template as the completion will
 CHAT_KEYS = (
     "messages", "add_generation_prompt", "continue_final_message", "chat_template",
@@ -60,6 +62,7 @@ class FleetRouter:
         self.streams: dict[str, list[EventStream]] = {url: [] for url in config.engines}
         self.no_events: dict[str, str] = {url: "not asked yet" for url in config.engines}
         self.queued = dict.fromkeys(config.engines, 0)  # prompt tokens sent, not yet answered
+        self.recent = dict.fromkeys(config.engines, 0.0)  # requests sent lately, decaying
         self.metrics = FleetMetrics(self)
         self._turn = 0
 
@@ -109,11 +112,15 @@ class FleetRouter:
             )
         candidates = [
             Candidate(e.url, e.in_flight, self.queued[e.url],
-                      runs.get(e.url) if self.mode(e.url) is Mode.EXACT else None)
+                      runs.get(e.url) if self.mode(e.url) is Mode.EXACT else None,
+                      self.recent[e.url])
             for e in up
         ]  # fmt: skip
         decision = choose(self.config.policy, candidates, n, block_size or 1, self._turn)
         self._turn += 1
+        for url in self.recent:  # a count over about the last RECENT requests
+            self.recent[url] *= 1.0 - 1.0 / RECENT
+        self.recent[up[decision.index].url] += 1.0
         unknown = tokens is None and self.config.policy == "kv-aware"
         reason = "no-tokens" if unknown else decision.reason
         return up[decision.index].url, reason, decision.cached_tokens, n - decision.cached_tokens

@@ -6,9 +6,13 @@
 prompt token computed: the tokens the engine must compute (the prompt less the leading blocks it
 can load), plus those it loads, each weighted by its tier's cost against computing it
 (``WEIGHTS``), plus the tokens it has yet to compute for requests already sent to it (its queue).
-An engine whose index is not exact (degraded, no events) is counted as holding nothing. Ties go
-to fewer requests in flight, then round-robin. ``least-loaded``: fewest requests in flight (ties
-round-robin); ``round-robin``: each engine in turn.
+An engine whose index is not exact (degraded, no events) is counted as holding nothing. When no
+engine holds more of the prompt than another (a new conversation: at most what every engine
+holds, a shared system prompt), the request goes to the engine sent the fewest requests lately
+(``recent``): conversations are spread evenly, then each stays where its history is, whichever
+engine answered fastest at the start. Ties go to fewer requests in flight, then round-robin.
+``least-loaded``: fewest requests in flight (ties round-robin); ``round-robin``: each engine in
+turn.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class Candidate:
     in_flight: int
     queued_tokens: int  # prompt tokens still to compute for requests sent to it
     run: Run | None  # its leading loadable blocks of the request; None: its index is not exact
+    recent: float = 0.0  # requests sent to it lately (a decaying count)
 
 
 @dataclass(frozen=True)
@@ -74,11 +79,13 @@ def choose(
         return Decision(best, "load", 0)
     if policy != "kv-aware":
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
+    held = {i: cached_tokens(candidates[i].run, prompt_tokens, block_size) for i in order}
+    if all(c.run is None for c in candidates):
+        best = min(order, key=lambda i: (candidates[i].in_flight, candidates[i].recent))
+        return Decision(best, "no-index", 0)
+    if max(held.values()) == min(held.values()):  # no engine is ahead: spread the conversations
+        best = min(order, key=lambda i: (candidates[i].recent, candidates[i].in_flight))
+        return Decision(best, "load", held[best])
     costs = {i: cost(candidates[i], prompt_tokens, block_size) for i in order}
     best = min(order, key=lambda i: (costs[i], candidates[i].in_flight))
-    cached = cached_tokens(candidates[best].run, prompt_tokens, block_size)
-    if all(c.run is None for c in candidates):
-        reason = "no-index"
-    else:
-        reason = "prefix" if cached > 0 else "load"
-    return Decision(best, reason, cached)
+    return Decision(best, "prefix" if held[best] > 0 else "load", held[best])
