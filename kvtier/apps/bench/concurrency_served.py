@@ -65,6 +65,10 @@ class LongMiss:
             raise ValueError(f"kvtier bench concurrency: documents must fit, pairs >= 1: {self}")
 
 
+# kvtier serve publishes KV events unless told otherwise, vLLM alone does not: neither does here
+NO_EVENTS = ("--kv-events-config", '{"enable_kv_cache_events": false}')
+
+
 @contextmanager
 def started(model: Path, dtype: str, work: LongMiss, logs: Path) -> Iterator[dict[str, Server]]:
     """Both servers, healthy; stopped on exit."""
@@ -72,7 +76,7 @@ def started(model: Path, dtype: str, work: LongMiss, logs: Path) -> Iterator[dic
     try:
         for config in CONFIGS:
             port = free_port()
-            command = serve_command(model, port, {"cpu_bytes_to_use": work.host_bytes}, (),
+            command = serve_command(model, port, {"cpu_bytes_to_use": work.host_bytes}, NO_EVENTS,
                                     dtype, work.max_model_len)  # fmt: skip
             if config == "alone":  # the same vLLM arguments, without kvtier's
                 assert command[1:2] == ["serve"] and command[3] == "--kvtier", command
