@@ -16,7 +16,7 @@ import pytest
 import zmq
 from vllm.distributed.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
 
-from kvtier.apps.proxy.event_stream import EventStream, Mode, Source
+from kvtier.apps.proxy.event_stream import EventStream, Mode, Source, unreachable
 from kvtier.apps.proxy.prefix_index import PrefixIndex
 
 BS = 4
@@ -155,3 +155,11 @@ def test_batches_the_buffer_lost_too_rebuild_the_engines_index(stream_of) -> Non
         _until(lambda: stream.mode is Mode.EXACT and _held(index, lock, 2) == 1, "the rebuild")
     finally:
         publisher.close()
+
+
+def test_a_unix_socket_of_another_machine_is_said_unreachable() -> None:
+    unix = [Source("ipc:///tmp/kvtier-kv-events-1", "tcp://10.0.0.5:5558", "")]
+    assert unreachable("http://127.0.0.1:8000", unix) == ""
+    assert "Unix socket" in unreachable("http://10.0.0.5:8000", unix)
+    assert unreachable("http://10.0.0.5:8000", [Source("tcp://10.0.0.5:5557", None, "")]) == ""
+    assert "no KV events" in unreachable("http://127.0.0.1:8000", [])

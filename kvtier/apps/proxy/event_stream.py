@@ -1,6 +1,7 @@
 """One engine's KV events, followed on a thread of its own and placed in the proxy's index.
 
-    sources(url, host)         -> [Source]  where an engine publishes (vLLM's /kv_event_sources)
+    sources(url, timeout_s)    -> [Source]  where an engine publishes (vLLM's /kv_event_sources)
+    unreachable(url, sources)  -> str       why they cannot be followed from here ("": they can)
     EventStream(engine, source, index, lock).start() / .stop()
     EventStream.mode, .reason               exact, degraded (rebuilding), or down (no events)
 
@@ -71,6 +72,20 @@ def sources(url: str, timeout_s: float) -> list[Source]:
                           _reachable(replay, host) if replay else None,
                           config.get("topic") or ""))  # fmt: skip
     return out
+
+
+def unreachable(url: str, found: list[Source]) -> str:
+    """Why the proxy cannot follow these sources of the engine at ``url`` ("" when it can): none,
+    or a Unix socket (``kvtier serve``'s default) of an engine on another machine."""
+    if not found:
+        return "the engine publishes no KV events (--kv-events-config)"
+    local = urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1")
+    if not local and any(source.endpoint.startswith("ipc://") for source in found):
+        return (
+            "it publishes its KV events on a Unix socket, which only its own machine reaches "
+            "(kvtier serve --host 0.0.0.0, or a --kv-events-config on tcp://*)"
+        )
+    return ""
 
 
 def _reachable(endpoint: str, host: str) -> str:

@@ -31,7 +31,7 @@ from starlette.responses import Response
 from kvtier.apps.proxy.balancer import Engine, Pool
 from kvtier.apps.proxy.config import FleetConfig
 from kvtier.apps.proxy.errors import EnginesDown, ProxyError
-from kvtier.apps.proxy.event_stream import EventStream, Mode, sources
+from kvtier.apps.proxy.event_stream import EventStream, Mode, sources, unreachable
 from kvtier.apps.proxy.fleet_metrics import FleetMetrics
 from kvtier.apps.proxy.health import OK, probe
 from kvtier.apps.proxy.prefix_index import PrefixIndex
@@ -201,9 +201,11 @@ class FleetRouter:
         except (OSError, ValueError, KeyError) as exc:
             self.no_events[url] = f"/kv_event_sources: {exc}"
             return
-        if not found:
-            self.no_events[url] = "the engine publishes no KV events (--kv-events-config)"
-            logger.warning("kvtier proxy: %s: %s; routed by load", url, self.no_events[url])
+        why = unreachable(url, found)
+        if why:
+            if why != self.no_events[url]:  # said once, not at every /health
+                logger.warning("kvtier proxy: %s: %s; routed by load", url, why)
+            self.no_events[url] = why
             return
         self.streams[url] = [EventStream(url, source, self.index, self.lock) for source in found]
         for stream in self.streams[url]:
