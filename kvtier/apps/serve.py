@@ -71,7 +71,7 @@ def vllm_serve_args(
         out += ["--host", DEFAULT_HOST]
     if "--kv-events-config" not in given:
         host = _value(args, "--host") or DEFAULT_HOST
-        out += ["--kv-events-config", json.dumps(kv_events_config(host, free_port))]
+        out += ["--kv-events-config", json.dumps(kv_events_config(host, free_port_on))]
     if cpu_only and "--gpu-memory-utilization" not in given:
         out += ["--gpu-memory-utilization", CPU_MEMORY_UTILIZATION]
     return out
@@ -98,7 +98,7 @@ def kv_events_config(host: str, port: Callable[[str], int]) -> dict[str, object]
     }
 
 
-def free_port(host: str) -> int:
+def free_port_on(host: str) -> int:
     """A TCP port free on ``host`` now."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as probe:

@@ -3,7 +3,6 @@ chunks in the engine's block hashes, with their token ids and parent, as a route
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -14,15 +13,10 @@ from disk_helpers import CHUNK, disk_extra
 from harness import connector, engine, generate, kvtier_transfer, prompts, settle
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
 
+from kvtier.apps.bench.servers import free_port
+
 BLOCK = 32  # the engine's block: a chunk is two blocks
 WAIT_S = 30.0  # the publisher thread sends a step's batch after the step
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class _Replay:
@@ -62,7 +56,7 @@ def _tiers(events: list[Any], medium: str) -> tuple[list[BlockStored], list[Bloc
 def test_each_tiers_chunks_are_told_in_the_engines_block_hashes(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    publish, replay = f"ipc://{tmp_path}/events", f"tcp://127.0.0.1:{_port()}"
+    publish, replay = f"ipc://{tmp_path}/events", f"tcp://127.0.0.1:{free_port()}"
     events_config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": publish,
                      "replay_endpoint": replay, "topic": "kv"}  # fmt: skip
     # a host tier of four chunks; three prompts of three chunks: six are evicted to disk

@@ -5,7 +5,6 @@ them too)."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,18 +15,12 @@ import pytest
 import zmq
 from vllm.distributed.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
 
+from kvtier.apps.bench.servers import free_port
 from kvtier.apps.proxy.event_stream import EventStream, Mode, Source, unreachable
 from kvtier.apps.proxy.prefix_index import PrefixIndex
 
 BS = 4
 WAIT_S = 10.0
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _block(i: int) -> BlockStored:
@@ -68,7 +61,7 @@ def test_vllms_publisher_is_replayed_from_its_buffer_then_followed_live(  # type
     stream_of, tmp_path: Path
 ) -> None:
     # vLLM binds its PUB socket only to a wildcard or a Unix socket (as ``kvtier serve`` does)
-    source = Source(f"ipc://{tmp_path}/events", f"tcp://127.0.0.1:{_port()}", "kv")
+    source = Source(f"ipc://{tmp_path}/events", f"tcp://127.0.0.1:{free_port()}", "kv")
     publisher = ZmqEventPublisher(0, source.endpoint, source.replay, topic="kv")
     try:
         for i in range(3):  # published before anyone listens: only the replay has them
@@ -88,7 +81,7 @@ class _LossyPublisher:
     """A PUB socket and a replay ROUTER answering from ``buffer`` (seq -> batch), on a thread."""
 
     def __init__(self) -> None:
-        self.source = Source(f"tcp://127.0.0.1:{_port()}", f"tcp://127.0.0.1:{_port()}", "")
+        self.source = Source(f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}", "")
         context = zmq.Context.instance()
         self.pub = context.socket(zmq.PUB)
         self.pub.bind(self.source.endpoint)

@@ -4,7 +4,6 @@ publisher over real ZMQ; each request goes where its prefix is, and by load with
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from fastapi.responses import JSONResponse
 from proxy_fakes import WAIT_S, FakeEngine, metric, run, serving, until
 from vllm.distributed.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
 
+from kvtier.apps.bench.servers import free_port
 from kvtier.apps.proxy.app import build_fleet_app
 from kvtier.apps.proxy.config import FleetConfig
 from kvtier.apps.proxy.fleet import FleetRouter
@@ -25,20 +25,13 @@ BS = 16
 PROMPT = list(range(1000, 1100))  # six full blocks and four tokens
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class FleetEngine(FakeEngine):
     """A fake engine that publishes KV events (vLLM's publisher) and tokenizes chat requests."""
 
     def __init__(self, name: str, work: Path) -> None:
         self.events = {"enable_kv_cache_events": True, "publisher": "zmq",
                        "endpoint": f"ipc://{work}/{name}", "topic": "kv",
-                       "replay_endpoint": f"tcp://127.0.0.1:{_port()}"}  # fmt: skip
+                       "replay_endpoint": f"tcp://127.0.0.1:{free_port()}"}  # fmt: skip
         self.publisher = ZmqEventPublisher(0, self.events["endpoint"],
                                            self.events["replay_endpoint"], topic="kv")  # fmt: skip
         self.tokenized: list[dict[str, Any]] = []

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from kvtier.apps.serve import free_port_on
 
 START_S = 600.0  # a shared 2-core machine: ~30 s per server when quiet
 WAIT_S = 120.0
@@ -122,9 +123,8 @@ def wait(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A TCP port free on 127.0.0.1 now."""
+    return free_port_on("127.0.0.1")
 
 
 def stop(server: Server) -> None:

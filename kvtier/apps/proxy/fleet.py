@@ -36,7 +36,7 @@ from kvtier.apps.proxy.fleet_metrics import FleetMetrics
 from kvtier.apps.proxy.health import OK, probe
 from kvtier.apps.proxy.prefix_index import PrefixIndex
 from kvtier.apps.proxy.relay import relay
-from kvtier.apps.proxy.router import engine_at, json_object, request_headers
+from kvtier.apps.proxy.router import engine_at, json_object, models_of, request_headers
 from kvtier.apps.proxy.scoring import Candidate, choose
 from kvtier.apps.proxy.upstream import open_exchange
 
@@ -156,13 +156,7 @@ class FleetRouter:
         return tokens if isinstance(tokens, list) else None
 
     async def models(self, authorization: str | None) -> Response:
-        headers = request_headers(uuid.uuid4().hex, authorization)
-        deadline = asyncio.get_running_loop().time() + self.config.timeout_s
-        try:
-            exchange = await open_exchange(self.pool, "GET", "/v1/models", None, headers, deadline)
-            return await relay(exchange)
-        except ProxyError as exc:
-            return exc.response()
+        return await models_of(self.pool, authorization, self.config.timeout_s)
 
     async def health(self) -> Response:
         results = await asyncio.gather(

@@ -76,15 +76,7 @@ class Router:
 
     async def models(self, authorization: str | None) -> Response:
         """A decode engine's ``GET /v1/models``, as it answered."""
-        headers = request_headers(uuid.uuid4().hex, authorization)
-        deadline = asyncio.get_running_loop().time() + self.config.timeout_s
-        try:
-            exchange = await open_exchange(
-                self.decode, "GET", "/v1/models", None, headers, deadline
-            )
-            return await relay(exchange)
-        except ProxyError as exc:
-            return exc.response()
+        return await models_of(self.decode, authorization, self.config.timeout_s)
 
     async def health(self) -> Response:
         return await check_health(self.prefill, self.decode, self.config.connect_timeout_s)
@@ -96,6 +88,17 @@ class Router:
     async def aclose(self) -> None:
         engines = [*self.prefill.engines, *self.decode.engines]
         await asyncio.gather(*(engine.client.aclose() for engine in engines))
+
+
+async def models_of(pool: Pool, authorization: str | None, timeout_s: float) -> Response:
+    """An engine of ``pool``'s ``GET /v1/models``, as it answered (or the proxy's error)."""
+    headers = request_headers(uuid.uuid4().hex, authorization)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    try:
+        exchange = await open_exchange(pool, "GET", "/v1/models", None, headers, deadline)
+        return await relay(exchange)
+    except ProxyError as exc:
+        return exc.response()
 
 
 def engine_at(url: str, timeout_s: float, connect_timeout_s: float) -> Engine:
