@@ -17,6 +17,7 @@ from vllm.distributed.kv_events import BlockStored, KVEventBatch, ZmqEventPublis
 
 from kvtier.apps.bench.servers import free_port
 from kvtier.apps.proxy.event_stream import EventStream, Mode, Source, unreachable
+from kvtier.apps.proxy.kv_events import Event, Kind
 from kvtier.apps.proxy.prefix_index import PrefixIndex
 
 BS = 4
@@ -156,3 +157,23 @@ def test_a_unix_socket_of_another_machine_is_said_unreachable() -> None:
     assert "Unix socket" in unreachable("http://10.0.0.5:8000", unix)
     assert unreachable("http://10.0.0.5:8000", [Source("tcp://10.0.0.5:5557", None, "")]) == ""
     assert "no KV events" in unreachable("http://127.0.0.1:8000", [])
+
+
+def test_an_engine_of_another_block_size_is_refused_with_an_error_naming_both(  # type: ignore[no-untyped-def]
+    stream_of, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = Source(f"ipc://{tmp_path}/events", f"tcp://127.0.0.1:{free_port()}", "")
+    publisher = ZmqEventPublisher(0, source.endpoint, source.replay, topic="")
+    try:
+        stream, index, lock = stream_of(source)
+        with lock:  # another engine told the fleet's index first: blocks of 4 tokens
+            index.apply("other", [Event(Kind.STORED, (1,), None, (0, 1, 2, 3), BS, "GPU")])
+        _until(lambda: stream.mode is Mode.EXACT, "the stream following")
+        eight = BlockStored(block_hashes=[9], parent_block_hash=None, token_ids=list(range(8)),
+                            block_size=8, lora_id=None, medium="GPU", lora_name=None)  # fmt: skip
+        publisher.publish(KVEventBatch(ts=time.time(), events=[eight]))
+        _until(lambda: stream.refused, "the engine refused")
+        assert stream.mode is Mode.DOWN and "8 tokens" in stream.reason and "4" in stream.reason
+        assert "--block-size" in caplog.text and index.hashes("e") == 0
+    finally:
+        publisher.shutdown()

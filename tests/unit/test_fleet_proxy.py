@@ -17,9 +17,9 @@ from proxy_fakes import WAIT_S, FakeEngine, metric, run, serving, until
 from vllm.distributed.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
 
 from kvtier.apps.bench.servers import free_port
-from kvtier.apps.proxy.app import build_fleet_app
+from kvtier.apps.proxy.app import build_app, build_fleet_app
 from kvtier.apps.proxy.config import FleetConfig
-from kvtier.apps.proxy.fleet import FleetRouter
+from kvtier.apps.proxy.placement import Placement
 
 BS = 16
 PROMPT = list(range(1000, 1100))  # six full blocks and four tokens
@@ -71,11 +71,11 @@ def engines(tmp_path: Path) -> Iterator[list[FleetEngine]]:
 @contextlib.asynccontextmanager
 async def fleet(
     engines: list[FleetEngine], policy: str = "kv-aware"
-) -> AsyncIterator[tuple[httpx.AsyncClient, FleetRouter, list[str]]]:
+) -> AsyncIterator[tuple[httpx.AsyncClient, Placement, list[str]]]:
     async with serving(*(e.app for e in engines)) as urls:
         app = build_fleet_app(FleetConfig(tuple(urls), policy, health_interval_s=0.05))
         async with serving(app) as [url], httpx.AsyncClient(base_url=url, timeout=WAIT_S) as c:
-            yield c, app.state.router, urls
+            yield c, app.state.router.placement, urls
 
 
 async def _route(client: httpx.AsyncClient, body: dict[str, Any], chat: bool = False) -> str:
@@ -91,10 +91,10 @@ def test_a_request_goes_where_its_prefix_is_and_by_load_without_one(
     a, b = engines
 
     async def scenario() -> None:
-        async with fleet(engines) as (client, router, urls):
-            await until(lambda: all(router.streams[u] for u in urls), "both engines followed")
+        async with fleet(engines) as (client, placement, urls):
+            await until(lambda: all(placement.streams[u] for u in urls), "both engines followed")
             b.holds(PROMPT)
-            await until(lambda: router.index.block_size == BS and len(router.index) == 6,
+            await until(lambda: placement.index.block_size == BS and len(placement.index) == 6,
                         "b's blocks in the index")  # fmt: skip
             for _ in range(3):  # every time, whatever the turn
                 route = await _route(client, {"prompt": PROMPT})
@@ -120,16 +120,16 @@ def test_an_engine_down_is_forgotten_and_its_traffic_moves(engines: list[FleetEn
     a, b = engines
 
     async def scenario() -> None:
-        async with fleet(engines) as (client, router, urls):
-            await until(lambda: all(router.streams[u] for u in urls), "both engines followed")
+        async with fleet(engines) as (client, placement, urls):
+            await until(lambda: all(placement.streams[u] for u in urls), "both engines followed")
             b.holds(PROMPT)
-            await until(lambda: len(router.index) == 6, "b's blocks in the index")
+            await until(lambda: len(placement.index) == 6, "b's blocks in the index")
             b.health_status = 503
-            await until(lambda: not router.streams[urls[1]] and len(router.index) == 0,
+            await until(lambda: not placement.streams[urls[1]] and len(placement.index) == 0,
                         "b's index dropped")  # fmt: skip
             assert (await _route(client, {"prompt": PROMPT})).startswith(urls[0])
             b.health_status = 200  # back: followed again, its buffer replayed
-            await until(lambda: len(router.index) == 6, "b's blocks again")
+            await until(lambda: len(placement.index) == 6, "b's blocks again")
             assert (await _route(client, {"prompt": PROMPT})).startswith(urls[1])
 
     run(scenario())
@@ -139,13 +139,39 @@ def test_round_robin_and_least_loaded_ignore_the_prefix(engines: list[FleetEngin
     _, b = engines
 
     async def scenario() -> None:
-        async with fleet(engines, "round-robin") as (client, router, urls):
-            await until(lambda: all(router.streams[u] for u in urls), "both engines followed")
+        async with fleet(engines, "round-robin") as (client, placement, urls):
+            await until(lambda: all(placement.streams[u] for u in urls), "both engines followed")
             b.holds(PROMPT)
-            await until(lambda: len(router.index) == 6, "b's blocks in the index")
+            await until(lambda: len(placement.index) == 6, "b's blocks in the index")
             routes = [(await _route(client, {"prompt": PROMPT})).split(";")[0] for _ in range(4)]
             assert routes == [urls[0], urls[1], urls[0], urls[1]]
             assert not [t for e in engines for t in e.tokenized]  # nothing to tokenize for
+
+    run(scenario())
+
+
+def test_the_prefill_engine_of_prefill_decode_is_chosen_where_the_prefix_is(
+    engines: list[FleetEngine],
+) -> None:
+    a, b = engines
+    decode = FakeEngine("d")
+
+    async def scenario() -> None:
+        async with serving(a.app, b.app, decode.app) as [pa, pb, pd]:
+            app = build_app([pa, pb], [pd], health_interval_s=0.05)
+            async with serving(app) as [url], httpx.AsyncClient(base_url=url, timeout=WAIT_S) as c:
+                placement = app.state.router.placement
+                await until(lambda: all(placement.streams.values()), "both prefill engines")
+                b.holds(PROMPT)
+                await until(lambda: len(placement.index) == 6, "b's blocks in the index")
+                for _ in range(3):
+                    answer = await c.post("/v1/completions", json={"model": "m", "prompt": PROMPT,
+                                                                  "max_tokens": 2})  # fmt: skip
+                    assert answer.status_code == 200, answer.text
+                    assert answer.headers["x-kvtier-prefill"] == "offered"
+                    route = answer.headers["x-kvtier-route"]
+                    assert route.startswith(f"{pb}; prefix; predicted_cached_tokens=96"), route
+        assert len(b.received) == 3 and not a.received and len(decode.received) == 3
 
     run(scenario())
 

@@ -2,6 +2,7 @@
 
     chat_workload(url, users, rounds, pool)                  -> [Answer]   chat completions
     chat_workload(url, users, rounds, pool, tokens=MODEL)    -> [Answer]   the same, in tokens
+    ask(client, model, body, user, round, answer_tokens, stream) -> (Answer, text)   one request
 
 ``users`` share one system prompt; each user's first message opens with a context of its own
 (LMCache's ``--user-history-prompt``: what the user brings, a document or an earlier
@@ -22,6 +23,7 @@ completions every answer is computed again the next round, wherever the request 
 from __future__ import annotations
 
 import functools
+import json
 import random
 import time
 from concurrent.futures import Executor
@@ -62,9 +64,11 @@ def chat_workload(
     model: str = "tiny",
     tokens: Path | None = None,
     context_chars: int = 0,
+    stream: bool = False,
 ) -> list[Answer]:
     """Every user's rounds, in the order they were asked. ``context_chars``: each user's own
-    context opening its first message (LMCache's ``--user-history-prompt``)."""
+    context opening its first message (LMCache's ``--user-history-prompt``). ``stream``: the
+    answers streamed, ``ttft_s`` to the first token (no provenance: ``computed`` is -1)."""
     lines = iter(corpus_lines(seed=1000 + seed, count=users * rounds * 4 + 64))
     system = _text(lines, SYSTEM_CHARS)
     histories: list[list[dict[str, str]]] = [
@@ -90,7 +94,8 @@ def chat_workload(
                 for u in order
             ]  # fmt: skip
             futures = [
-                pool.submit(_ask, client, model, body, u, round_, answer_tokens) for u, body in asks
+                pool.submit(ask, client, model, body, u, round_, answer_tokens, stream)
+                for u, body in asks
             ]
             for user, future in zip(order, futures, strict=True):
                 answer, text = future.result()
@@ -101,22 +106,30 @@ def chat_workload(
     return answers
 
 
-def _ask(
+def ask(
     client: httpx.Client,
     model: str,
     asked: dict[str, Any],
     user: int,
     round_: int,
     answer_tokens: int,
+    stream: bool = False,
 ) -> tuple[Answer, str]:
     body: dict[str, Any] = {"model": model, "temperature": 0.0, "max_tokens": answer_tokens,
-                            "ignore_eos": True, "return_token_ids": True, **asked}  # fmt: skip
+                            "ignore_eos": True, "return_token_ids": True, "stream": stream,
+                            **asked}  # fmt: skip
     chat = "messages" in asked
+    path = "/v1/chat/completions" if chat else "/v1/completions"
     started = time.perf_counter()
-    response = client.post("/v1/chat/completions" if chat else "/v1/completions", json=body)
-    ttft = time.perf_counter() - started
-    response.raise_for_status()
-    found = response.json()
+    if stream:
+        with client.stream("POST", path, json=body) as response:
+            response.raise_for_status()
+            found, ttft = _streamed(response, started, chat)
+    else:
+        response = client.post(path, json=body)
+        ttft = time.perf_counter() - started
+        response.raise_for_status()
+        found = response.json()
     choice = found["choices"][0]
     route = response.headers.get("x-kvtier-route", "")
     engine, _, rest = route.partition(";")
@@ -128,6 +141,27 @@ def _ask(
                     predicted, int(provenance.get("computed", -1)), ttft)  # fmt: skip
     text = choice["message"]["content"] if chat else choice.get("text")
     return answer, str(text or "")
+
+
+def _streamed(response: httpx.Response, started: float, chat: bool) -> tuple[dict[str, Any], float]:
+    """A streamed answer gathered as a whole one would read (its text, token ids and prompt's),
+    and the seconds from ``started`` to its first token."""
+    text, prompt, ttft = "", None, 0.0
+    token_ids: list[int] = []
+    for line in response.iter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[len("data: ") :])
+        prompt = prompt or chunk.get("prompt_token_ids")
+        for choice in chunk.get("choices", []):
+            prompt = prompt or choice.get("prompt_token_ids")
+            if choice.get("token_ids") and not ttft:
+                ttft = time.perf_counter() - started
+            token_ids += choice.get("token_ids") or []
+            delta = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+            text += delta or ""
+    choice = {"token_ids": token_ids, "message": {"content": text}, "text": text}
+    return {"choices": [choice], "prompt_token_ids": prompt}, ttft
 
 
 def _encode(model_dir: Path, text: str) -> list[int]:

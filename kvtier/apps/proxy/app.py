@@ -42,13 +42,14 @@ def build_app(
     backoff_s: float = 2.0,
     prefill_timeout_s: float = 60.0,
     health_interval_s: float = 2.0,
+    policy: str = "kv-aware",
 ) -> FastAPI:
     """The app for these engines (see ``ProxyConfig``; a bad URL raises ``ValueError``).
 
     Its ``Router`` is ``app.state.router``; the engines' connection pools close when the app's
     lifespan ends."""
     config = ProxyConfig(tuple(prefill), tuple(decode), timeout_s, connect_timeout_s, backoff_s,
-                         prefill_timeout_s, health_interval_s)  # fmt: skip
+                         prefill_timeout_s, health_interval_s, policy)  # fmt: skip
     started = f"prefill {', '.join(config.prefill)}; decode {', '.join(config.decode)}"
     return _app(Router(config), started)
 

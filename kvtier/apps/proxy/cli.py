@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--policy", choices=POLICIES, default="kv-aware",
-        help="how --engine picks one: kv-aware (where the prompt's KV is, against each engine's "
-        "queue; found from the engines' KV events), least-loaded, round-robin",
+        help="how --engine (or --prefill) picks one: kv-aware (where the prompt's KV is, against "
+        "each engine's queue; found from the engines' KV events), least-loaded, round-robin",
     )  # fmt: skip
     parser.add_argument("--host", default=DEFAULT_HOST, help="address to listen on")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                 args.prefill, args.decode, timeout_s=args.timeout_s,
                 connect_timeout_s=args.connect_timeout_s, backoff_s=args.backoff_s,
                 prefill_timeout_s=args.prefill_timeout_s,
-                health_interval_s=args.health_interval_s,
+                health_interval_s=args.health_interval_s, policy=args.policy,
             )  # fmt: skip
     except ValueError as exc:
         print(f"kvtier proxy: {exc}", file=sys.stderr)

@@ -26,8 +26,10 @@ class ProxyConfig:
     #                                  engine computes the prompt itself
     health_interval_s: float = 2.0  # how often each prefill engine's /health is asked; one that
     #                                 fails it is skipped until it passes again
+    policy: str = "kv-aware"  # how the prefill engine is chosen (scoring.POLICIES)
 
     def __post_init__(self) -> None:
+        _check_policy(self.policy)
         for side in ("prefill", "decode"):
             object.__setattr__(self, side, _engine_urls(side, getattr(self, side)))
         for key in LIMITS:
@@ -48,14 +50,18 @@ class FleetConfig:
     health_interval_s: float = 2.0
 
     def __post_init__(self) -> None:
-        from kvtier.apps.proxy.scoring import POLICIES
-
         object.__setattr__(self, "engines", _engine_urls("engine", self.engines))
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {self.policy!r}")
+        _check_policy(self.policy)
         for key in ("timeout_s", "connect_timeout_s", "backoff_s", "health_interval_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
+
+
+def _check_policy(policy: str) -> None:
+    from kvtier.apps.proxy.scoring import POLICIES
+
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
 
 
 def _engine_urls(side: str, urls: tuple[str, ...]) -> tuple[str, ...]:

@@ -14,7 +14,10 @@ number that skips one is a gap: the engine is *degraded* (routed by load) until 
 batches are replayed; if the buffer no longer has them, what the engine told is forgotten and
 the buffer replayed from its start, so the index never keeps a block the engine removed in a
 batch it lost. No answer from the replay socket within ``timeout_s``: the stream says why, is
-down, and tries again.
+down, and tries again. An engine whose blocks hold another number of tokens than the fleet's
+index (the first engine told) is refused: an error names both sizes, and the engine is routed by
+load, never matched with silent misses. Hash seeds and functions need not agree: the index is
+keyed by tokens (``prefix_index.py``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from urllib.parse import urlsplit
 
 import zmq
 
-from kvtier.apps.proxy.kv_events import decode_batch
+from kvtier.apps.proxy.kv_events import Kind, decode_batch
 from kvtier.apps.proxy.prefix_index import PrefixIndex
 
 logger = logging.getLogger(__name__)
@@ -113,6 +116,7 @@ class EventStream:
         self.last = -1  # the last batch placed
         self.gaps = 0  # batch numbers skipped, since start
         self.batches = 0
+        self.refused = False  # its events cannot be indexed (another block size): not followed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"kvtier-events {engine}",
                                         daemon=True)  # fmt: skip
@@ -132,6 +136,9 @@ class EventStream:
         sub.connect(self.source.endpoint)
         try:
             while not self._stop.is_set():
+                if self.refused:
+                    self._stop.wait(RETRY_S)
+                    continue
                 if self.mode is not Mode.EXACT and not self._rebuild(context):
                     self._stop.wait(RETRY_S)
                     continue
@@ -163,9 +170,27 @@ class EventStream:
             logger.warning("kvtier proxy: %s: batch %d unreadable: %s", self.engine, seq, exc)
             events = []
         with self.lock:
-            self.index.apply(self.engine, events)
+            size = self.index.block_size
+            other = next((e.block_size for e in events if e.kind is Kind.STORED and size
+                          and e.block_size != size and e.group == 0), None)  # fmt: skip
+            if other is None:
+                self.index.apply(self.engine, events)
+        if other is not None:
+            self._refuse(
+                f"its blocks hold {other} tokens, the fleet's index {size}: its "
+                "prefixes cannot be matched; give every engine the same --block-size"
+            )
+            return
         self.last = seq
         self.batches += 1
+
+    def _refuse(self, why: str) -> None:
+        """Follow this engine no more (routed by load), and say why, once, as an error."""
+        with self.lock:
+            self.index.drop(self.engine)
+        self.refused = True
+        self.mode, self.reason = Mode.DOWN, why
+        logger.error("kvtier proxy: %s: %s", self.engine, why)
 
     def _rebuild(self, context: zmq.Context[zmq.Socket[bytes]]) -> bool:
         """Replay what this stream lacks (all, at first); True once exact again."""
@@ -187,6 +212,8 @@ class EventStream:
         for seq, payload in replayed:
             if seq > self.last:
                 self._place(seq, payload)
+            if self.refused:
+                return False
         self.mode, self.reason = Mode.EXACT, ""
         return True
 

@@ -91,12 +91,12 @@ class _Fleet(Collector):
         )  # fmt: skip
         for engine in router.pool.engines:
             up.add_metric(["engine", engine.url], 1.0 if router.pool.is_up(engine) else 0.0)
-            now = router.mode(engine.url)
+            now = router.placement.mode(engine.url)
             for each in Mode:
                 mode.add_metric([engine.url, each.value], 1.0 if each is now else 0.0)
         yield up
         yield mode
-        with router.lock:
-            blocks = len(router.index)
+        with router.placement.lock:
+            blocks = len(router.placement.index)
         yield GaugeMetricFamily("kvtier_proxy_index_blocks", "Blocks some engine holds, in the "
                                 "proxy's index.", value=blocks)  # fmt: skip

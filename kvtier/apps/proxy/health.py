@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 
 import httpx
 from starlette.responses import Response
@@ -23,6 +24,7 @@ from kvtier.apps.proxy.upstream import CONNECT_FAILURES, connect_failure
 logger = logging.getLogger(__name__)
 
 OK = "ok"
+Probed = Callable[[Engine, bool], Awaitable[None]]  # after each probe: the engine, and if it passed
 
 
 async def probe(engine: Engine, timeout_s: float) -> str:
@@ -60,17 +62,23 @@ async def check_health(prefill: Pool, decode: Pool, timeout_s: float) -> Respons
     return Response(json.dumps(body), 503 if unavailable else 200, media_type="application/json")
 
 
-async def watch(pool: Pool, interval_s: float, timeout_s: float) -> None:
+async def watch(
+    pool: Pool, interval_s: float, timeout_s: float, then: Probed | None = None
+) -> None:
     """Probe each engine of ``pool`` every ``interval_s`` (each within ``timeout_s``, each on
     its own: one that hangs delays no other) until cancelled, marking it up or down by its
-    probe; the first probes go at once.
+    probe, then awaiting ``then(engine, up)``; the first probes go at once.
 
     Only the prefill side is watched: a prefill engine skipped on a stale probe costs a
     recompute on a decode engine, a decode engine skipped so would cost the client an error."""
-    await asyncio.gather(*(_watch(pool, engine, interval_s, timeout_s) for engine in pool.engines))
+    await asyncio.gather(
+        *(_watch(pool, engine, interval_s, timeout_s, then) for engine in pool.engines)
+    )
 
 
-async def _watch(pool: Pool, engine: Engine, interval_s: float, timeout_s: float) -> None:
+async def _watch(
+    pool: Pool, engine: Engine, interval_s: float, timeout_s: float, then: Probed | None
+) -> None:
     while True:
         result = await probe(engine, timeout_s)
         if pool.set_health(engine, "" if result == OK else result):
@@ -79,4 +87,6 @@ async def _watch(pool: Pool, engine: Engine, interval_s: float, timeout_s: float
             else:
                 logger.warning("%s engine %s is down (%s): skipped until its /health passes",
                                pool.side, engine.url, result)  # fmt: skip
+        if then is not None:
+            await then(engine, result == OK)
         await asyncio.sleep(interval_s)

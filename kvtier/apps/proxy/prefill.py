@@ -74,10 +74,12 @@ async def prefill(
     headers: Mapping[str, str],
     deadline: float,
     limit_s: float,
+    prefer: str | None = None,
 ) -> Prefilled:
     """The prefill hop for ``request``: at most ``limit_s``, and over by the request's
     ``deadline`` (a time on the event loop's clock). Raises ``EngineAnswered`` for the prefill
-    engine's 4xx, and ``EngineFailed`` when it failed at ``deadline`` (nothing left to decode)."""
+    engine's 4xx, and ``EngineFailed`` when it failed at ``deadline`` (nothing left to decode).
+    ``prefer``: the prefill engine to ask first, if it is up (``placement.py`` chose it)."""
     request_id = headers["x-request-id"]
     if not pool.any_up():
         logger.debug("%s: no prefill engine up (%s)", request_id, pool.down_reasons())
@@ -85,7 +87,8 @@ async def prefill(
     clock = asyncio.get_running_loop().time
     started = clock()
     try:
-        offer = await _offer(pool, path, request, headers, min(deadline, started + limit_s))
+        limit = min(deadline, started + limit_s)
+        offer = await _offer(pool, path, request, headers, limit, prefer)
     except EngineFailed as exc:
         if clock() >= deadline:
             raise
@@ -103,11 +106,16 @@ def _failed(request_id: str, why: str, duration_s: float) -> Prefilled:
 
 
 async def _offer(
-    pool: Pool, path: str, request: dict[str, Any], headers: Mapping[str, str], deadline: float
+    pool: Pool,
+    path: str,
+    request: dict[str, Any],
+    headers: Mapping[str, str],
+    deadline: float,
+    prefer: str | None,
 ) -> dict[str, Any] | None:
     """The prefill engine's ``kv_transfer_params`` for the decode engine (None: no offer)."""
     body = json.dumps(prefill_body(request)).encode()
-    exchange = await open_exchange(pool, "POST", path, body, headers, deadline)
+    exchange = await open_exchange(pool, "POST", path, body, headers, deadline, prefer)
     engine, answer = exchange.engine, exchange.response
     if answer.status_code >= 500:
         await exchange.close()

@@ -14,6 +14,10 @@ event's block hashes are mapped to digests per engine, through the hash of the b
 A tier told as shared (``REDIS``) holds a block for every engine. Memory is bounded: at most
 ``max_blocks`` hashes per engine are remembered, the least recently told forgotten first (with
 what the engine holds of them: an index that cannot place a removal must not keep the block).
+
+Who holds a block is one ``_Holders`` object shared by every block held alike (interned: the
+blocks of a system prompt every engine holds, or of one conversation one engine holds, share
+one), so ``runs`` does its per-engine work once per stretch of blocks held alike, not per block.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ _ROOT = 0  # the digest before a prompt's first block
 MAX_BLOCKS = 1 << 20  # hashes remembered per engine
 
 
-@dataclass
+@dataclass(slots=True)
 class Run:
     """An engine's leading loadable blocks of a request, counted by the tier it loads each from
     (the cheapest that holds it)."""
@@ -50,7 +54,8 @@ class PrefixIndex:
         self.max_blocks = max_blocks
         self.block_size = 0  # tokens per block, from the first event that says (0: none yet)
         self._digest: dict[str, OrderedDict[int | bytes, int]] = {}  # engine -> hash -> digest
-        self._holders: dict[int, dict[str, set[str]]] = {}  # digest -> engine -> tiers
+        self._holders: dict[int, _Holders] = {}  # digest -> who holds it (none: not there)
+        self._interned: dict[frozenset[tuple[str, str]], _Holders] = {}  # each in use, once
         self.unplaced = 0  # blocks whose parent was never told
 
     def __len__(self) -> int:
@@ -88,30 +93,49 @@ class PrefixIndex:
         digest = _ROOT if event.parent is None else known.get(event.parent)
         if digest is None:
             return len(event.block_hashes)
-        for i, block_hash in enumerate(event.block_hashes):
-            digest = _chain(digest, event.token_ids[i * size : (i + 1) * size])
+        digests = _chained(digest, event.token_ids, size)
+        for block_hash, digest in zip(event.block_hashes, digests):
             known[block_hash] = digest
             known.move_to_end(block_hash)
-            self._holders.setdefault(digest, {}).setdefault(engine, set()).add(event.medium)
+            self._hold(engine, digest, event.medium)
         while len(known) > self.max_blocks:
             _, old = known.popitem(last=False)
             self._unhold(engine, old, None)
         return 0
 
+    def _hold(self, engine: str, digest: int, tier: str) -> None:
+        held = self._holders.get(digest)
+        if held is None:
+            self._place(digest, None, frozenset(((engine, tier),)))
+        elif (engine, tier) not in held.pairs:
+            self._place(digest, held, held.pairs | {(engine, tier)})
+
     def _unhold(self, engine: str, digest: int, tier: str | None) -> None:
         """``engine`` no longer holds ``digest`` in ``tier`` (None: in any)."""
-        holders = self._holders.get(digest)
-        tiers = holders.get(engine) if holders is not None else None
-        if holders is None or tiers is None:
+        held = self._holders.get(digest)
+        if held is None:
             return
         if tier is None:
-            tiers.clear()
-        else:
-            tiers.discard(tier)
-        if not tiers:
-            del holders[engine]
-            if not holders:
-                del self._holders[digest]
+            pairs = frozenset(pair for pair in held.pairs if pair[0] != engine)
+            if len(pairs) < len(held.pairs):
+                self._place(digest, held, pairs)
+        elif (engine, tier) in held.pairs:
+            self._place(digest, held, held.pairs - {(engine, tier)})
+
+    def _place(self, digest: int, old: _Holders | None, pairs: frozenset[tuple[str, str]]) -> None:
+        """``digest`` is held as ``pairs`` says (empty: by none), no longer as ``old``."""
+        if old is not None:
+            old.uses -= 1
+            if not old.uses:
+                del self._interned[old.pairs]
+        if not pairs:
+            del self._holders[digest]
+            return
+        held = self._interned.get(pairs)
+        if held is None:
+            held = self._interned[pairs] = _Holders(pairs)
+        held.uses += 1
+        self._holders[digest] = held
 
     def _forget_tier(self, engine: str, tier: str) -> None:
         for digest in list(self._digest.get(engine, {}).values()):
@@ -127,38 +151,84 @@ class PrefixIndex:
         size = self.block_size
         if not size:
             return []
-        digest, out = _ROOT, []
-        for start in range(0, len(tokens) - size + 1, size):
-            digest = _chain(digest, tokens[start : start + size])
-            out.append(digest)
-        return out
+        return _chained(_ROOT, tokens[: len(tokens) // size * size], size)
 
     def runs(self, digests: Sequence[int], engines: Iterable[str]) -> dict[str, Run]:
         """Per engine, its leading blocks of ``digests`` that it holds or a shared tier holds."""
         runs = {engine: Run() for engine in engines}
-        alive = set(runs)
+        alive = {engine: run.blocks for engine, run in runs.items()}  # still in their run
+        stretch, count = None, 0  # blocks held alike, not yet counted
         for digest in digests:
-            holders = self._holders.get(digest, {})
-            shared = next((t for tiers in holders.values() for t in tiers if t in SHARED), None)
-            for engine in list(alive):
-                tiers = holders.get(engine)
-                tier = _cheapest(tiers) if tiers else shared
-                if tier is None:
-                    alive.discard(engine)
-                    continue
-                blocks = runs[engine].blocks
-                blocks[tier] = blocks.get(tier, 0) + 1
-            if not alive:
+            held = self._holders.get(digest)
+            if held is None:
                 break
+            if held is not stretch:
+                if stretch is not None:
+                    alive = stretch.extend(alive, count)
+                    if not alive:
+                        break
+                stretch, count = held, 0
+            count += 1
+        if stretch is not None and alive:
+            stretch.extend(alive, count)
         return runs
 
 
 _ORDER = {ENGINE: 0, "CPU": 1, "DISK": 2}  # cheapest first; other tiers after these
 
 
-def _cheapest(tiers: set[str]) -> str:
-    return min(tiers, key=lambda tier: _ORDER.get(tier, 3))
+class _Holders:
+    """The engines holding a block, and in which tiers: one object per way of holding, shared
+    by every block held that way (``pairs``: (engine, tier) each)."""
+
+    __slots__ = ("pairs", "uses", "_cheapest", "_shared")
+
+    def __init__(self, pairs: frozenset[tuple[str, str]]) -> None:
+        self.pairs = pairs
+        self.uses = 0  # blocks held this way
+        self._cheapest: dict[str, str] | None = None  # per engine, its cheapest tier (lazily)
+        self._shared: str | None = None  # a shared tier among them
+
+    def extend(self, alive: dict[str, dict[str, int]], count: int) -> dict[str, dict[str, int]]:
+        """Add ``count`` blocks held this way to the runs of the ``alive`` engines (engine ->
+        blocks per tier); the engines whose runs go on."""
+        cheapest = self._cheapest
+        if cheapest is None:
+            cheapest = self._cheapest = {}
+            for engine, tier in sorted(self.pairs, key=_rank, reverse=True):
+                cheapest[engine] = tier  # the cheapest, sorted last, stays
+            shared = sorted((tier for _, tier in self.pairs if tier in SHARED), key=_tier_rank)
+            self._shared = shared[0] if shared else None
+        shared_tier = self._shared
+        if shared_tier is not None:
+            for engine, blocks in alive.items():
+                tier = cheapest.get(engine, shared_tier)
+                blocks[tier] = blocks.get(tier, 0) + count
+            return alive
+        if len(cheapest) < len(alive):
+            alive = {engine: alive[engine] for engine in cheapest if engine in alive}
+        elif not alive.keys() <= cheapest.keys():
+            alive = {engine: blocks for engine, blocks in alive.items() if engine in cheapest}
+        for engine, blocks in alive.items():
+            tier = cheapest[engine]
+            blocks[tier] = blocks.get(tier, 0) + count
+        return alive
 
 
-def _chain(parent: int, tokens: Sequence[int]) -> int:
-    return xxhash.xxh3_64_intdigest(array("q", tokens).tobytes(), seed=parent)
+def _tier_rank(tier: str) -> tuple[int, str]:
+    return _ORDER.get(tier, 3), tier
+
+
+def _rank(pair: tuple[str, str]) -> tuple[int, str]:
+    return _tier_rank(pair[1])
+
+
+def _chained(digest: int, tokens: Sequence[int], size: int) -> list[int]:
+    """The digests of ``tokens``' blocks of ``size`` (whole blocks), chained from ``digest``."""
+    data = memoryview(array("q", tokens))
+    hash_of = xxhash.xxh3_64_intdigest
+    out = []
+    for start in range(0, len(data), size):
+        digest = hash_of(data[start : start + size], digest)
+        out.append(digest)
+    return out

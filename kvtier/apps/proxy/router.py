@@ -10,16 +10,20 @@
     Router.metrics                      ``ProxyMetrics``, for ``GET /metrics``
     Router.aclose()                     closes every engine's connection pool
 
-Both hops carry one ``X-Request-Id`` and the client's ``Authorization``. Without a prefill engine
-up, or when the one asked fails, the request goes to a decode engine alone, which computes the
-prompt (see ``apps/proxy/prefill.py``). The answer carries ``x-kvtier-prefill`` (what the
-prefill hop did) and ``Server-Timing: prefill;dur=MS`` (the hop as the proxy saw it), so a
-client can split its time to first token into the prefill and what followed.
+The prefill engine is chosen as a fleet's engine is (``placement.py``; ``kv-aware``: the one
+holding most of the prompt's KV, against its queue; ``x-kvtier-route`` says which and why), the
+decode engine by load. Both hops carry one ``X-Request-Id`` and the client's
+``Authorization``. Without a prefill engine up, or when the one asked fails, the request goes
+to a decode engine alone, which computes the prompt (see ``apps/proxy/prefill.py``). The
+answer carries ``x-kvtier-prefill`` (what the prefill hop did) and ``Server-Timing:
+prefill;dur=MS`` (the hop as the proxy saw it), so a client can split its time to first token
+into the prefill and what followed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -34,6 +38,7 @@ from kvtier.apps.proxy.config import ProxyConfig
 from kvtier.apps.proxy.errors import BadRequest, EnginesDown, ProxyError
 from kvtier.apps.proxy.health import check_health, watch
 from kvtier.apps.proxy.metrics import ProxyMetrics
+from kvtier.apps.proxy.placement import Placement
 from kvtier.apps.proxy.prefill import prefill
 from kvtier.apps.proxy.relay import relay
 from kvtier.apps.proxy.upstream import open_exchange
@@ -53,6 +58,7 @@ class Router:
         self.prefill = Pool("prefill", engines[0], config.backoff_s)
         self.decode = Pool("decode", engines[1], config.backoff_s)
         self.metrics = ProxyMetrics(self.prefill, self.decode)
+        self.placement = Placement(self.prefill, config.policy, config.connect_timeout_s)
 
     async def complete(self, path: str, raw: bytes, authorization: str | None) -> Response:
         """The answer to a completion request ``raw`` sent to ``path``."""
@@ -63,13 +69,22 @@ class Router:
             request = json_object(raw)
             if not self.decode.any_up():  # fail before a prefill holds KV for no one
                 raise EnginesDown("decode", self.decode.down_reasons())
-            hop = await prefill(self.prefill, path, request, headers, deadline,
-                                self.config.prefill_timeout_s)  # fmt: skip
+            route: list[tuple[bytes, bytes]] = []
+            choice = None
+            if self.prefill.any_up():
+                tokens = await self.placement.tokens(path, request, headers)
+                choice = self.placement.choose(tokens)
+                said = f"{choice.url}; {choice.reason}; predicted_cached_tokens={choice.predicted}"
+                route.append((b"x-kvtier-route", said.encode()))
+            prefer = choice.url if choice else None
+            with self.placement.sending(choice) if choice else contextlib.nullcontext():
+                hop = await prefill(self.prefill, path, request, headers, deadline,
+                                    self.config.prefill_timeout_s, prefer)  # fmt: skip
             body = json.dumps(decode_body(request, hop.offer)).encode()
             exchange = await open_exchange(self.decode, "POST", path, body, headers, deadline)
             logger.debug("%s: decode on %s", request_id, exchange.engine.url)
             self.metrics.count(hop.outcome)
-            return await relay(exchange, hop.headers())
+            return await relay(exchange, [*hop.headers(), *route])
         except ProxyError as exc:
             logger.debug("%s %s: %s", request_id, path, exc.message)
             return exc.response()
@@ -83,9 +98,11 @@ class Router:
 
     async def watch(self) -> None:
         """Probe the prefill engines' /health until cancelled (see ``kvtier.apps.proxy.health``)."""
-        await watch(self.prefill, self.config.health_interval_s, self.config.connect_timeout_s)
+        await watch(self.prefill, self.config.health_interval_s, self.config.connect_timeout_s,
+                    self.placement.track)  # fmt: skip
 
     async def aclose(self) -> None:
+        await self.placement.aclose()
         engines = [*self.prefill.engines, *self.decode.engines]
         await asyncio.gather(*(engine.client.aclose() for engine in engines))
 

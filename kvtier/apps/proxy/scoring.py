@@ -11,6 +11,10 @@ engine holds more of the prompt than another (a new conversation: at most what e
 holds, a shared system prompt), the request goes to the engine sent the fewest requests lately
 (``recent``): conversations are spread evenly, then each stays where its history is, whichever
 engine answered fastest at the start. Ties go to fewer requests in flight, then round-robin.
+An engine that would then have more requests in flight than ``LOAD_BOUND`` times the fleet's
+mean (or than the mean + 1, when few are in flight) is passed over: without that bound, engines
+that happen not to hold a shared system prompt never get a conversation (they are never ahead,
+and every new conversation saves that prompt elsewhere), while the others overflow.
 ``least-loaded``: fewest requests in flight (ties round-robin); ``round-robin``: each engine in
 turn.
 """
@@ -27,9 +31,10 @@ POLICIES = ("kv-aware", "least-loaded", "round-robin")
 # nothing; host memory a copy; disk a read; Redis a network read
 WEIGHTS: Mapping[str, float] = {"GPU": 0.0, "CPU": 0.05, "DISK": 0.2, "REDIS": 0.3}
 OTHER_WEIGHT = 0.5  # a tier not named above
+LOAD_BOUND = 1.25  # kv-aware: most requests in flight on an engine, against the fleet's mean
 
 
-@dataclass
+@dataclass(slots=True)
 class Candidate:
     url: str
     in_flight: int
@@ -45,25 +50,6 @@ class Decision:
     cached_tokens: int  # the prompt tokens the chosen engine is expected to load or hold
 
 
-def cached_tokens(run: Run | None, prompt_tokens: int, block_size: int) -> int:
-    """Tokens the engine need not compute: its run, less the prompt's last token (always
-    computed, to sample the next one)."""
-    if run is None:
-        return 0
-    return max(0, min(run.total * block_size, prompt_tokens - 1))
-
-
-def cost(candidate: Candidate, prompt_tokens: int, block_size: int) -> float:
-    run = candidate.run
-    cached = cached_tokens(run, prompt_tokens, block_size)
-    loaded = 0.0
-    if run is not None and run.total:
-        scale = cached / (run.total * block_size)  # the last token's block is computed
-        for tier, blocks in run.blocks.items():
-            loaded += WEIGHTS.get(tier, OTHER_WEIGHT) * blocks * block_size * scale
-    return prompt_tokens - cached + loaded + candidate.queued_tokens
-
-
 def choose(
     policy: str, candidates: Sequence[Candidate], prompt_tokens: int, block_size: int, turn: int
 ) -> Decision:
@@ -71,21 +57,45 @@ def choose(
     if not candidates:
         raise ValueError("no engine to choose from")
     n = len(candidates)
-    order = [(turn + step) % n for step in range(n)]  # round-robin breaks ties
     if policy == "round-robin":
-        return Decision(order[0], "round-robin", 0)
+        return Decision(turn % n, "round-robin", 0)
     if policy == "least-loaded":
-        best = min(order, key=lambda i: candidates[i].in_flight)
-        return Decision(best, "load", 0)
+        return Decision(_first([(c.in_flight,) for c in candidates], range(n), n, turn), "load", 0)
     if policy != "kv-aware":
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
-    held = {i: cached_tokens(candidates[i].run, prompt_tokens, block_size) for i in order}
     if all(c.run is None for c in candidates):
-        best = min(order, key=lambda i: (candidates[i].in_flight, candidates[i].recent))
-        return Decision(best, "no-index", 0)
-    if max(held.values()) == min(held.values()):  # no engine is ahead: spread the conversations
-        best = min(order, key=lambda i: (candidates[i].recent, candidates[i].in_flight))
-        return Decision(best, "load", held[best])
-    costs = {i: cost(candidates[i], prompt_tokens, block_size) for i in order}
-    best = min(order, key=lambda i: (costs[i], candidates[i].in_flight))
-    return Decision(best, "prefix" if held[best] > 0 else "load", held[best])
+        loads = [(c.in_flight, c.recent) for c in candidates]
+        return Decision(_first(loads, range(n), n, turn), "no-index", 0)
+    mean = (sum(c.in_flight for c in candidates) + 1) / n  # with this request
+    bound = max(LOAD_BOUND * mean, mean + 1) - 1  # most in flight before it
+    eligible, held, costs = [], [], []
+    weight, last = WEIGHTS.get, prompt_tokens - 1
+    for i, candidate in enumerate(candidates):
+        if candidate.in_flight > bound:
+            continue
+        eligible.append(i)
+        # the tokens it need not compute (the prompt's last one always is, to sample the next),
+        # and its cost: those it computes, those it loads weighted by tier, and its queue
+        run = candidate.run  # None: counted as holding nothing
+        total = sum(run.blocks.values()) * block_size if run is not None else 0
+        cached = total if total < last else last if last > 0 else 0
+        loaded = 0.0
+        if total and run is not None:
+            scale = cached / total  # the last token's block is computed
+            for tier, blocks in run.blocks.items():
+                loaded += weight(tier, OTHER_WEIGHT) * blocks * block_size * scale
+        held.append(cached)
+        costs.append((prompt_tokens - cached + loaded + candidate.queued_tokens,
+                      candidate.in_flight))  # fmt: skip
+    if max(held) == min(held):  # no engine is ahead: spread the conversations
+        lately = [(candidates[i].recent, candidates[i].in_flight) for i in eligible]
+        best = _first(lately, eligible, n, turn)
+        return Decision(best, "load", held[eligible.index(best)])
+    best = _first(costs, eligible, n, turn)
+    cached = held[eligible.index(best)]
+    return Decision(best, "prefix" if cached > 0 else "load", cached)
+
+
+def _first(keys: Sequence[tuple[float, ...]], indices: Sequence[int], n: int, turn: int) -> int:
+    """The index whose key is least; ties to the first in round-robin order from ``turn``."""
+    return min(zip(keys, [(i - turn) % n for i in indices], indices))[2]

@@ -12,6 +12,7 @@ from kvtier.apps.bench.commands import (
     copy,
     disk,
     faults,
+    fleet,
     redis,
     scheduler,
     transfer,
@@ -28,4 +29,5 @@ BENCHES: tuple[Command, ...] = (
     faults.COMMAND,
     scheduler.COMMAND,
     concurrency.COMMAND,
+    fleet.COMMAND,
 )

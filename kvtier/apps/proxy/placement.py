@@ -1,0 +1,185 @@
+"""Where a pool's engines hold a prompt's KV, and which of them a request goes to.
+
+    Placement(pool, policy, connect_timeout_s)
+    await tokens(path, request, headers) -> [int] | None   the prompt as the engines see it
+    choose(tokens)                       -> Choice          the engine, why, what it holds
+    sending(choice)                                         its tokens queued while sent
+    await track(engine, up)                                 follow its events, or forget them
+    mode(url) -> Mode;  index, lock (for /metrics);  await aclose()
+
+Every engine's KV events (``event_stream.py``, found from the engine's URL: vLLM's
+``/kv_event_sources``) go into one index (``prefix_index.py``). A prompt is tokenized as the
+engine will, by the engine's own ``/tokenize`` (its tokenizer and, for a chat request, its chat
+template): never a silent miss from a tokenizer or template that differs; a request that cannot
+be tokenized is routed by load. ``choose`` scores the engines up with ``scoring.choose``. An
+engine that goes down is forgotten (a restarted engine comes back empty); once it is up again
+its events are followed anew. Nothing here is kept that the events cannot rebuild: several
+proxies behind one address route alike.
+
+The fleet proxy places whole requests (``fleet.py``); the prefill→decode proxy places the
+prefill hop (``router.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any, NamedTuple
+
+import httpx
+
+from kvtier.apps.proxy.balancer import Engine, Pool
+from kvtier.apps.proxy.errors import EnginesDown
+from kvtier.apps.proxy.event_stream import EventStream, Mode, sources, unreachable
+from kvtier.apps.proxy.prefix_index import PrefixIndex
+from kvtier.apps.proxy.scoring import Candidate, choose
+
+logger = logging.getLogger(__name__)
+
+RECENT = 64  # requests over which "sent lately" is counted (a new conversation's tie-break)
+
+# what /tokenize takes of a chat request, to apply the chat template as the completion will
+CHAT_KEYS = (
+    "messages", "add_generation_prompt", "continue_final_message", "chat_template",
+    "chat_template_kwargs", "tools", "add_special_tokens", "mm_processor_kwargs",
+)  # fmt: skip
+
+
+class Choice(NamedTuple):
+    url: str
+    reason: str  # scoring's, or "no-tokens" (kv-aware, but the prompt could not be tokenized)
+    predicted: int  # prompt tokens the engine is expected to hold
+    uncached: int  # those it is expected to compute
+
+
+class Placement:
+    def __init__(self, pool: Pool, policy: str, connect_timeout_s: float) -> None:
+        self.pool, self.policy, self.connect_timeout_s = pool, policy, connect_timeout_s
+        urls = [engine.url for engine in pool.engines]
+        self.index = PrefixIndex()
+        self.lock = threading.Lock()  # the index, between the streams' threads and requests
+        self.streams: dict[str, list[EventStream]] = {url: [] for url in urls}
+        self.no_events: dict[str, str] = dict.fromkeys(urls, "not asked yet")
+        self.queued = dict.fromkeys(urls, 0)  # prompt tokens sent, not yet answered
+        self.recent = dict.fromkeys(urls, 0.0)  # requests sent lately, decaying
+        self._turn = 0
+
+    def mode(self, url: str) -> Mode:
+        """``url``'s index: exact when every stream of it is, else degraded, or down."""
+        streams = self.streams[url]
+        if not streams or any(s.mode is Mode.DOWN for s in streams):
+            return Mode.DOWN
+        return Mode.DEGRADED if any(s.mode is Mode.DEGRADED for s in streams) else Mode.EXACT
+
+    def choose(self, tokens: list[int] | None) -> Choice:
+        """The engine up that takes a prompt of ``tokens`` (None: not known); raises
+        ``EnginesDown`` (from the pool) when none is up."""
+        up = [engine for engine in self.pool.engines if self.pool.is_up(engine)]
+        if not up:
+            raise EnginesDown(self.pool.side, self.pool.down_reasons())
+        n = len(tokens) if tokens is not None else 0
+        with self.lock:
+            block_size = self.index.block_size
+            runs = (
+                self.index.runs(self.index.digests(tokens), [e.url for e in up])
+                if tokens is not None and block_size
+                else {}
+            )
+        candidates = [
+            Candidate(e.url, e.in_flight, self.queued[e.url],
+                      runs.get(e.url) if self.mode(e.url) is Mode.EXACT else None,
+                      self.recent[e.url])
+            for e in up
+        ]  # fmt: skip
+        decision = choose(self.policy, candidates, n, block_size or 1, self._turn)
+        self._turn += 1
+        for url in self.recent:  # a count over about the last RECENT requests
+            self.recent[url] *= 1.0 - 1.0 / RECENT
+        url = up[decision.index].url
+        self.recent[url] += 1.0
+        unknown = tokens is None and self.policy == "kv-aware" and decision.reason != "no-index"
+        reason = "no-tokens" if unknown else decision.reason
+        return Choice(url, reason, decision.cached_tokens, n - decision.cached_tokens)
+
+    def sending(self, choice: Choice) -> _Queued:
+        """``with placement.sending(choice):`` while the request computes its prompt there."""
+        return _Queued(self.queued, choice)
+
+    async def tokens(
+        self, path: str, request: dict[str, Any], headers: dict[str, str]
+    ) -> list[int] | None:
+        """The prompt's token ids as the engines see them; None when they cannot be had (or
+        are not needed: a policy that ignores them)."""
+        if self.policy != "kv-aware" or not any(self.mode(u) is Mode.EXACT for u in self.streams):
+            return None  # not needed: no index to look them up in
+        prompt = request.get("prompt")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+            prompt = prompt[0]  # a batch: routed by its first prompt
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        if path.endswith("/chat/completions"):
+            body = {key: request[key] for key in CHAT_KEYS if key in request}
+        elif isinstance(prompt, str):
+            body = {"prompt": prompt, "add_special_tokens": request.get("add_special_tokens", True)}
+        else:
+            return None
+        body["model"] = request.get("model")
+        up = [engine for engine in self.pool.engines if self.pool.is_up(engine)]
+        if not up:
+            return None
+        engine = up[self._turn % len(up)]
+        try:
+            answer = await engine.client.post("/tokenize", json=body, headers=headers)
+            tokens = answer.json().get("tokens") if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as exc:
+            logger.debug("kvtier proxy: /tokenize on %s failed: %s", engine.url, exc)
+            return None
+        return tokens if isinstance(tokens, list) else None
+
+    async def track(self, engine: Engine, up: bool) -> None:
+        """An engine's /health passed (``up``) or failed: its events followed if they are not
+        yet, or it is forgotten."""
+        if not up and self.streams[engine.url]:
+            await asyncio.to_thread(self._unfollow, engine.url)
+        elif up and not self.streams[engine.url]:
+            await asyncio.to_thread(self._follow, engine.url)
+
+    def _follow(self, url: str) -> None:
+        try:
+            found = sources(url, self.connect_timeout_s)
+        except (OSError, ValueError, KeyError) as exc:
+            self.no_events[url] = f"/kv_event_sources: {exc}"
+            return
+        why = unreachable(url, found)
+        if why:
+            if why != self.no_events[url]:  # said once, not at every /health
+                logger.warning("kvtier proxy: %s: %s; routed by load", url, why)
+            self.no_events[url] = why
+            return
+        self.streams[url] = [EventStream(url, source, self.index, self.lock) for source in found]
+        for stream in self.streams[url]:
+            stream.start()
+        self.no_events[url] = ""
+
+    def _unfollow(self, url: str) -> None:
+        streams, self.streams[url] = self.streams[url], []
+        for stream in streams:
+            stream.stop()
+        with self.lock:
+            self.index.drop(url)
+
+    async def aclose(self) -> None:
+        for url in self.streams:
+            await asyncio.to_thread(self._unfollow, url)
+
+
+class _Queued:
+    def __init__(self, queued: dict[str, int], choice: Choice) -> None:
+        self.queued, self.choice = queued, choice
+
+    def __enter__(self) -> None:
+        self.queued[self.choice.url] += self.choice.uncached
+
+    def __exit__(self, *_: object) -> None:
+        self.queued[self.choice.url] -= self.choice.uncached
