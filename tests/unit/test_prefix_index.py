@@ -84,6 +84,18 @@ def test_a_shared_tier_serves_every_engine_and_memory_is_bounded() -> None:
     assert index.runs(index.digests(TOKENS), ["b"])["b"].total == 0  # block 0 is gone
 
 
+def test_a_hash_is_forgotten_once_its_engine_holds_the_block_in_no_tier() -> None:
+    index = PrefixIndex()
+    index.apply("a", [_stored([1, 2], 0), _stored([1, 2], 0, "CPU")])
+    index.apply("a", [Event(Kind.REMOVED, (1, 2), medium="GPU")])  # still in host memory
+    assert index.hashes("a") == 2
+    index.apply("a", [Event(Kind.REMOVED, (2,), medium="CPU")])
+    assert index.hashes("a") == 1 and len(index) == 1
+    index.apply("a", [_stored([3], 1, parent=1), Event(Kind.CLEARED)])  # block 1: GPU only
+    assert index.hashes("a") == 1  # block 0 stays: its host copy
+    assert index.runs(index.digests(TOKENS), ["a"])["a"] == Run({"CPU": 1})
+
+
 def _candidate(url: str, blocks: int = 0, in_flight: int = 0, queued: int = 0) -> Candidate:
     return Candidate(url, in_flight, queued, Run({"CPU": blocks}) if blocks else Run())
 

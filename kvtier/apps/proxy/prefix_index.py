@@ -11,9 +11,11 @@ event's block hashes are mapped to digests per engine, through the hash of the b
     digests(tokens)       -> [int]       a request's full blocks
     runs(digests, engines) -> {engine: Run}   per engine, the leading blocks it can load, by tier
 
-A tier told as shared (``REDIS``) holds a block for every engine. Memory is bounded: at most
-``max_blocks`` hashes per engine are remembered, the least recently told forgotten first (with
-what the engine holds of them: an index that cannot place a removal must not keep the block).
+A tier told as shared (``REDIS``) holds a block for every engine. Memory follows what the engines
+hold: a hash is forgotten once its engine holds its block in no tier (removed, cleared), and at
+most ``max_blocks`` hashes per engine are remembered, the least recently told forgotten first
+(with what the engine holds of them: an index that cannot place a removal must not keep the
+block).
 
 Who holds a block is one ``_Holders`` object shared by every block held alike (interned: the
 blocks of a system prompt every engine holds, or of one conversation one engine holds, share
@@ -79,6 +81,8 @@ class PrefixIndex:
                     digest = known.get(block_hash)
                     if digest is not None:
                         self._unhold(engine, digest, event.medium)
+                        if not self._holds(engine, digest):  # in no tier of it: forgotten
+                            del known[block_hash]
             else:
                 missed += self._stored(engine, known, event)
         self.unplaced += missed
@@ -137,9 +141,16 @@ class PrefixIndex:
         held.uses += 1
         self._holders[digest] = held
 
+    def _holds(self, engine: str, digest: int) -> bool:
+        held = self._holders.get(digest)
+        return held is not None and held.holds(engine)
+
     def _forget_tier(self, engine: str, tier: str) -> None:
-        for digest in list(self._digest.get(engine, {}).values()):
+        known = self._digest.get(engine, OrderedDict())
+        for block_hash, digest in list(known.items()):
             self._unhold(engine, digest, tier)
+            if not self._holds(engine, digest):
+                del known[block_hash]
 
     def drop(self, engine: str) -> None:
         """Forget everything ``engine`` told."""
@@ -189,9 +200,11 @@ class _Holders:
         self._cheapest: dict[str, str] | None = None  # per engine, its cheapest tier (lazily)
         self._shared: str | None = None  # a shared tier among them
 
-    def extend(self, alive: dict[str, dict[str, int]], count: int) -> dict[str, dict[str, int]]:
-        """Add ``count`` blocks held this way to the runs of the ``alive`` engines (engine ->
-        blocks per tier); the engines whose runs go on."""
+    def holds(self, engine: str) -> bool:
+        """``engine`` holds the blocks held this way (in some tier of its own)."""
+        return engine in self._by_engine()
+
+    def _by_engine(self) -> dict[str, str]:
         cheapest = self._cheapest
         if cheapest is None:
             cheapest = self._cheapest = {}
@@ -199,6 +212,12 @@ class _Holders:
                 cheapest[engine] = tier  # the cheapest, sorted last, stays
             shared = sorted((tier for _, tier in self.pairs if tier in SHARED), key=_tier_rank)
             self._shared = shared[0] if shared else None
+        return cheapest
+
+    def extend(self, alive: dict[str, dict[str, int]], count: int) -> dict[str, dict[str, int]]:
+        """Add ``count`` blocks held this way to the runs of the ``alive`` engines (engine ->
+        blocks per tier); the engines whose runs go on."""
+        cheapest = self._by_engine()
         shared_tier = self._shared
         if shared_tier is not None:
             for engine, blocks in alive.items():
