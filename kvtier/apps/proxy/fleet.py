@@ -54,8 +54,7 @@ class FleetRouter:
             went = exchange.engine.url
             self.metrics.decided(self.config.policy, choice.reason if went == choice.url
                                  else "retry")  # fmt: skip
-            route = f"{went}; {choice.reason}; predicted_cached_tokens={choice.predicted}"
-            response = await relay(exchange, [(b"x-kvtier-route", route.encode())])
+            response = await relay(exchange, [choice.header(went)])
             if not request.get("stream"):
                 predicted = choice.predicted if went == choice.url else 0
                 self.metrics.reported_by(went, predicted, _cached(response))

@@ -52,6 +52,13 @@ class Choice(NamedTuple):
     predicted: int  # prompt tokens the engine is expected to hold
     uncached: int  # those it is expected to compute
 
+    def header(self, went: str) -> tuple[bytes, bytes]:
+        """``x-kvtier-route``: where the request ``went`` (the choice, unless it was retried
+        elsewhere), why, and the cached tokens predicted there."""
+        reason, predicted = (self.reason, self.predicted) if went == self.url else ("retry", 0)
+        said = f"{went}; {reason}; predicted_cached_tokens={predicted}"
+        return b"x-kvtier-route", said.encode()
+
 
 class Placement:
     def __init__(self, pool: Pool, policy: str, connect_timeout_s: float) -> None:

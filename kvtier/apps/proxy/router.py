@@ -38,7 +38,7 @@ from kvtier.apps.proxy.config import ProxyConfig
 from kvtier.apps.proxy.errors import BadRequest, EnginesDown, ProxyError
 from kvtier.apps.proxy.health import check_health, watch
 from kvtier.apps.proxy.metrics import ProxyMetrics
-from kvtier.apps.proxy.placement import Placement
+from kvtier.apps.proxy.placement import Choice, Placement
 from kvtier.apps.proxy.prefill import prefill
 from kvtier.apps.proxy.relay import relay
 from kvtier.apps.proxy.upstream import open_exchange
@@ -69,25 +69,32 @@ class Router:
             request = json_object(raw)
             if not self.decode.any_up():  # fail before a prefill holds KV for no one
                 raise EnginesDown("decode", self.decode.down_reasons())
-            route: list[tuple[bytes, bytes]] = []
-            choice = None
-            if self.prefill.any_up():
-                tokens = await self.placement.tokens(path, request, headers)
-                choice = self.placement.choose(tokens)
-                said = f"{choice.url}; {choice.reason}; predicted_cached_tokens={choice.predicted}"
-                route.append((b"x-kvtier-route", said.encode()))
-            prefer = choice.url if choice else None
+            choice = await self._prefill_choice(path, request, headers)
             with self.placement.sending(choice) if choice else contextlib.nullcontext():
                 hop = await prefill(self.prefill, path, request, headers, deadline,
-                                    self.config.prefill_timeout_s, prefer)  # fmt: skip
+                                    self.config.prefill_timeout_s,
+                                    choice.url if choice else None)  # fmt: skip
             body = json.dumps(decode_body(request, hop.offer)).encode()
             exchange = await open_exchange(self.decode, "POST", path, body, headers, deadline)
             logger.debug("%s: decode on %s", request_id, exchange.engine.url)
             self.metrics.count(hop.outcome)
+            route = [] if choice is None else [choice.header(choice.url)]
             return await relay(exchange, [*hop.headers(), *route])
         except ProxyError as exc:
             logger.debug("%s %s: %s", request_id, path, exc.message)
             return exc.response()
+
+    async def _prefill_choice(
+        self, path: str, request: dict[str, Any], headers: dict[str, str]
+    ) -> Choice | None:
+        """The prefill engine ``placement`` picks; None when none is up (the hop is skipped)."""
+        if not self.prefill.any_up():
+            return None
+        tokens = await self.placement.tokens(path, request, headers)
+        try:
+            return self.placement.choose(tokens)
+        except EnginesDown:  # gone down while the prompt was tokenized
+            return None
 
     async def models(self, authorization: str | None) -> Response:
         """A decode engine's ``GET /v1/models``, as it answered."""
