@@ -90,6 +90,8 @@ class _LossyPublisher:
         self.router.bind(self.source.replay or "")
         self.buffer: dict[int, bytes] = {}
         self.lock = threading.Lock()
+        self.answering = threading.Event()  # cleared: replay requests go unanswered
+        self.answering.set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -106,6 +108,8 @@ class _LossyPublisher:
             if not self.router.poll(50):
                 continue
             client, _, start = self.router.recv_multipart()
+            if not self.answering.is_set():
+                continue
             with self.lock:
                 batches = sorted((s, p) for s, p in self.buffer.items()
                                  if s >= int.from_bytes(start, "big"))  # fmt: skip
@@ -177,3 +181,22 @@ def test_an_engine_of_another_block_size_is_refused_with_an_error_naming_both(  
         assert "--block-size" in caplog.text and index.hashes("e") == 0
     finally:
         publisher.shutdown()
+
+
+def test_events_that_stopped_show_as_down_then_exact_when_they_answer_again() -> None:
+    publisher = _LossyPublisher()
+    index, lock = PrefixIndex(), threading.Lock()
+    stream = EventStream("e", publisher.source, index, lock, timeout_s=0.5, check_s=0.2)
+    try:
+        publisher.batch(0, 0)
+        stream.start()
+        _until(lambda: stream.mode is Mode.EXACT and _held(index, lock, 1) == 1, "batch 0")
+        publisher.answering.clear()  # the publisher is gone: its replay socket answers nothing
+        _until(lambda: stream.mode is Mode.DOWN, "the quiet stream found down")
+        assert "no answer" in stream.reason
+        publisher.batch(1, 1, send=False)  # told while down: only its buffer has it
+        publisher.answering.set()
+        _until(lambda: stream.mode is Mode.EXACT and _held(index, lock, 2) == 2, "batch 1")
+    finally:
+        stream.stop()
+        publisher.close()

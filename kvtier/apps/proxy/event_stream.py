@@ -14,10 +14,12 @@ number that skips one is a gap: the engine is *degraded* (routed by load) until 
 batches are replayed; if the buffer no longer has them, what the engine told is forgotten and
 the buffer replayed from its start, so the index never keeps a block the engine removed in a
 batch it lost. No answer from the replay socket within ``timeout_s``: the stream says why, is
-down, and tries again. An engine whose blocks hold another number of tokens than the fleet's
-index (the first engine told) is refused: an error names both sizes, and the engine is routed by
-load, never matched with silent misses. Hash seeds and functions need not agree: the index is
-keyed by tokens (``prefix_index.py``).
+down, and tries again. A stream quiet for ``check_s`` asks the replay socket what followed its
+last batch, so events that stopped (a publisher gone while the engine still answers /health)
+show as down, and batches the subscription missed are placed. An engine whose blocks hold
+another number of tokens than the fleet's index (the first engine told) is refused: an error
+names both sizes, and the engine is routed by load, never matched with silent misses. Hash seeds
+and functions need not agree: the index is keyed by tokens (``prefix_index.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ logger = logging.getLogger(__name__)
 END = -1  # the replay's end marker
 POLL_MS = 200  # how long the thread waits for a batch before it looks at ``stop`` again
 RETRY_S = 1.0  # before asking a replay socket that did not answer again
+CHECK_S = 10.0  # a stream quiet this long asks the replay socket what it missed (are they alive?)
 
 
 class Mode(Enum):
@@ -105,8 +108,10 @@ class EventStream:
         index: PrefixIndex,
         lock: threading.Lock,
         timeout_s: float = 5.0,
+        check_s: float = CHECK_S,
     ) -> None:
         self.engine = engine
+        self.check_s = check_s
         self.source = source
         self.index = index
         self.lock = lock
@@ -134,6 +139,7 @@ class EventStream:
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
         sub.connect(self.source.endpoint)
+        checked = time.monotonic()
         try:
             while not self._stop.is_set():
                 if self.refused:
@@ -145,6 +151,9 @@ class EventStream:
                 if sub.poll(POLL_MS):
                     _, seq, payload = sub.recv_multipart()
                     self._receive(int.from_bytes(seq, "big", signed=True), payload)
+                elif time.monotonic() - checked >= self.check_s:
+                    checked = time.monotonic()
+                    self._check(context)
         except Exception:  # never let a bad engine take the thread down silently
             logger.exception("kvtier proxy: %s's event stream failed", self.engine)
             self.mode, self.reason = Mode.DOWN, "the stream failed (see the log)"
@@ -183,6 +192,20 @@ class EventStream:
             return
         self.last = seq
         self.batches += 1
+
+    def _check(self, context: zmq.Context[zmq.Socket[bytes]]) -> None:
+        """A quiet stream: an idle engine, or events that stopped. Its replay socket is asked
+        what followed the last batch placed: no answer, down (routed by load) until it answers
+        again; batches the subscription missed are placed, or, past a gap, rebuilt."""
+        if self.source.replay is None:
+            return
+        replayed = self._replay(context, self.last + 1)
+        if replayed is None:
+            logger.warning("kvtier proxy: %s: %s; routed by load until it answers",
+                           self.engine, self.reason)  # fmt: skip
+            return
+        for seq, payload in replayed:
+            self._receive(seq, payload)
 
     def _refuse(self, why: str) -> None:
         """Follow this engine no more (routed by load), and say why, once, as an error."""
