@@ -84,7 +84,7 @@ def run_sim(
     out.mkdir(parents=True, exist_ok=True)
     (out / "fleet-sim.json").write_text(json.dumps(document, indent=1) + "\n")
     fleet_sim_report.plot(rows, out / "fleet-sim.png")
-    console = console or Console()
+    console = console or Console(width=max(160, Console().width))  # 13 columns: none elided
     fleet_sim_report.print_table(rows, judged, judged_at, console)
     console.print(f"simulated in {document['runtime_s']} s")
     return document
