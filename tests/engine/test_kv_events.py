@@ -13,8 +13,6 @@ from disk_helpers import CHUNK, disk_extra
 from harness import connector, engine, generate, kvtier_transfer, prompts, settle
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
 
-from kvtier.apps.bench.servers import free_port
-
 BLOCK = 32  # the engine's block: a chunk is two blocks
 WAIT_S = 30.0  # the publisher thread sends a step's batch after the step
 
@@ -56,7 +54,7 @@ def _tiers(events: list[Any], medium: str) -> tuple[list[BlockStored], list[Bloc
 def test_each_tiers_chunks_are_told_in_the_engines_block_hashes(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    publish, replay = f"ipc://{tmp_path}/events", f"tcp://127.0.0.1:{free_port()}"
+    publish, replay = f"ipc://{tmp_path}/events", f"ipc://{tmp_path}/replay"
     events_config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": publish,
                      "replay_endpoint": replay, "topic": "kv"}  # fmt: skip
     # a host tier of four chunks; three prompts of three chunks: six are evicted to disk

@@ -105,7 +105,7 @@ def test_kv_events_are_published_where_the_server_listens_unless_given() -> None
     local = events(vllm_serve_args("m", [], None, cpu_only=False))
     assert local["enable_kv_cache_events"] is True and local["publisher"] == "zmq"
     assert str(local["endpoint"]).startswith("ipc://")  # this machine only: a Unix socket
-    assert str(local["replay_endpoint"]).startswith("tcp://127.0.0.1:")
+    assert str(local["replay_endpoint"]).startswith("ipc://")  # no port another could take
     everywhere = events(vllm_serve_args("m", ["--host", "0.0.0.0"], None, cpu_only=False))
     assert str(everywhere["endpoint"]).startswith("tcp://*:")
     assert str(everywhere["replay_endpoint"]).startswith("tcp://*:")
