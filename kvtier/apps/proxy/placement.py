@@ -13,8 +13,9 @@ engine will, by the engine's own ``/tokenize`` (its tokenizer and, for a chat re
 template): never a silent miss from a tokenizer or template that differs; a request that cannot
 be tokenized is routed by load. ``choose`` scores the engines up with ``scoring.choose``. An
 engine that goes down is forgotten (a restarted engine comes back empty); once it is up again
-its events are followed anew. Nothing here is kept that the events cannot rebuild: several
-proxies behind one address route alike.
+its events are followed anew. Nothing here is kept that the events cannot rebuild but counts of
+this proxy's own traffic: several proxies behind one address hold the same index and send a
+cached prefix to the same engine, each balancing the load it sees (docs/DESIGN.md §9).
 
 The fleet proxy places whole requests (``fleet.py``); the prefill→decode proxy places the
 prefill hop (``router.py``).
