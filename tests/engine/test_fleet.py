@@ -20,10 +20,8 @@ conversations) and a host tier of 64 chunks.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -36,6 +34,7 @@ import pytest
 from kvtier.apps.bench.fleet_chat import Answer, ask, chat_workload
 from kvtier.apps.bench.fleet_real import (
     Asked,
+    index_modes,
     reset_caches,
     run_policy,
     started_fleet,
@@ -103,19 +102,10 @@ def _proxy(fleet: Fleet, name: str) -> Iterator[Server]:
                "--health-interval-s", "0.5"]  # fmt: skip
     proxy = launch(command, port, fleet.work / f"proxy-{name}.log")
     try:
-        wait(lambda: _modes(proxy) == ["exact"] * len(fleet.engines), WAIT_S, "an exact index")
+        wait(lambda: index_modes(proxy) == ["exact"] * len(fleet.engines), WAIT_S, "an exact index")
         yield proxy
     finally:
         stop(proxy)
-
-
-def _modes(proxy: Server) -> list[str]:
-    """Each engine's index mode on the proxy's /health (none while it does not answer)."""
-    try:
-        with urllib.request.urlopen(proxy.url + "/health", timeout=WAIT_S) as answer:
-            return list(json.loads(answer.read())["index"].values())
-    except OSError:
-        return []
 
 
 def _ask(proxy: Server, prompt: list[int], tokens: int = 8) -> Answer:
@@ -166,7 +156,7 @@ def test_an_engine_killed_is_dropped_from_the_index_and_its_traffic_moves(
         victim = next(e for e in fleet.engines if e.url == placed[0])
         survivor = next(e for e in fleet.engines if e is not victim)
         os.killpg(victim.process.pid, signal.SIGKILL)
-        wait(lambda: _modes(proxy) == ["exact" if e is survivor else "down"
+        wait(lambda: index_modes(proxy) == ["exact" if e is survivor else "down"
                                       for e in fleet.engines], WAIT_S,
              "the killed engine's index dropped")  # fmt: skip
         moved = [_ask(proxy, _more(fleet, doc, 3)) for doc in documents]

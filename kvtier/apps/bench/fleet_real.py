@@ -4,6 +4,7 @@ each routing policy in turn on a multi-round chat and a long-document QA.
     started_fleet(model, dtype, engine_blocks, host_chunks, logs) -> [Server]   (a context)
     run_policy(engines, policy, ask, logs)   -> Ran     one workload through one policy
     reset_caches(engines)                               each engine's caches emptied
+    index_modes(proxy)                       -> [str]   the proxy's index mode of each engine
     measure_policies(work, workloads, policies, logs) -> {workload: {policy: [Ran]}}
 
 Each engine has a core of its own (``taskset``, vLLM's OpenMP threads bound to it), as engines on
@@ -43,6 +44,7 @@ from kvtier.apps.bench.servers import (
     wait_healthy,
 )
 from kvtier.apps.models import model_path
+from kvtier.apps.proxy.fleet_metrics import REASONS
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,8 @@ def run_policy(engines: list[Server], policy: str, ask: Ask, logs: Path, in_flig
     try:
         wait_healthy(proxy)
         if policy == "kv-aware":  # every engine's events followed before the first request
-            wait(lambda: all(_exact(proxy, e) for e in engines), WAIT_S, "the proxy's index")
+            exact = ["exact"] * len(engines)
+            wait(lambda: index_modes(proxy) == exact, WAIT_S, "the proxy's index")
         before = computed(engines)
         started = time.perf_counter()
         with ThreadPoolExecutor(in_flight) as pool:
@@ -202,20 +205,17 @@ def computed(engines: list[Server]) -> float:
     return sum(sample(e.url, name, source="local_compute") for e in engines)
 
 
-def _exact(proxy: Server, engine: Server) -> bool:
-    """The proxy's index of ``engine`` is exact (its /health says, beside each engine's)."""
-    with urllib.request.urlopen(proxy.url + "/health", timeout=WAIT_S) as answer:
-        return bool(json.loads(answer.read())["index"][engine.url] == "exact")
+def index_modes(proxy: Server) -> list[str]:
+    """The proxy's index mode of each engine (its /health), in order; none while it does not
+    answer."""
+    try:
+        with urllib.request.urlopen(proxy.url + "/health", timeout=WAIT_S) as answer:
+            return list(json.loads(answer.read())["index"].values())
+    except OSError:
+        return []
 
 
 def _reasons(proxy: Server) -> dict[str, int]:
     """The proxy's decisions so far, by reason (its /metrics)."""
-    with urllib.request.urlopen(proxy.url + "/metrics", timeout=WAIT_S) as answer:
-        text = answer.read().decode()
-    found: dict[str, int] = {}
-    for line in text.splitlines():
-        if line.startswith("kvtier_proxy_decisions_total{"):
-            labels, value = line.rsplit(" ", 1)
-            reason = labels.split('reason="', 1)[1].split('"', 1)[0]
-            found[reason] = found.get(reason, 0) + int(float(value))
-    return found
+    counts = {r: sample(proxy.url, "kvtier_proxy_decisions_total", reason=r) for r in REASONS}
+    return {reason: int(count) for reason, count in counts.items() if count}
