@@ -18,7 +18,7 @@ from kvtier.apps.bench.fleet_sim_engine import EngineSpec, Hit, SimEngine, SimRe
 from kvtier.apps.bench.fleet_sim_loop import FleetSim
 from kvtier.apps.bench.fleet_sim_trace import Session, Workload
 from kvtier.apps.proxy.prefix_index import PrefixIndex, Run
-from kvtier.apps.proxy.scoring import Candidate, choose
+from kvtier.apps.proxy.scoring import Cached, Loads, choose
 
 BS = 4  # tokens per block
 TINY = EngineSpec(gpu_blocks=4, cpu_blocks=6, prefill_per_ms=1.0, decode_ms=10.0, block_size=BS)
@@ -91,7 +91,7 @@ def test_the_index_told_every_event_agrees_with_the_engines_caches() -> None:
     assert sim.index is not None
     for arrival in sim.arrivals:
         session = sim.trace.session(arrival)
-        runs = sim.index.runs(sim.index.digests(session.tokens), sim.names)
+        runs = sim.index.runs(sim.index.digests(session.tokens), sim.fleet)
         for name, engine in zip(sim.names, sim.engines, strict=True):
             hit = engine.cached(session.keys)
             assert runs[name].blocks.get("GPU", 0) == hit.gpu
@@ -136,12 +136,11 @@ def test_run_sim_writes_json_and_png_and_judges_the_goals(tmp_path: Path) -> Non
 
 
 def test_kv_aware_passes_over_an_engine_past_the_load_bound() -> None:
-    # "home" holds the whole prompt, but with this request it would have 6 in flight, over
-    # the mean + 1 ((5 + 0 + 1 + 1 + 1) / 4 = 2; 1.25 x 2 is less): the next best, holding it in
-    # host memory, wins
-    home = Candidate("home", 5, 0, Run({"GPU": 8}))
-    host = Candidate("host", 1, 0, Run({"CPU": 8}))
-    others = [Candidate("a", 0, 0, Run()), Candidate("b", 1, 0, Run())]
-    assert choose("kv-aware", [home, *others, host], 32, BS, turn=0).index == 3
-    home.in_flight = 1  # it would have 2: the mean + 1 ((1 + 0 + 1 + 1 + 1) / 4 = 1)
-    assert choose("kv-aware", [home, *others, host], 32, BS, turn=0).index == 0
+    # "home" (0) holds the whole prompt, but with this request it would have 6 in flight, over
+    # the mean + 1 ((5 + 0 + 1 + 1 + 1) / 4 = 2; 1.25 x 2 is less): the next best, "host" (3),
+    # holding it in host memory, wins; the two others hold nothing (the rest's run)
+    cached = Cached(Run(), [(Run({"GPU": 8}), [0]), (Run({"CPU": 8}), [3])])
+    loads = Loads([5, 0, 1, 1], [0] * 4, [0.0] * 4)
+    assert choose("kv-aware", loads, 32, BS, 0, cached).index == 3
+    loads = Loads([1, 0, 1, 1], [0] * 4, [0.0] * 4)  # home would have 2: the mean + 1
+    assert choose("kv-aware", loads, 32, BS, 0, cached).index == 0

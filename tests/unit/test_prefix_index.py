@@ -10,7 +10,7 @@ from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStor
 
 from kvtier.apps.proxy.kv_events import Event, Kind, decode_batch
 from kvtier.apps.proxy.prefix_index import PrefixIndex, Run
-from kvtier.apps.proxy.scoring import Candidate, Decision, choose
+from kvtier.apps.proxy.scoring import Cached, Decision, Loads, choose
 
 BS = 4  # tokens per block
 TOKENS = list(range(100, 132))  # eight blocks
@@ -62,6 +62,20 @@ def test_engines_hashing_alike_tokens_with_other_seeds_meet_in_one_index() -> No
     assert runs["c"].total == 0
 
 
+def test_runs_follow_groups_of_engines_alike_not_each_engine() -> None:
+    index = PrefixIndex()
+    for engine in "abcd":  # four of six hold the first two blocks (a system prompt)
+        index.apply(engine, [_stored([1, 2], 0)])
+    index.apply("b", [_stored([3, 4], 2, "CPU", parent=2)])  # b, its conversation in host memory
+    runs = index.runs(index.digests(TOKENS), "abcdef")
+    assert runs.common == Run({"GPU": 2})  # the most: a, c, d
+    assert sorted((sorted(engines), run) for run, engines in runs.apart) == [
+        (["b"], Run({"GPU": 2, "CPU": 2})),
+        (["e", "f"], Run()),
+    ]
+    assert runs["b"].total == 4 and runs["e"] == Run() and runs["d"] == Run({"GPU": 2})
+
+
 def test_removals_clears_unknown_parents_and_a_dropped_engine() -> None:
     index = PrefixIndex()
     index.apply("a", [_stored([11, 12], 0), _stored([11, 12], 0, "CPU")])
@@ -96,34 +110,43 @@ def test_a_hash_is_forgotten_once_its_engine_holds_the_block_in_no_tier() -> Non
     assert index.runs(index.digests(TOKENS), ["a"])["a"] == Run({"CPU": 1})
 
 
-def _candidate(url: str, blocks: int = 0, in_flight: int = 0, queued: int = 0) -> Candidate:
-    return Candidate(url, in_flight, queued, Run({"CPU": blocks}) if blocks else Run())
+def _loads(in_flight: list[int], queued: list[int] | None = None,
+           recent: list[float] | None = None) -> Loads:  # fmt: skip
+    n = len(in_flight)
+    return Loads(in_flight, queued or [0] * n, recent or [0.0] * n)
 
 
 def test_kv_aware_weighs_the_cached_prefix_against_the_queue() -> None:
-    near, far = _candidate("near", blocks=6), _candidate("far")
-    decision = choose("kv-aware", [far, near], 32, BS, turn=0)
+    near = Cached(Run(), [(Run({"CPU": 6}), [1])])  # engine 1 holds 6 blocks, engine 0 nothing
+    decision = choose("kv-aware", _loads([0, 0]), 32, BS, 0, near)
     assert (decision.index, decision.reason, decision.cached_tokens) == (1, "prefix", 24)
-    busy = _candidate("near", blocks=6, queued=100)  # its queue outweighs the prefix
-    assert choose("kv-aware", [far, busy], 32, BS, turn=0).index == 0
-    nothing = [Candidate("a", 1, 0, None), Candidate("b", 0, 0, None)]  # no index: by load
-    assert choose("kv-aware", nothing, 32, BS, turn=0) == Decision(1, "no-index", 0)
-    whole = _candidate("whole", blocks=8)  # the last token is always computed
-    assert choose("kv-aware", [whole], 32, BS, turn=0).cached_tokens == 31
+    busy = _loads([0, 0], queued=[0, 100])  # its queue outweighs the prefix
+    assert choose("kv-aware", busy, 32, BS, 0, near).index == 0
+    nothing = Cached(Run({"GPU": 8}), blind=[0, 1])  # no exact index: by load
+    assert choose("kv-aware", _loads([1, 0]), 32, BS, 0, nothing) == Decision(1, "no-index", 0)
+    assert choose("kv-aware", _loads([1, 0]), 32, BS, 0, None) == Decision(1, "no-index", 0)
+    whole = Cached(Run({"CPU": 8}))  # the last token is always computed
+    assert choose("kv-aware", _loads([0]), 32, BS, 0, whole).cached_tokens == 31
+    # the rest's run, most engines': engine 2 holds nothing (it is blind), 1 holds more
+    rest = Cached(Run({"GPU": 2}), [(Run({"GPU": 4}), [1])], blind=[2])
+    assert choose("kv-aware", _loads([0, 0, 0]), 32, BS, 0, rest) == Decision(1, "prefix", 16)
+    assert choose("kv-aware", _loads([0, 0, 0], [0, 9, 0]), 32, BS, 0, rest).index == 0
 
 
 def test_a_new_conversation_goes_to_the_engine_sent_fewest_lately() -> None:
     # both hold the shared system prompt only: the one sent fewer requests lately, not the
     # one with the shorter queue (conversations spread evenly, then stay where they are)
-    busy = Candidate("busy", 1, 50, Run({"GPU": 2}), recent=3.0)
-    idle = Candidate("idle", 0, 0, Run({"GPU": 2}), recent=5.0)
-    assert choose("kv-aware", [busy, idle], 32, BS, turn=1) == Decision(0, "load", 8)
+    loads = _loads([1, 0], queued=[50, 0], recent=[3.0, 5.0])
+    system = Cached(Run({"GPU": 2}))
+    assert choose("kv-aware", loads, 32, BS, 1, system) == Decision(0, "load", 8)
 
 
 def test_least_loaded_and_round_robin() -> None:
-    engines = [_candidate("a", in_flight=2), _candidate("b", in_flight=1), _candidate("c", 8, 1)]
-    assert choose("least-loaded", engines, 32, BS, turn=0).index == 1
-    assert choose("least-loaded", engines, 32, BS, turn=2).index == 2  # a tie: whose turn
-    assert [choose("round-robin", engines, 32, BS, t).index for t in range(4)] == [0, 1, 2, 0]
+    loads = _loads([2, 1, 1])
+    assert choose("least-loaded", loads, 32, BS, turn=0).index == 1
+    assert choose("least-loaded", loads, 32, BS, turn=2).index == 2  # a tie: whose turn
+    assert [choose("round-robin", loads, 32, BS, t).index for t in range(4)] == [0, 1, 2, 0]
     with pytest.raises(ValueError, match="policy must be one of"):
-        choose("random", engines, 32, BS, 0)
+        choose("random", loads, 32, BS, 0)
+    with pytest.raises(ValueError, match="no engine"):
+        choose("kv-aware", _loads([]), 32, BS, 0)

@@ -9,11 +9,11 @@ are published; the session's next round is sent after its think time). The proxy
 as ``placement.py`` keeps it: requests in flight per engine (sent, not finished), prompt tokens
 queued (those it expects the engine to compute, until the prefill ends), a decaying count of
 requests sent lately (``placement.RECENT``), and, for ``kv-aware``, a ``PrefixIndex`` told
-every event at once (no delay) and ``scoring.choose`` over Candidates built as ``placement.py``
-builds them. ``oracle`` reads the engines' caches themselves: the longest cached prefix among
-the engines the same load bound lets take the request (``scoring.LOAD_BOUND``: without it, every
-new session piles onto the engines that first held its system prompt), ties to the fewest
-requests in flight (then round-robin).
+every event at once (no delay) and ``scoring.choose`` over its runs and the engines' counts, as
+``placement.py`` passes them. ``oracle`` reads the engines' caches themselves: the longest cached
+prefix among the engines the same load bound lets take the request (``scoring.LOAD_BOUND``:
+without it, every new session piles onto the engines that first held its system prompt), ties to
+the fewest requests in flight (then round-robin).
 
 Measured over the requests sent in the window (after the first ``workload.warmup`` of the
 arrivals' span, until the last session starts; the simulation stops there): the hit rate
@@ -21,9 +21,9 @@ arrivals' span, until the last session starts; the simulation stops there): the 
 over prompt tokens), the load imbalance (max / mean requests in flight over the engines, taken
 just after each dispatch, the request sent included, and averaged over those dispatches), TTFT
 (queue wait and own prefill: known at dispatch), and for ``kv-aware`` the time of each decision
-(``perf_counter_ns`` around digests, runs, building the Candidates and ``choose``; also the
-thread's CPU time, which a busy machine's preemptions do not inflate) and, at the window's end,
-the index's size: its objects' ``sys.getsizeof`` summed over a walk of its containers (each
+(``perf_counter_ns`` around digests, runs, their engines put by position and ``choose``; also
+the thread's CPU time, which a busy machine's preemptions do not inflate) and, at the window's
+end, the index's size: its objects' ``sys.getsizeof`` summed over a walk of its containers (each
 object once), per block it holds.
 """
 
@@ -44,7 +44,7 @@ from kvtier.apps.proxy import scoring
 from kvtier.apps.proxy.kv_events import Event
 from kvtier.apps.proxy.placement import RECENT
 from kvtier.apps.proxy.prefix_index import PrefixIndex
-from kvtier.apps.proxy.scoring import LOAD_BOUND, Candidate, choose
+from kvtier.apps.proxy.scoring import LOAD_BOUND, Cached, Loads, choose
 
 ORACLE = "oracle"
 POLICIES = (*scoring.POLICIES, ORACLE)
@@ -68,13 +68,14 @@ class FleetSim:
         self.holders: dict[int, set[int]] | None = {} if policy == ORACLE else None
         self.index = PrefixIndex() if policy == "kv-aware" else None
         self.names = [f"http://engine-{i}:8000" for i in range(engines)]
+        self.fleet = frozenset(self.names)
+        self.position = {name: i for i, name in enumerate(self.names)}
         self.engines = [
             SimEngine(i, spec, self.holders, self._publisher(i)) for i in range(engines)
         ]
         self.in_flight = [0] * engines
         self.queued = [0] * engines
         self.recent = [0.0] * engines
-        self.load_only = [Candidate(name, 0, 0, None) for name in self.names]  # rr, least-loaded
         self.turn = 0
         self.events: list[tuple[float, int, Callable[[float], None]]] = []
         self.sequence = itertools.count()  # orders events due at the same time
@@ -121,7 +122,6 @@ class FleetSim:
         request = SimRequest(session, round_, now, number, n - predicted)
         hit = self.engines[number].admit(request, now)
         self.in_flight[number] += 1
-        self.load_only[number].in_flight += 1
         self.queued[number] += request.queued
         self._at(request.first_ms, partial(self._prefilled, request))
         self._at(request.first_ms + self.spec.decode_ms, partial(self._finished, request))
@@ -138,7 +138,6 @@ class FleetSim:
     def _finished(self, request: SimRequest, now: float) -> None:
         self.engines[request.engine].finish(request)
         self.in_flight[request.engine] -= 1
-        self.load_only[request.engine].in_flight -= 1
         session, next_round = request.session, request.round + 1
         if next_round < session.rounds:
             wait = session.think_ms[next_round - 1]
@@ -150,7 +149,8 @@ class FleetSim:
             return self._kv_aware(session.tokens[:n])
         if self.policy == ORACLE:
             return self._oracle(session.keys[: n // self.spec.block_size]), 0, None
-        decision = choose(self.policy, self.load_only, n, self.spec.block_size, self.turn)
+        loads = Loads(self.in_flight, self.queued, self.recent)
+        decision = choose(self.policy, loads, n, self.spec.block_size, self.turn)
         self.turn += 1
         return decision.index, 0, None
 
@@ -161,14 +161,13 @@ class FleetSim:
         cpu = time.thread_time_ns()
         started = time.perf_counter_ns()
         block_size = index.block_size
-        runs = index.runs(index.digests(tokens), self.names) if block_size else {}
-        candidates = [
-            Candidate(name, in_flight, queued, runs.get(name), recent)
-            for name, in_flight, queued, recent in zip(
-                self.names, self.in_flight, self.queued, self.recent
-            )
-        ]
-        decision = choose("kv-aware", candidates, len(tokens), block_size or 1, self.turn)
+        cached = None  # no event yet: no index
+        if block_size:
+            runs = index.runs(index.digests(tokens), self.fleet)
+            at = self.position.__getitem__
+            cached = Cached(runs.common, [(run, map(at, apart)) for run, apart in runs.apart])
+        loads = Loads(self.in_flight, self.queued, self.recent)
+        decision = choose("kv-aware", loads, len(tokens), block_size or 1, self.turn, cached)
         wall = time.perf_counter_ns() - started
         spent = Spent(wall, time.thread_time_ns() - cpu)
         self.turn += 1

@@ -47,7 +47,7 @@ def print_table(
     table = Table(
         title="kvtier proxy, simulated: hit rate = prompt tokens the chosen engine held (GPU or "
         "host) / prompt tokens; imbalance = max / mean in flight, averaged over dispatches; "
-        "TTFT in simulated ms; decision = digests + runs + Candidates + choose (wall us; cpu: "
+        "TTFT in simulated ms; decision = digests + runs + choose (wall us; cpu: "
         "the thread's CPU time)"
     )
     columns = ("engines", "policy", "hit rate", "of GPU", "imbalance", "in flight", "TTFT p50",

@@ -25,6 +25,7 @@ where its prompt's KV already is:
     kv_events.py      vLLM's KV event batches, decoded by field name
     event_stream.py   one engine's events followed (subscription + replay), its index's mode
     prefix_index.py   which engine holds which prefix in which tier, keyed by the tokens
+    prefix_runs.py    a prompt's leading loadable blocks per engine, in groups of engines alike
     scoring.py        the policies: kv-aware, least-loaded, round-robin
     fleet_metrics.py  GET /metrics of a fleet proxy
 """

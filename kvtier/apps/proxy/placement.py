@@ -11,7 +11,10 @@ Every engine's KV events (``event_stream.py``, found from the engine's URL: vLLM
 ``/kv_event_sources``) go into one index (``prefix_index.py``). A prompt is tokenized as the
 engine will, by the engine's own ``/tokenize`` (its tokenizer and, for a chat request, its chat
 template): never a silent miss from a tokenizer or template that differs; a request that cannot
-be tokenized is routed by load. ``choose`` scores the engines up with ``scoring.choose``. An
+be tokenized is routed by load. ``choose`` scores the engines up with ``scoring.choose``: the
+runs the index finds (the run of most engines, the others with the engines that have them) and
+each engine's counts, with no object per engine (the Python work grows with the engines holding
+part of the prompt that the most do not, not with the fleet). An
 engine that goes down is forgotten (a restarted engine comes back empty); once it is up again
 its events are followed anew. Nothing here is kept that the events cannot rebuild but counts of
 this proxy's own traffic: several proxies behind one address hold the same index and send a
@@ -34,7 +37,7 @@ from kvtier.apps.proxy.balancer import Engine, Pool
 from kvtier.apps.proxy.errors import EnginesDown
 from kvtier.apps.proxy.event_stream import EventStream, Mode, sources, unreachable
 from kvtier.apps.proxy.prefix_index import PrefixIndex
-from kvtier.apps.proxy.scoring import Candidate, choose
+from kvtier.apps.proxy.scoring import Cached, Loads, choose
 
 logger = logging.getLogger(__name__)
 
@@ -87,20 +90,23 @@ class Placement:
         if not up:
             raise EnginesDown(self.pool.side, self.pool.down_reasons())
         n = len(tokens) if tokens is not None else 0
+        urls = [engine.url for engine in up]
         with self.lock:
             block_size = self.index.block_size
             runs = (
-                self.index.runs(self.index.digests(tokens), [e.url for e in up])
-                if tokens is not None and block_size
-                else {}
+                self.index.runs(self.index.digests(tokens), urls)
+                if tokens is not None and block_size and self.policy == "kv-aware"
+                else None
             )
-        candidates = [
-            Candidate(e.url, e.in_flight, self.queued[e.url],
-                      runs.get(e.url) if self.mode(e.url) is Mode.EXACT else None,
-                      self.recent[e.url])
-            for e in up
-        ]  # fmt: skip
-        decision = choose(self.policy, candidates, n, block_size or 1, self._turn)
+        cached = None
+        if runs is not None:  # the engines whose index is not exact count as holding nothing
+            blind = [i for i, url in enumerate(urls) if self.mode(url) is not Mode.EXACT]
+            at = {url: i for i, url in enumerate(urls)}.__getitem__
+            apart = [(run, map(at, engines)) for run, engines in runs.apart]
+            cached = Cached(runs.common, apart, blind)
+        loads = Loads([engine.in_flight for engine in up], [self.queued[url] for url in urls],
+                      [self.recent[url] for url in urls])  # fmt: skip
+        decision = choose(self.policy, loads, n, block_size or 1, self._turn, cached)
         self._turn += 1
         for url in self.recent:  # a count over about the last RECENT requests
             self.recent[url] *= 1.0 - 1.0 / RECENT

@@ -9,7 +9,8 @@ event's block hashes are mapped to digests per engine, through the hash of the b
     apply(engine, events) -> int         place the engine's events; how many blocks could not be
     drop(engine)                         forget what the engine holds (it died, or is rebuilt)
     digests(tokens)       -> [int]       a request's full blocks
-    runs(digests, engines) -> {engine: Run}   per engine, the leading blocks it can load, by tier
+    runs(digests, engines) -> Runs       per engine, the leading blocks it can load, by tier: in
+                                         groups of engines alike (the most: one run)
 
 A tier told as shared (``REDIS``) holds a block for every engine. Memory follows what the engines
 hold: a hash is forgotten once its engine holds its block in no tier (removed, cleared), and at
@@ -17,38 +18,30 @@ most ``max_blocks`` hashes per engine are remembered, the least recently told fo
 (with what the engine holds of them: an index that cannot place a removal must not keep the
 block).
 
-Who holds a block is one ``_Holders`` object shared by every block held alike (interned: the
-blocks of a system prompt every engine holds, or of one conversation one engine holds, share
-one), so ``runs`` does its per-engine work once per stretch of blocks held alike, not per block.
+Who holds a block is one ``Holders`` object (``prefix_runs.py``) shared by every block held alike
+(interned: the blocks of a system prompt every engine holds, or of one conversation one engine
+holds, share one), so ``runs`` works once per stretch of blocks held alike, not per block, and
+there once per group of engines with the same run so far (set operations, in C, split a group),
+not per engine: its Python work grows with the prompt's blocks and the few groups, not with the
+fleet.
 """
 
 from __future__ import annotations
 
-from array import array
+import struct
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Sequence
+from itertools import groupby
 
 import xxhash
 
 from kvtier.apps.proxy.kv_events import Event, Kind
+from kvtier.apps.proxy.prefix_runs import ENGINE, Holders, Run, Runs, runs_of
 
-ENGINE = "GPU"  # the engine's own memory
-SHARED = frozenset({"REDIS"})  # tiers every engine of the fleet loads from
+__all__ = ["ENGINE", "MAX_BLOCKS", "PrefixIndex", "Run", "Runs"]
+
 _ROOT = 0  # the digest before a prompt's first block
 MAX_BLOCKS = 1 << 20  # hashes remembered per engine
-
-
-@dataclass(slots=True)
-class Run:
-    """An engine's leading loadable blocks of a request, counted by the tier it loads each from
-    (the cheapest that holds it)."""
-
-    blocks: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def total(self) -> int:
-        return sum(self.blocks.values())
 
 
 class PrefixIndex:
@@ -56,8 +49,8 @@ class PrefixIndex:
         self.max_blocks = max_blocks
         self.block_size = 0  # tokens per block, from the first event that says (0: none yet)
         self._digest: dict[str, OrderedDict[int | bytes, int]] = {}  # engine -> hash -> digest
-        self._holders: dict[int, _Holders] = {}  # digest -> who holds it (none: not there)
-        self._interned: dict[frozenset[tuple[str, str]], _Holders] = {}  # each in use, once
+        self._holders: dict[int, Holders] = {}  # digest -> who holds it (none: not there)
+        self._interned: dict[frozenset[tuple[str, str]], Holders] = {}  # each in use, once
         self.unplaced = 0  # blocks whose parent was never told
 
     def __len__(self) -> int:
@@ -126,7 +119,7 @@ class PrefixIndex:
         elif (engine, tier) in held.pairs:
             self._place(digest, held, held.pairs - {(engine, tier)})
 
-    def _place(self, digest: int, old: _Holders | None, pairs: frozenset[tuple[str, str]]) -> None:
+    def _place(self, digest: int, old: Holders | None, pairs: frozenset[tuple[str, str]]) -> None:
         """``digest`` is held as ``pairs`` says (empty: by none), no longer as ``old``."""
         if old is not None:
             old.uses -= 1
@@ -137,7 +130,7 @@ class PrefixIndex:
             return
         held = self._interned.get(pairs)
         if held is None:
-            held = self._interned[pairs] = _Holders(pairs)
+            held = self._interned[pairs] = Holders(pairs)
         held.uses += 1
         self._holders[digest] = held
 
@@ -162,92 +155,33 @@ class PrefixIndex:
         size = self.block_size
         if not size:
             return []
-        return _chained(_ROOT, tokens[: len(tokens) // size * size], size)
+        return _chained(_ROOT, tokens, size)
 
-    def runs(self, digests: Sequence[int], engines: Iterable[str]) -> dict[str, Run]:
-        """Per engine, its leading blocks of ``digests`` that it holds or a shared tier holds."""
-        runs = {engine: Run() for engine in engines}
-        alive = {engine: run.blocks for engine, run in runs.items()}  # still in their run
-        stretch, count = None, 0  # blocks held alike, not yet counted
-        for digest in digests:
-            held = self._holders.get(digest)
-            if held is None:
+    def runs(self, digests: Sequence[int], engines: Collection[str]) -> Runs:
+        """The runs of ``engines`` (the fleet): per engine, its leading blocks of ``digests``
+        that it holds or a shared tier holds."""
+        fleet = engines if isinstance(engines, frozenset) else frozenset(engines)
+        return runs_of(self._stretches(digests), fleet)
+
+    def _stretches(self, digests: Sequence[int]) -> list[tuple[Holders, int]]:
+        """``digests``' leading blocks some engine holds, as stretches held alike: (who, how
+        many blocks). Looked up in C (``map``): in a large index a lookup mostly waits on
+        memory, and C overlaps one block's wait with the next's."""
+        stretches = []
+        for holders, blocks in groupby(map(self._holders.get, digests)):
+            if holders is None:
                 break
-            if held is not stretch:
-                if stretch is not None:
-                    alive = stretch.extend(alive, count)
-                    if not alive:
-                        break
-                stretch, count = held, 0
-            count += 1
-        if stretch is not None and alive:
-            stretch.extend(alive, count)
-        return runs
-
-
-_ORDER = {ENGINE: 0, "CPU": 1, "DISK": 2}  # cheapest first; other tiers after these
-
-
-class _Holders:
-    """The engines holding a block, and in which tiers: one object per way of holding, shared
-    by every block held that way (``pairs``: (engine, tier) each)."""
-
-    __slots__ = ("pairs", "uses", "_cheapest", "_shared")
-
-    def __init__(self, pairs: frozenset[tuple[str, str]]) -> None:
-        self.pairs = pairs
-        self.uses = 0  # blocks held this way
-        self._cheapest: dict[str, str] | None = None  # per engine, its cheapest tier (lazily)
-        self._shared: str | None = None  # a shared tier among them
-
-    def holds(self, engine: str) -> bool:
-        """``engine`` holds the blocks held this way (in some tier of its own)."""
-        return engine in self._by_engine()
-
-    def _by_engine(self) -> dict[str, str]:
-        cheapest = self._cheapest
-        if cheapest is None:
-            cheapest = self._cheapest = {}
-            for engine, tier in sorted(self.pairs, key=_rank, reverse=True):
-                cheapest[engine] = tier  # the cheapest, sorted last, stays
-            shared = sorted((tier for _, tier in self.pairs if tier in SHARED), key=_tier_rank)
-            self._shared = shared[0] if shared else None
-        return cheapest
-
-    def extend(self, alive: dict[str, dict[str, int]], count: int) -> dict[str, dict[str, int]]:
-        """Add ``count`` blocks held this way to the runs of the ``alive`` engines (engine ->
-        blocks per tier); the engines whose runs go on."""
-        cheapest = self._by_engine()
-        shared_tier = self._shared
-        if shared_tier is not None:
-            for engine, blocks in alive.items():
-                tier = cheapest.get(engine, shared_tier)
-                blocks[tier] = blocks.get(tier, 0) + count
-            return alive
-        if len(cheapest) < len(alive):
-            alive = {engine: alive[engine] for engine in cheapest if engine in alive}
-        elif not alive.keys() <= cheapest.keys():
-            alive = {engine: blocks for engine, blocks in alive.items() if engine in cheapest}
-        for engine, blocks in alive.items():
-            tier = cheapest[engine]
-            blocks[tier] = blocks.get(tier, 0) + count
-        return alive
-
-
-def _tier_rank(tier: str) -> tuple[int, str]:
-    return _ORDER.get(tier, 3), tier
-
-
-def _rank(pair: tuple[str, str]) -> tuple[int, str]:
-    return _tier_rank(pair[1])
+            stretches.append((holders, len(list(blocks))))
+        return stretches
 
 
 def _chained(digest: int, tokens: Sequence[int], size: int) -> list[int]:
-    """The digests of ``tokens``' blocks of ``size`` (whole blocks), chained from ``digest``."""
-    data = memoryview(array("q", tokens))
-    hash_of = xxhash.xxh3_64_intdigest
+    """The digests of ``tokens``' whole blocks of ``size``, chained from ``digest``: each block's
+    token ids hashed as little-endian int64s, seeded with the digest before."""
+    data = struct.pack(f"<{len(tokens)}q", *tokens)  # (``array("q", tokens)`` takes twice as long)
+    step, hash_of = size * 8, xxhash.xxh3_64_intdigest
     out = []
-    for start in range(0, len(data), size):
-        digest = hash_of(data[start : start + size], digest)
+    for start in range(0, len(data) - step + 1, step):
+        digest = hash_of(data[start : start + step], digest)
         out.append(digest)
     return out
