@@ -7,6 +7,13 @@ connector (``baseline``), then with kvtier (a host tier only, roomy), and again,
 the engine at once, ``max_tokens`` each; with kvtier a round counts until its stores drained.
 A process's time is the median of its rounds after the first ``warmup_rounds``; a pair's ratio
 is kvtier's throughput over the baseline's: the baseline's time / kvtier's.
+
+With ``filled_host``, each pair has a third process (A B C): kvtier with a host tier that small,
+filled by the warm-up round, so every later store reuses memory an eviction freed, as in an
+engine that has run a while (``filled_ratios``). The first fill of a fresh host tier writes
+memory never touched, which costs the kernel a fault and zeroing per page and, on a virtual
+machine whose host backs guest memory lazily (this one: about 4.5 ms per MiB, some 20 x the
+copy), far more: the two ratios tell that cost from kvtier's own.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from kvtier.apps.bench.ttft_timing import OtherLoad, Served, own_cpu_seconds
 from kvtier.apps.models import make_prompt
 
 CONFIGS = ("baseline", "kvtier")  # A, B
+FILLED = "kvtier-filled"  # C, with ``Rounds.filled_host``
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,11 @@ class Rounds:
     pairs: int = 3
     max_num_seqs: int = 512
     chunk_tokens: int = 64  # kvtier's chunk (its block_size)
+    filled_host: str | None = None  # a third process: kvtier with a host tier this small
+
+    @property
+    def configs(self) -> tuple[str, ...]:
+        return CONFIGS + ((FILLED,) if self.filled_host is not None else ())
 
     def __post_init__(self) -> None:
         if self.rounds <= self.warmup_rounds or self.pairs < 1:
@@ -51,7 +64,10 @@ def engine_args(model: Path, dtype: str, work: Rounds, config: str) -> dict[str,
     workload = Workload(prompts=work.prompts, tokens=work.tokens, max_tokens=work.max_tokens)
     setup = Setup(model, dtype, (work.tokens + work.max_tokens,), 1, workload, Path("unused"),
                   chunk_tokens=work.chunk_tokens)  # fmt: skip
-    return setup.engine_args(setup.transfer(config)) | {"max_num_seqs": work.max_num_seqs}
+    transfer = setup.transfer("kvtier" if config == FILLED else config)
+    if config == FILLED and transfer is not None:
+        transfer["kv_connector_extra_config"]["cpu_bytes_to_use"] = work.filled_host
+    return setup.engine_args(transfer) | {"max_num_seqs": work.max_num_seqs}
 
 
 def measure_rounds(model: Path, dtype: str, work: Rounds) -> dict[str, Any]:
@@ -60,7 +76,7 @@ def measure_rounds(model: Path, dtype: str, work: Rounds) -> dict[str, Any]:
 
     tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
     processes: list[dict[str, Any]] = []
-    with tqdm(total=work.pairs * len(CONFIGS) * work.rounds, desc="bench concurrency: rounds",
+    with tqdm(total=work.pairs * len(work.configs) * work.rounds, desc="bench concurrency: rounds",
               unit="round") as progress:  # fmt: skip
         for pair in range(work.pairs):
             batches = [
@@ -68,7 +84,7 @@ def measure_rounds(model: Path, dtype: str, work: Rounds) -> dict[str, Any]:
                  for i in range(work.prompts)]
                 for r in range(work.rounds)
             ]  # fmt: skip
-            for config in CONFIGS:
+            for config in work.configs:
                 record = _process(engine_args(model, dtype, work, config), config, batches, work,
                                   progress)  # fmt: skip
                 processes.append({"pair": pair, **record})
@@ -92,7 +108,7 @@ def _process(
             served.append(engine.call("serve", batch, work.max_tokens))
             progress.update()
         other_load = others.cores()
-        counters = engine.call("kvtier_stats").cpu if config == "kvtier" else None
+        counters = engine.call("kvtier_stats").cpu if config != "baseline" else None
     if counters is not None and counters.hit_chunks:  # every prompt was new: nothing to find
         raise RuntimeError(f"kvtier bench concurrency: invalid run, kvtier hits: {counters}")
     return {
@@ -109,14 +125,17 @@ def _process(
 
 def summarize(processes: list[dict[str, Any]], work: Rounds) -> dict[str, Any]:
     """Each process's median round (rounds after the warm-up), tokens/s, and the pairs' ratios
-    kvtier / baseline (baseline's median time / kvtier's)."""
+    kvtier / baseline (baseline's median time / kvtier's; ``filled_ratios``: the filled host
+    tier's, with ``filled_host``)."""
     tokens = work.prompts * (work.tokens + work.max_tokens)
     for process in processes:
         counted = process["round_s"][work.warmup_rounds :]
         process["median_round_s"] = round(median(counted), 4)
         process["tokens_per_s"] = round(tokens / median(counted), 1)
-    ratios = []
+    ratios: dict[str, list[float]] = {config: [] for config in work.configs[1:]}
     for pair in range(work.pairs):
         times = {p["config"]: p["median_round_s"] for p in processes if p["pair"] == pair}
-        ratios.append(round(times["baseline"] / times["kvtier"], 4))
-    return {**asdict(work), "processes": processes, "ratios": ratios}
+        for config, pair_ratios in ratios.items():
+            pair_ratios.append(round(times["baseline"] / times[config], 4))
+    filled = {"filled_ratios": ratios[FILLED]} if FILLED in ratios else {}
+    return {**asdict(work), "processes": processes, "ratios": ratios["kvtier"], **filled}

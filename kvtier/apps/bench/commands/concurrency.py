@@ -40,7 +40,9 @@ COMMAND = Command(
     description="Rounds of 512 never-seen 96-token prompts at once (the tiny model, "
     "max_num_seqs 512, 32 tokens out) in engine processes with and without kvtier (a host tier "
     "only), alternated A B A B A B: the throughput ratio from each process's median round "
-    "after the first (goal >= 0.97). Then never-seen ~3,000-token documents, 2 in flight, "
+    "after the first (goal >= 0.97); a third process per pair, kvtier with a 64 MiB host tier "
+    "(full after the first round), gives the same ratio without the first fill's cost. Then "
+    "never-seen ~3,000-token documents, 2 in flight, "
     "through kvtier serve and vLLM's server alone (the bench model), pairs alternated: the mean "
     "TTFT ratio (goal <= 1.02). Prints min/median/max with PASS/FAIL; writes concurrency.json "
     "and concurrency.png.",

@@ -1,0 +1,49 @@
+"""``kvtier bench concurrency``'s rounds with the filled process (A B C): its engine gets kvtier
+with the small host tier, and its ratios are the baseline's median round over its own, beside
+kvtier's; the verdict and plot carry both (no engine: synthetic rounds)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvtier.apps.bench import concurrency
+from kvtier.apps.bench.concurrency_rounds import FILLED, Rounds, engine_args, summarize
+
+
+def _process(pair: int, config: str, seconds: float) -> dict[str, object]:
+    return {"pair": pair, "config": config, "round_s": [9.0, seconds, seconds, seconds + 1.0]}
+
+
+def test_the_filled_process_is_kvtier_with_the_small_host_tier(tmp_path: Path) -> None:
+    work = Rounds(filled_host="64MiB")
+    assert work.configs == ("baseline", "kvtier", FILLED)
+    assert Rounds().configs == ("baseline", "kvtier")
+    filled = engine_args(tmp_path, "float32", work, FILLED)["kv_transfer_config"]
+    roomy = engine_args(tmp_path, "float32", work, "kvtier")["kv_transfer_config"]
+    assert filled["kv_connector"] == roomy["kv_connector"] == "KVTierConnector"
+    assert filled["kv_connector_extra_config"]["cpu_bytes_to_use"] == "64MiB"
+    assert roomy["kv_connector_extra_config"]["cpu_bytes_to_use"] == "2GiB"
+    assert engine_args(tmp_path, "float32", work, "baseline")["kv_transfer_config"] is None
+
+
+def test_filled_ratios_sit_beside_kvtiers_and_get_their_own_row(tmp_path: Path) -> None:
+    work = Rounds(rounds=4, pairs=2, filled_host="64MiB")
+    times = {"baseline": 1.0, "kvtier": 1.25, FILLED: 1.1}
+    processes = [_process(pair, config, times[config] * (1 + pair / 10))
+                 for pair in range(2) for config in work.configs]  # fmt: skip
+    part = summarize(processes, work)
+    assert part["ratios"] == [pytest.approx(0.8, abs=1e-4)] * 2
+    assert part["filled_ratios"] == [pytest.approx(1 / 1.1, abs=1e-4)] * 2
+    assert "filled_ratios" not in summarize(processes[:2] + processes[3:5], Rounds(pairs=2))
+
+    ratios = {"rounds": part["ratios"], "rounds_filled": part["filled_ratios"]}
+    rows = [concurrency.verdict(key, values) for key, values in ratios.items()]
+    assert [(row["key"], row["ratio"], row["pass"]) for row in rows] == [
+        ("rounds", 0.8, False), ("rounds_filled", 0.909, False)
+    ]  # fmt: skip
+    concurrency._plot(rows, ratios, tmp_path / "concurrency.png")
+    assert (tmp_path / "concurrency.png").stat().st_size > 0
+    json.dumps(part)  # the JSON's rounds part
