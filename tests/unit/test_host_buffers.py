@@ -1,5 +1,5 @@
 """The host tier's buffers on the CPU: huge pages where the kernel offers them (the first store
-into a page pays one fault per 2 MiB, not per 4 KiB), and zero chunks."""
+into a page pays one fault per 2 MiB, not per 4 KiB), aligned to them, and zero chunks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvtier.layout import build_layout
-from kvtier.tiers.host.buffers import HostTier
+from kvtier.tiers.host.buffers import HUGE_PAGE, HostTier
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -36,6 +36,7 @@ def test_a_filled_host_tier_is_backed_by_huge_pages() -> None:
     host = HostTier(build_layout(caches, [["k"]], 4), num_chunks=8192, block_size_factor=2)
     buffer = host.buffers[0]
     assert host.nbytes == 8192 * 2 * 4096
+    assert buffer.data_ptr() % HUGE_PAGE == 0  # rows on cache lines, pages on huge pages
     buffer.fill_(1)  # 64 MiB written: the first stores' page faults
     assert _huge_kib(buffer.data_ptr(), buffer.data_ptr() + host.nbytes) >= 32 * 1024
 

@@ -22,6 +22,8 @@ import torch
 
 from kvtier.layout import KVLayout
 
+HUGE_PAGE = 2 << 20  # where the buffers start
+
 
 class HostTier:
     def __init__(self, layout: KVLayout, num_chunks: int, block_size_factor: int) -> None:
@@ -48,8 +50,13 @@ class HostTier:
 
 
 def _allocate(shape: tuple[int, int], dtype: torch.dtype, pin: bool) -> torch.Tensor:
-    """An uninitialized buffer: pinned by torch for CUDA copies, else numpy's (huge pages)."""
+    """An uninitialized buffer: pinned by torch for CUDA copies, else numpy's (huge pages),
+    starting on a 2 MiB boundary: numpy's own start is only 16-byte aligned, which put rows
+    across cache lines (CPU stores of 32-token chunks 5-10 % slower than into torch's memory)."""
     if pin or not shape[0]:
         return torch.empty(shape, dtype=dtype, pin_memory=pin)
     row_bytes = shape[1] * torch.empty((), dtype=dtype).element_size()
-    return torch.from_numpy(np.empty((shape[0], row_bytes), dtype=np.uint8)).view(dtype)
+    raw = np.empty(shape[0] * row_bytes + HUGE_PAGE, dtype=np.uint8)
+    start = -raw.ctypes.data % HUGE_PAGE
+    rows = raw[start : start + shape[0] * row_bytes].reshape(shape[0], row_bytes)
+    return torch.from_numpy(rows).view(dtype)
