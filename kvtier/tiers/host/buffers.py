@@ -7,12 +7,15 @@ engine tensors live on CUDA, so copies can run asynchronously.
 
 On the CPU the pages are left to the kernel until a store first writes them, so a host tier
 the engine never fills costs nothing. The buffers are numpy's allocations, which numpy marks for
-transparent huge pages (``madvise(MADV_HUGEPAGE)``, the kernel's default mode): the first store
-into a page then pays one fault per 2 MiB instead of one per 4 KiB. Measured on this machine, 8
-MiB of 8 KiB rows copied into pages never touched: 5.5 ms in torch's allocation (4 KiB faults),
-1.6 ms in numpy's, 0.9 ms into pages already touched. Committing the buffers when built would
-move even that to start-up, but pays for the whole configured size at every start: 1-2 s per GiB
-on this machine (a VM), for host tiers a short-lived engine never fills.
+transparent huge pages (``madvise(MADV_HUGEPAGE)``, honoured when the kernel's mode is
+``madvise`` or ``always``), started on a 2 MiB boundary: the first store into a page then pays
+one fault per 2 MiB instead of one per 4 KiB. Measured on this machine, 8 MiB of 8 KiB rows
+copied into pages never touched: 5.5 ms in torch's allocation (4 KiB faults), 1.6 ms in numpy's,
+0.9 ms into pages already touched. On a virtual machine whose host backs guest memory only when
+first touched (this one), memory never touched costs far more however it is faulted, about 4.5
+ms per MiB (``kvtier bench concurrency``'s filled process tells that cost apart). Committing the
+buffers when built would move it to start-up, but pays for the whole configured size at every
+start, for host tiers a short-lived engine never fills.
 """
 
 from __future__ import annotations
