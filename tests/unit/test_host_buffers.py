@@ -28,9 +28,15 @@ def _huge_kib(first: int, end: int) -> int:
     return total
 
 
-@pytest.mark.skipif(
-    not THP.exists() or "[never]" in THP.read_text(), reason="the kernel offers no huge pages"
-)
+def _offers_huge_pages() -> bool:
+    """Huge pages for memory advised so, allocated at fault time (compacting if need be)."""
+    if not THP.exists() or "[never]" in THP.read_text():
+        return False
+    defrag = THP.with_name("defrag").read_text()
+    return any(mode in defrag for mode in ("[always]", "[madvise]", "[defer+madvise]"))
+
+
+@pytest.mark.skipif(not _offers_huge_pages(), reason="the kernel offers no huge pages at fault")
 def test_a_filled_host_tier_is_backed_by_huge_pages() -> None:
     caches = {"k": torch.zeros(4, 2048, dtype=torch.bfloat16)}  # 4 KiB pages
     host = HostTier(build_layout(caches, [["k"]], 4), num_chunks=8192, block_size_factor=2)
