@@ -44,13 +44,18 @@ from kvtier.scheduler.prefix_events import HOST, PrefixEvent, PrefixEvents
 from kvtier.scheduler.provenance import JobLog, Provenance, provenance
 from kvtier.scheduler.request import RequestState
 from kvtier.scheduler.request_source import RequestSource
-from kvtier.scheduler.scheduled import ScheduledRequest, forget_blocks, take_blocks
+from kvtier.scheduler.scheduled import (
+    ScheduledRequest,
+    StepRequests,
+    forget_blocks,
+    take_blocks,
+)
 from kvtier.scheduler.store_planner import NULL_BLOCK, StorePlanner
 from kvtier.scheduler.tail_store import TailStore
 from kvtier.scheduler.tier_writes import TierWrites
 from kvtier.step_plan import StepPlan, WorkerReport
 
-__all__ = ["NULL_BLOCK", "GroupSpec", "ScheduledRequest", "SchedulerConnector"]
+__all__ = ["NULL_BLOCK", "GroupSpec", "ScheduledRequest", "SchedulerConnector", "StepRequests"]
 
 
 class SchedulerConnector:
@@ -84,7 +89,7 @@ class SchedulerConnector:
         self._stores = StorePlanner(
             self.manager, self.jobs, self.keys, self.block_tokens, self.stats.cpu
         )
-        self._tails = TailStore(self._stores, self.jobs, self.keys, self.block_tokens)
+        self._tails = TailStore(self.keys, self.block_tokens)
         self.lower = tuple(lower)
         self._loads = LoadPlanner(
             self.groups, self.keys, self.block_tokens, self.manager, self.lower, self.jobs,
@@ -142,6 +147,7 @@ class SchedulerConnector:
         state.num_computed_tokens = num_computed_tokens
         state.lookup_start, state.lookup_end = first, max(first, full)
         state.load_async = False
+        state.due = 0  # its tail may be new: looked at in its next step
         if state.load_jobs:
             return 0
         tail = self._tails.key(state, num_tokens, tail_tokens) if len(self.groups) == 1 else None
@@ -178,6 +184,7 @@ class SchedulerConnector:
         state = self.requests[req_id]
         state.block_ids = [list(ids) for ids in block_ids]
         state.table_set = True
+        state.due = 0  # its next step reads its whole table
         for source in self.sources.values():
             load = source.plan_load(state, num_external_tokens)
             if load is not None:
@@ -189,16 +196,17 @@ class SchedulerConnector:
 
     def build_plan(
         self,
-        scheduled: Iterable[ScheduledRequest],
+        scheduled: StepRequests | Iterable[ScheduledRequest],
         preempted: Iterable[str] = (),
         forward: bool = True,
     ) -> StepPlan:
         """This step's loads (from ``on_alloc``), stores of the chunks it completes, flushes.
 
         Costs what changed this step (the requests' new blocks, the chunks they complete), never
-        the requests' whole tables: see ``scheduled.py``.
+        the requests' whole tables (``scheduled.py``); a running request with no new block and
+        nothing to store (``RequestState.due``) costs no Python step at all.
         """
-        scheduled = list(scheduled)
+        step = scheduled if isinstance(scheduled, StepRequests) else StepRequests.of(scheduled)
         self._tier_events()  # before this step's writes: a chunk is told in a tier once written
         flush: set[int] = set()
         for req_id in preempted:  # its blocks went back to the pool: finish what reads them
@@ -212,33 +220,31 @@ class SchedulerConnector:
         for load in self._plan.loads:
             flush.update(self.jobs.reading(load.dst.block_ids.tolist()))
         windows = [group.sliding_window for group in self.groups]
-        windowed = any(window is not None for window in windows)
-        chunk_tokens = self.chunk_tokens
+        # a sliding window frees blocks in place, unannounced: every request, every step
+        visit = range(len(step)) if any(w is not None for w in windows) else step.due(self.requests)
         tracked: list[tuple[RequestState, int]] = []  # (state, tokens computed after the step)
-        for request in scheduled:  # each request looked up once; most decode steps: no work
+        for i in visit:
+            request = step.request(i)
             state = self.requests.get(request.req_id)
-            if (
-                request.block_ids is not None
-                or not request.appended
-                or windowed
-                or (state is not None and state.table_set)
-            ):  # else its table did not change: nothing new to flush
-                for ids in take_blocks(state, request, windows, self.block_tokens):
-                    if ids:
-                        flush.update(self.jobs.reading(ids))
-                if state is not None:
-                    state.table_set = False
+            for ids in take_blocks(state, request, windows, self.block_tokens):
+                if ids:
+                    flush.update(self.jobs.reading(ids))
+            if state is None:
+                continue
+            state.table_set = False
             computed = request.num_computed_tokens
-            if state is not None and (
-                computed >= (min(state.stored_upto) + 1) * chunk_tokens  # a chunk completes
-                or (state.tail_key is not None and not state.tail_done)
-            ):
+            if computed >= self._due(state):
                 tracked.append((state, computed))
-        for state, computed in tracked:
-            self._plan.stores += self._stores.plan(state, computed)
-        for state, computed in tracked:  # prompt tails last: a full chunk is worth more
-            if state.tail_key is not None and not state.tail_done:  # else nothing to store
-                self._plan.stores += self._tails.plan(state, computed)
+            else:
+                state.due = self._due(state)
+        offers = [self._stores.offer(state, computed) for state, computed in tracked]
+        tails = [self._tails.offer(state, computed) for state, computed in tracked]
+        self._plan.stores += self._stores.plan(
+            [offer for offer in offers if offer is not None],
+            [tail for tail in tails if tail is not None],
+        )
+        for state, _ in tracked:
+            state.due = self._due(state)
         evicted = self._stores.take_evicted()
         for writes in self._writes.values():
             writes.evicted(evicted)
@@ -247,12 +253,20 @@ class SchedulerConnector:
         plan, self._plan = self._plan, StepPlan(num_chunks=self.manager.capacity)
         plan.flush = sorted(flush)
         plan.forward = forward
+        plan.host_frontier = self.manager.frontier
         plan.tier_room = {tier.name: tier.room for tier in self.lower if tier.room is not None}
         for source in self.sources.values():
             messages = source.take_messages()
             if messages:
                 plan.messages[source.name] = messages
         return plan
+
+    def _due(self, state: RequestState) -> int:
+        """The tokens computed at which ``state``'s next chunk, or its tail, can be stored."""
+        due = (min(state.stored_upto) + 1) * self.chunk_tokens
+        if state.tail_key is not None and not state.tail_done:
+            due = min(due, state.tail_end)
+        return due
 
     # ---- completions -----------------------------------------------------------------------
 

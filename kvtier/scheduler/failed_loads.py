@@ -50,6 +50,7 @@ def untrusted_stores(load: Job, requests: Mapping[str, RequestState]) -> dict[in
 
 def offer_again(state: RequestState, store: Job) -> None:
     """Offer ``store``'s chunks again: from its first chunk on (a prompt's tail: the tail)."""
+    state.due = 0  # looked at in its next step
     if store.host_only:
         state.tail_done = False
         return

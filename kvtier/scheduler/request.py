@@ -38,6 +38,9 @@ class RequestState:
     dropped: list[int] = field(init=False)  # per group: leading blocks never to read (window)
     skipped_upto: list[int] = field(init=False)  # per group: chunks below it counted skipped
     table_set: bool = False  # on_alloc set ``block_ids``: the next step reads the whole table
+    # a lower bound of the tokens computed (after a step) at which ``build_plan`` must look at
+    # the request again (a chunk or the tail to store; 0: at its next step); exact after it did
+    due: int = 0
     lookup_start: int = 0  # chunk index where the last lookup started (the local hit)
     lookup_end: int = 0  # full prompt chunks at the last lookup; 0 once counted
     num_computed_tokens: int = 0  # the engine's local hit at the last lookup

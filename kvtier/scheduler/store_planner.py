@@ -11,7 +11,8 @@ chunks only, never a request's whole table.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,6 +26,25 @@ from kvtier.scheduler.request import RequestState
 from kvtier.step_plan import StoreJob
 
 NULL_BLOCK = 0  # vLLM's placeholder for blocks a group does not keep (outside a sliding window)
+
+
+class ChunkOffer(NamedTuple):
+    """A request's chunks a step completed: their keys, and per group their one-chunk runs
+    ``(group, chunk, chunk + 1)``."""
+
+    state: RequestState
+    keys: list[ChunkKey]
+    runs: list[list[tuple[int, int, int]]]
+
+
+class TailOffer(NamedTuple):
+    """A request's prompt tail, computed: its key and engine blocks (``first``: the first
+    one's index in the request)."""
+
+    state: RequestState
+    key: ChunkKey
+    blocks: list[int]
+    first: int
 
 
 class StorePlanner:
@@ -49,11 +69,12 @@ class StorePlanner:
         evicted, self.evicted = self.evicted, []
         return evicted
 
-    def plan(self, state: RequestState, num_computed_tokens: int) -> list[StoreJob]:
-        """Store jobs for ``state``'s full chunks computed up to ``num_computed_tokens``."""
+    def offer(self, state: RequestState, num_computed_tokens: int) -> ChunkOffer | None:
+        """``state``'s full chunks computed up to ``num_computed_tokens`` and not offered yet
+        (None: none, most decode steps); they count as offered from now on."""
         full = min(num_computed_tokens // self.chunk_tokens, len(state.block_hashes) // self.factor)
-        if full <= min(state.stored_upto):  # no new chunk (most decode steps)
-            return []
+        if full <= min(state.stored_upto):
+            return None
         runs: list[list[tuple[int, int, int]]] = []  # per group: (group, first chunk, end chunk)
         offered: list[ChunkKey] = []
         for g in range(state.num_groups):
@@ -63,21 +84,72 @@ class StorePlanner:
             state.stored_upto[g] = max(first, full)
             offered += [keys[c] for c in chunks]
             runs.append([(g, c, c + 1) for c in chunks])
-        if not offered:
-            return []
-        plan, taken = self._reserve(offered)
-        if taken < len(offered):
-            self._offer_again(state, runs, offered[taken:])
-        if plan is None:
-            return []
-        slot_of = dict(zip(plan.keys, plan.slots, strict=True))
+        return ChunkOffer(state, offered, runs) if offered else None
+
+    def plan(self, offers: Sequence[ChunkOffer], tails: Sequence[TailOffer]) -> list[StoreJob]:
+        """The store jobs of a step's ``offers``, then its prompt ``tails``.
+
+        One reservation for the whole step when the host tier has room for all of it (most
+        steps); otherwise request by request, the chunks first (a full chunk is worth more than
+        a tail), each request keeping the earliest chunks that fit (``reserve``).
+        """
+        keys = [key for offer in offers for key in offer.keys] + [tail.key for tail in tails]
+        plan = self.manager.prepare_store(keys) if keys else None
+        jobs: list[StoreJob] = []
+        if plan is not None:  # a chunk two requests offer is stored by the first
+            self._evicted(plan)
+            slots = dict(zip(plan.keys, plan.slots, strict=True))
+            for offer in offers:
+                jobs += self._chunk_jobs(offer, slots)
+            for tail in tails:
+                slot = slots.pop(tail.key, None)
+                if slot is not None:
+                    jobs.append(self._tail_job(tail, slot))
+            return jobs
+        for offer in offers:
+            plan, taken = self._reserve(offer.keys)
+            if taken < len(offer.keys):
+                self._offer_again(offer.state, offer.runs, offer.keys[taken:])
+            if plan is not None:
+                jobs += self._chunk_jobs(offer, dict(zip(plan.keys, plan.slots, strict=True)))
+        for tail in tails:
+            plan = self.reserve([tail.key])
+            if plan is not None and plan.keys:
+                jobs.append(self._tail_job(tail, plan.slots[0]))
+        return jobs
+
+    def _chunk_jobs(self, offer: ChunkOffer, slots: dict[Key, int]) -> list[StoreJob]:
+        """The jobs storing ``offer``'s chunks that have a slot in ``slots`` (taken from it):
+        one per run of adjacent chunks, each group's n-th run in the n-th job."""
+        state, runs = offer.state, offer.runs
+        slot_of: dict[Key, int] = {}
         for group_runs in runs:  # keep the chunks prepare_store took, merge neighbours
-            kept = [r for r in group_runs if state.keys[r[0]][r[1]] in slot_of]
+            kept = []
+            for run in group_runs:
+                key = state.keys[run[0]][run[1]]
+                slot = slots.pop(key, None)
+                if slot is not None:
+                    slot_of[key] = slot
+                    kept.append(run)
             group_runs[:] = _merge(kept)
         return [
             self._store_job(state, [r[i] if i < len(r) else None for r in runs], slot_of)
             for i in range(max(map(len, runs), default=0))
         ]
+
+    def _tail_job(self, tail: TailOffer, slot: int) -> StoreJob:
+        """The job storing a prompt's tail into ``slot`` (host memory only)."""
+        state = tail.state
+        job = Job(state.req_id, [tail.key], JobKind.STORE, tail.blocks, host_only=True)
+        job_id = self.jobs.add(job)
+        state.store_jobs.add(job_id)
+        engine = EngineBlocks(np.array(tail.blocks, dtype=np.int64), (len(tail.blocks),),
+                              (tail.first,))  # fmt: skip
+        return StoreJob(job_id, state.req_id, engine, HostChunks(np.array([slot], np.int64)))
+
+    def _evicted(self, plan: StorePlan) -> None:
+        self.stats.evicted_chunks += len(plan.evicted)
+        self.evicted += zip(plan.evicted, plan.evicted_slots)  # type: ignore[arg-type]
 
     def reserve(self, offered: list[ChunkKey]) -> StorePlan | None:
         """Reserve slots for as long a prefix of ``offered`` as there is room for; the chunks
@@ -95,8 +167,7 @@ class StorePlanner:
         for count in range(min(len(offered), self.manager.room), 0, -1):
             plan = self.manager.prepare_store(offered[:count])
             if plan is not None:
-                self.stats.evicted_chunks += len(plan.evicted)
-                self.evicted += zip(plan.evicted, plan.evicted_slots)  # type: ignore[arg-type]
+                self._evicted(plan)
                 return plan, count
         return None, 0
 

@@ -1,7 +1,7 @@
 """Storing a prompt's tail: its blocks after its last full chunk, the last one partly filled.
 
     key(state, num_tokens, tail_tokens) -> ChunkKey | None   the request's tail, if it has one
-    plan(state, num_computed_tokens) -> [StoreJob]   the tail's store, once the prompt is computed
+    offer(state, num_computed_tokens) -> TailOffer | None   the tail, once the prompt is computed
 
 A tail is kept in the host tier only (never written to disk, never flushed at shutdown): it lets a
 later hit on the same prompt leave the engine one token to compute, whatever the prompt's length.
@@ -14,22 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
-from kvtier.addresses import EngineBlocks, HostChunks
 from kvtier.keys import ChunkKey, ChunkKeyMaker
-from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.scheduler.request import RequestState
-from kvtier.scheduler.store_planner import NULL_BLOCK, StorePlanner
-from kvtier.step_plan import StoreJob
+from kvtier.scheduler.store_planner import NULL_BLOCK, TailOffer
 
 
 class TailStore:
-    def __init__(
-        self, stores: StorePlanner, jobs: JobTable, keys: ChunkKeyMaker, block_tokens: int
-    ) -> None:
-        self.stores = stores  # reserves the slot: evictions go with the step's others
-        self.jobs = jobs
+    def __init__(self, keys: ChunkKeyMaker, block_tokens: int) -> None:
         self.keys = keys
         self.factor = keys.block_size_factor
         self.block_tokens = block_tokens
@@ -53,21 +44,15 @@ class TailStore:
             state.tail_end, state.tail_done = num_tokens, False
         return state.tail_key
 
-    def plan(self, state: RequestState, num_computed_tokens: int) -> list[StoreJob]:
-        """The store of ``state``'s tail once the engine computed it (offered once)."""
+    def offer(self, state: RequestState, num_computed_tokens: int) -> TailOffer | None:
+        """``state``'s tail once the engine computed it (offered once; None: nothing to store)."""
         key = state.tail_key
         if key is None or state.tail_done or num_computed_tokens < state.tail_end:
-            return []
+            return None
         state.tail_done = True
         first = state.tail_end // self.block_tokens // self.factor * self.factor
         end = -(-state.tail_end // self.block_tokens)
         blocks = state.block_ids[0][first:end]
         if len(blocks) != end - first or NULL_BLOCK in blocks:
-            return []
-        plan = self.stores.reserve([key])
-        if plan is None or not plan.keys:
-            return []
-        job_id = self.jobs.add(Job(state.req_id, [key], JobKind.STORE, blocks, host_only=True))
-        state.store_jobs.add(job_id)
-        engine = EngineBlocks(np.array(blocks, dtype=np.int64), (len(blocks),), (first,))
-        return [StoreJob(job_id, state.req_id, engine, HostChunks(np.array(plan.slots, np.int64)))]
+            return None
+        return TailOffer(state, key, blocks, first)

@@ -44,7 +44,7 @@ from kvtier.vllm.kv_role import KVRole
 from kvtier.vllm.logs import route_to_vllm_logging
 from kvtier.vllm.metadata import KVTierConnectorStats, KVTierMetadata, KVTierWorkerMetadata
 from kvtier.vllm.observability import Observability
-from kvtier.vllm.schedule import scheduled_requests
+from kvtier.vllm.schedule import step_requests
 from kvtier.worker.connector import WorkerConnector
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         # each request's blocks allocated this step, never its whole table: flat per-step cost
-        scheduled = scheduled_requests(scheduler_output)
+        scheduled = step_requests(scheduler_output)
         plan = self.scheduler.build_plan(
             scheduled,
             scheduler_output.preempted_req_ids or (),

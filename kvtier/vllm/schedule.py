@@ -1,4 +1,4 @@
-"""vLLM's ``SchedulerOutput`` as the scheduler half's ``ScheduledRequest``s: only what changed.
+"""vLLM's ``SchedulerOutput`` as the scheduler half's ``StepRequests``: only what changed.
 
 vLLM 0.32 (``vllm/v1/core/sched/output.py``): a request scheduled for the first time
 (``scheduled_new_reqs``; with Model Runner V2 also one resumed after a preemption) carries its
@@ -7,39 +7,47 @@ allocated to it this step (``new_block_ids``, None for none), which extend its t
 is resumed after a preemption (``resumed_req_ids``): then they are its whole table. Every other
 change to a table happens in place and unannounced: a sliding window replacing the blocks it left
 with the null block (``scheduled.py`` accounts for it).
+
+The running requests stay vLLM's own columns (``CachedRequestData`` is one list per field): at
+512 concurrent requests, a Python object per request and step cost more than all kvtier's
+decisions of a decode step.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvtier.scheduler.scheduled import ScheduledRequest
+from kvtier.scheduler.scheduled import ScheduledRequest, StepRequests
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
 
 
-def scheduled_requests(output: SchedulerOutput) -> list[ScheduledRequest]:
-    """The requests ``output`` runs, each with its new blocks: O(requests + new blocks).
+def step_requests(output: SchedulerOutput) -> StepRequests:
+    """The requests ``output`` runs, in its order (new ones, then those running before), each
+    with its new blocks: O(new requests) in Python, the running ones vLLM's columns joined.
 
     Never reads a request's whole table unless vLLM hands it over anew.
     """
-    tokens = output.num_scheduled_tokens
-    scheduled = [
-        ScheduledRequest(
-            new.req_id,
-            new.block_ids,
-            new.num_computed_tokens + tokens[new.req_id],
-            tokens[new.req_id],
-        )
-        for new in output.scheduled_new_reqs
-    ]
+    new = output.scheduled_new_reqs
     cached = output.scheduled_cached_reqs
-    resumed = cached.resumed_req_ids
-    for req_id, block_ids, computed in zip(
-        cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
-    ):
-        count = tokens[req_id]
-        appended = req_id not in resumed
-        scheduled.append(ScheduledRequest(req_id, block_ids, computed + count, count, appended))
-    return scheduled
+    whole = set(range(len(new)))
+    if cached.resumed_req_ids:  # whole tables again (rare)
+        resumed = cached.resumed_req_ids
+        whole.update(len(new) + i for i, req_id in enumerate(cached.req_ids) if req_id in resumed)
+    if not new:  # most steps of a busy engine: vLLM's lists as they are
+        return StepRequests(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens,
+                            output.num_scheduled_tokens, frozenset(whole))  # fmt: skip
+    return StepRequests(
+        [r.req_id for r in new] + cached.req_ids,
+        [r.block_ids for r in new] + cached.new_block_ids,  # type: ignore[operator]
+        [r.num_computed_tokens for r in new] + cached.num_computed_tokens,
+        output.num_scheduled_tokens,
+        frozenset(whole),
+    )
+
+
+def scheduled_requests(output: SchedulerOutput) -> list[ScheduledRequest]:
+    """Every request ``output`` runs, in its order, as a ``ScheduledRequest``: what
+    ``step_requests`` hands the scheduler half, one by one."""
+    return list(step_requests(output))

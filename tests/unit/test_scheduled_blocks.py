@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from kvtier.config import KVTierConfig
 from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
-from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
+from kvtier.scheduler.connector import (
+    GroupSpec,
+    ScheduledRequest,
+    SchedulerConnector,
+    StepRequests,
+)
 from kvtier.step_plan import JobOutcome, StepPlan, WorkerReport
 
 FULL, WINDOW4 = GroupSpec(4), GroupSpec(4, sliding_window=4)
@@ -140,3 +145,38 @@ def test_a_sliding_window_drops_blocks_inside_a_chunk_without_saying_so() -> Non
         assert store.src.block_ids.tolist() == [10, 11]
         assert store.src.group_sizes == (2, 0)
         connector.check_integrity()
+
+
+class _Watched(StepRequests):
+    """A step that records which requests the scheduler half looked at."""
+
+    looked: list[int]
+
+    def request(self, i: int) -> ScheduledRequest:
+        self.looked.append(i)
+        return super().request(i)
+
+
+def test_a_step_looks_only_at_requests_with_new_blocks_or_something_to_store() -> None:
+    """100 requests decode; the step looks at the one handed a block, the one whose chunk its
+    token completes, and one kvtier does not track (its new block may be read by a store),
+    not at the 97 others: the rest cost a few passes in C (``StepRequests.due``)."""
+    connector = _connector(factor=2)  # 8-token chunks
+    reqs = [f"r{i}" for i in range(100)]
+    for i, req in enumerate(reqs):
+        connector.lookup(req, _hashes(req, 2), 0)
+        connector.on_alloc(req, [[2 * i + 1, 2 * i + 2]], 0)
+    first = StepRequests.of(ScheduledRequest(req, [[2 * i + 1, 2 * i + 2]], 6, 6)
+                            for i, req in enumerate(reqs))  # fmt: skip
+    assert connector.build_plan(first).stores == []  # 6 of 8 tokens: no chunk yet
+    computed = [6] * 100 + [0]
+    computed[7] = 7  # its next token completes its chunk
+    blocks: list[list[list[int]] | None] = [None] * 100 + [[[500]]]
+    blocks[5] = [[300]]
+    step = _Watched([*reqs, "untracked"], blocks, computed, dict.fromkeys([*reqs, "untracked"], 1))
+    object.__setattr__(step, "looked", [])
+    (store,) = connector.build_plan(step).stores
+    assert step.looked == [5, 7, 100]
+    assert store.req_id == "r7" and store.src.block_ids.tolist() == [15, 16]
+    assert connector.requests["r5"].block_ids == [[11, 12, 300]]
+    connector.check_integrity()

@@ -14,8 +14,9 @@ copied into pages never touched: 5.5 ms in torch's allocation (4 KiB faults), 1.
 0.9 ms into pages already touched. On a virtual machine whose host backs guest memory only when
 first touched (this one), memory never touched costs far more however it is faulted, about 4.5
 ms per MiB (``kvtier bench concurrency``'s filled process tells that cost apart). Committing the
-buffers when built would move it to start-up, but pays for the whole configured size at every
-start, for host tiers a short-lived engine never fills.
+buffers when built would move it to start-up, and pay for the whole configured size at every
+start, for host tiers a short-lived engine never fills; instead ``prefault.py`` commits them a
+window ahead of the stores (``ahead_of``), on a thread that runs only on idle cores.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ import numpy as np
 import torch
 
 from kvtier.layout import KVLayout
+from kvtier.tiers.host.prefault import Prefault
 
 HUGE_PAGE = 2 << 20  # where the buffers start
+PREFAULT_WINDOW_BYTES = 256 << 20  # committed ahead of the highest slot a store reached
 
 
 class HostTier:
@@ -40,6 +43,23 @@ class HostTier:
             _allocate((num_chunks, view.shape[1] * block_size_factor), view.dtype, pin)
             for view in layout.views
         )
+        self.prefault: Prefault | None = None
+        if not pin and num_chunks:
+            row_bytes = [b[0].numel() * b.element_size() for b in self.buffers]
+            self.prefault = Prefault(
+                [(b.data_ptr(), b.numel() * b.element_size()) for b in self.buffers],
+                row_bytes, num_chunks, max(1, PREFAULT_WINDOW_BYTES // sum(row_bytes)),
+            )  # fmt: skip
+
+    def ahead_of(self, slots: int) -> None:
+        """Stores have written slots below ``slots``: commit the memory after them (CPU)."""
+        if self.prefault is not None:
+            self.prefault.ahead_of(slots)
+
+    def close(self) -> None:
+        """Stop committing memory ahead (the buffers stay usable)."""
+        if self.prefault is not None:
+            self.prefault.close()
 
     @property
     def nbytes(self) -> int:
