@@ -45,6 +45,7 @@ from kvtier.scheduler.provenance import JobLog, Provenance, provenance
 from kvtier.scheduler.request import RequestState
 from kvtier.scheduler.request_source import RequestSource
 from kvtier.scheduler.scheduled import (
+    NEVER,
     ScheduledRequest,
     StepRequests,
     forget_blocks,
@@ -109,7 +110,10 @@ class SchedulerConnector:
             if prefix_events
             else None
         )
-        self._untrusted: set[int] = set()  # store jobs to fail as they complete
+        # every running request is at least this many tokens from its ``due`` (0: look)
+        self._slack = 0
+        self._computed = 0  # at most the tokens a running request computed by the last step
+        self._untrusted: set[tuple[int, str]] = set()  # store parts (job, request) to fail
         self._reported: dict[int, Job] = {}  # jobs the report being handled completed
 
     def add_source(self, source: RequestSource) -> None:
@@ -147,7 +151,7 @@ class SchedulerConnector:
         state.num_computed_tokens = num_computed_tokens
         state.lookup_start, state.lookup_end = first, max(first, full)
         state.load_async = False
-        state.due = 0  # its tail may be new: looked at in its next step
+        state.due = self._slack = 0  # its tail may be new: looked at in its next step
         if state.load_jobs:
             return 0
         tail = self._tails.key(state, num_tokens, tail_tokens) if len(self.groups) == 1 else None
@@ -184,7 +188,7 @@ class SchedulerConnector:
         state = self.requests[req_id]
         state.block_ids = [list(ids) for ids in block_ids]
         state.table_set = True
-        state.due = 0  # its next step reads its whole table
+        state.due = self._slack = 0  # its next step reads its whole table
         for source in self.sources.values():
             load = source.plan_load(state, num_external_tokens)
             if load is not None:
@@ -220,8 +224,14 @@ class SchedulerConnector:
         for load in self._plan.loads:
             flush.update(self.jobs.reading(load.dst.block_ids.tolist()))
         windows = [group.sliding_window for group in self.groups]
-        # a sliding window frees blocks in place, unannounced: every request, every step
-        visit = range(len(step)) if any(w is not None for w in windows) else step.due(self.requests)
+        visit: Sequence[int] = ()
+        slack = NEVER  # after this step: how far every running request is from its due
+        if any(w is not None for w in windows):  # frees blocks in place, unannounced: every
+            visit, slack = range(len(step)), 0  # request, every step
+        elif step.quiet(self._slack, self._computed):  # most decode steps: nothing to look at
+            slack = self._slack - max(step.num_new_tokens.values(), default=0)
+        else:
+            visit, slack = step.due(self.requests)
         tracked: list[tuple[RequestState, int]] = []  # (state, tokens computed after the step)
         for i in visit:
             request = step.request(i)
@@ -237,14 +247,17 @@ class SchedulerConnector:
                 tracked.append((state, computed))
             else:
                 state.due = self._due(state)
+                slack = min(slack, state.due - computed)
         offers = [self._stores.offer(state, computed) for state, computed in tracked]
         tails = [self._tails.offer(state, computed) for state, computed in tracked]
         self._plan.stores += self._stores.plan(
             [offer for offer in offers if offer is not None],
             [tail for tail in tails if tail is not None],
         )
-        for state, _ in tracked:
+        for state, computed in tracked:
             state.due = self._due(state)
+            slack = min(slack, state.due - computed)
+        self._slack, self._computed = slack, step.computed_after()
         evicted = self._stores.take_evicted()
         for writes in self._writes.values():
             writes.evicted(evicted)
@@ -284,6 +297,10 @@ class SchedulerConnector:
             self._complete(job_id, done.pop(job_id))
 
     def _complete(self, job_id: int, job: Job) -> None:
+        if job.kind is JobKind.STORE:
+            self.job_log.finished(job, None)
+            self._complete_stores(job_id, job)
+            return
         self.job_log.finished(job, self.requests.get(job.req_id))
         if job.kind is JobKind.TIER_WRITE:
             self._writes[job.tier].complete(job)
@@ -291,36 +308,48 @@ class SchedulerConnector:
                 self.prefixes.written(job.tier, job.keys, self._tiers[job.tier].holds)
             return
         state = self.requests[job.req_id]
-        if job.kind is JobKind.STORE:
-            untrusted = job_id in self._untrusted
-            self._untrusted.discard(job_id)
-            self._complete_store(job, untrusted)
-            if self.prefixes is not None and job.runs and not (job.outcome.failed or untrusted):
-                self.prefixes.describe(state, job.runs)
-            state.store_jobs.discard(job_id)
-        else:
-            self._complete_load(job)
-            state.load_jobs.discard(job_id)
+        self._complete_load(job)
+        state.load_jobs.discard(job_id)
         if state.finished and state.idle:
             del self.requests[job.req_id]
 
-    def _complete_store(self, job: Job, untrusted: bool) -> None:
-        """``untrusted``: its KV may come from a failed synchronous load; never stored."""
+    def _complete_stores(self, job_id: int, job: Job) -> None:
+        """Every rank finished a step's store job: its parts' chunks are loadable, and dirty
+        for each lower tier, unless it failed; a part whose KV may come from a failed
+        synchronous load (``untrusted``) fails alone, its chunks never stored."""
         cpu, outcome = self.stats.cpu, job.outcome
-        failed = bool(outcome.failed) or untrusted
-        self.manager.complete_store(job.keys, success=not failed)
-        if failed:
-            cpu.failed_stores += 1
-            cpu.untrusted_stores += untrusted * len(job.keys)
-            if job.keys:  # the workers' host copies name no chunk (a shutdown flush skips them)
-                self._plan.forget += job.keys
-            return
-        cpu.stored_chunks += len(job.keys)
-        cpu.stored_bytes += outcome.bytes
-        cpu.store_seconds += outcome.seconds
-        if not job.host_only:
+        stored: list[ChunkKey] = []  # loadable now
+        below: list[ChunkKey] = []  # and to write to the lower tiers (not prompt tails)
+        ok = [not outcome.failed] * len(job.parts)
+        for i, part in enumerate(job.parts):
+            untrusted = bool(self._untrusted) and (job_id, part.req_id) in self._untrusted
+            if outcome.failed or untrusted:
+                ok[i] = False
+                self.manager.complete_store(part.keys, success=False)
+                cpu.failed_stores += 1
+                cpu.untrusted_stores += untrusted * len(part.keys)
+                if part.keys:  # the workers' host copies name no chunk (a shutdown flush skips)
+                    self._plan.forget += part.keys
+            else:
+                stored += part.keys
+                if not part.host_only:
+                    below += part.keys
+        if stored:
+            self.manager.complete_store(stored)
+            cpu.stored_chunks += len(stored)
+            cpu.stored_bytes += outcome.bytes * len(stored) // max(1, len(job.keys))
+            cpu.store_seconds += outcome.seconds
             for writes in self._writes.values():
-                writes.stored(job.keys)
+                writes.stored(below)
+        for part, described in zip(job.parts, ok, strict=True):
+            if self._untrusted:
+                self._untrusted.discard((job_id, part.req_id))
+            state = self.requests[part.req_id]
+            if self.prefixes is not None and part.runs and described:
+                self.prefixes.describe(state, part.runs)
+            state.store_jobs.discard(job_id)
+            if state.finished and state.idle:
+                del self.requests[part.req_id]
 
     def _complete_load(self, job: Job) -> None:
         outcome = job.outcome
@@ -361,10 +390,12 @@ class SchedulerConnector:
         """``load`` ran before its step's forward and failed: the stores in flight that may
         hold KV computed from its blocks fail as they complete, and their chunks are offered
         again once the engine recomputed them (``failed_loads.py``)."""
-        for job_id, state in untrusted_stores(load, self.requests).items():
-            self._untrusted.add(job_id)
+        for job_id, state in untrusted_stores(load, self.requests):
+            self._untrusted.add((job_id, state.req_id))
             job = self.jobs.get(job_id) or self._reported[job_id]
-            offer_again(state, job)
+            for part in job.parts_of(state.req_id):
+                offer_again(state, part)
+            self._slack = 0  # offered again: looked at in its next step
 
     def request_finished(self, req_id: str) -> bool:
         """The request ended. True: keep its blocks until the workers release them: its stores

@@ -1,7 +1,7 @@
 """Stores that a failed synchronous load makes untrustworthy: they never reach a tier.
 
-    untrusted_stores(load, requests) -> {store job id: its request}   stores to fail
-    offer_again(state, store)                                           re-offer its chunks
+    untrusted_stores(load, requests) -> [(store job id, request)]   request parts to fail
+    offer_again(state, part)                                          re-offer its chunks
 
 The invariant every tier relies on: **a chunk enters a tier (host, disk, Redis, a peer's offer)
 only from bytes that passed every check, or from engine blocks the engine computed; never from a
@@ -28,15 +28,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kvtier.scheduler.job_table import Job
+from kvtier.scheduler.job_table import Job, StorePart
 from kvtier.scheduler.request import RequestState
 
 
-def untrusted_stores(load: Job, requests: Mapping[str, RequestState]) -> dict[int, RequestState]:
+def untrusted_stores(
+    load: Job, requests: Mapping[str, RequestState]
+) -> list[tuple[int, RequestState]]:
     """The stores not yet completed whose KV may come from ``load``'s blocks (a failed sync
-    load), by job id: each request's ``store_jobs``."""
+    load): each such request's part of each store job in its ``store_jobs``."""
     written = set(load.writes)
-    found: dict[int, RequestState] = {}
+    found: list[tuple[int, RequestState]] = []
     for state in requests.values():
         if not state.store_jobs:
             continue
@@ -44,12 +46,13 @@ def untrusted_stores(load: Job, requests: Mapping[str, RequestState]) -> dict[in
             not written.isdisjoint(ids) for ids in state.block_ids
         )
         if shares:
-            found.update((job_id, state) for job_id in state.store_jobs)
+            found += [(job_id, state) for job_id in state.store_jobs]
     return found
 
 
-def offer_again(state: RequestState, store: Job) -> None:
-    """Offer ``store``'s chunks again: from its first chunk on (a prompt's tail: the tail)."""
+def offer_again(state: RequestState, store: StorePart) -> None:
+    """Offer the chunks of ``state``'s part of a store again: from its first chunk on (a
+    prompt's tail: the tail)."""
     state.due = 0  # looked at in its next step
     if store.host_only:
         state.tail_done = False

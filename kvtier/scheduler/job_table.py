@@ -12,6 +12,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 from kvtier.keys import ChunkKey
 from kvtier.step_plan import JobOutcome
@@ -27,21 +28,34 @@ class JobKind(Enum):
     SOURCE_LOAD = "source load"  # a request source (``Job.tier``, ``request_source.py``) -> engine
 
 
+class StorePart(NamedTuple):
+    """One request's part of a store job: its chunks (``runs``: ``(group, first, end)``, the
+    first from ``first_chunk`` on), or its prompt's tail (``host_only``: never written to a
+    lower tier)."""
+
+    req_id: str
+    keys: list[ChunkKey]
+    first_chunk: int = 0
+    runs: tuple[tuple[int, int, int], ...] = ()
+    host_only: bool = False
+
+
 @dataclass
 class Job:
-    req_id: str  # "" for a tier write
+    req_id: str  # "" for a tier write and a store (its parts name their requests)
     keys: list[ChunkKey]
     kind: JobKind
     blocks: list[int] = field(default_factory=list)  # engine blocks a store reads
     writes: list[int] = field(default_factory=list)  # engine blocks a load writes
     outcome: JobOutcome = field(default_factory=JobOutcome)  # summed over the ranks so far
     pinned: bool = False  # holds pins on its host chunks (an asynchronous load, a disk write)
-    host_only: bool = False  # a store never written to disk (a prompt's tail)
     tier: str = ""  # the tier (or source) a TIER_LOAD or SOURCE_LOAD reads, a TIER_WRITE writes
     sync: bool = False  # a load read before its step's forward (that step's stores follow it)
-    first_chunk: int = 0  # a store's first chunk in its request (any group): offered again
-    # from there if the store turns out to hold KV computed from a failed load
-    runs: tuple[tuple[int, int, int], ...] = ()  # a store's (group, first, end) chunk runs
+    parts: list[StorePart] = field(default_factory=list)  # a store's, in its keys' order
+
+    def parts_of(self, req_id: str) -> list[StorePart]:
+        """A store's parts of request ``req_id``."""
+        return [part for part in self.parts if part.req_id == req_id]
 
     @property
     def store(self) -> bool:

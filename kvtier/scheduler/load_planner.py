@@ -151,6 +151,8 @@ class LoadPlanner:
         each tier of the chain, in its order: at most one load job per tier.
         """
         start, end = state.num_computed_tokens, state.num_computed_tokens + num_external_tokens
+        if not num_external_tokens:  # no hit (most requests at high concurrency): no loads
+            return self._no_load(state, -(-start // self.block_tokens))
         host = _LoadParts()
         lower = [_LoadParts() for _ in self.lower]
         counted: list[int] | None = None  # chunks per tier (host first) of the first full group
@@ -217,6 +219,14 @@ class LoadPlanner:
                 chunks = TierChunks(tier.name, tuple(part.keys))
                 loads.append(self._load(state, job, chunks, part, sync=not state.load_async))
         return loads
+
+    def _no_load(self, state: RequestState, computed_blocks: int) -> list[LoadJob]:
+        """``plan`` of no hit: what the engine's own hit covers is not stored again."""
+        held, full = computed_blocks // self.factor, len(state.block_hashes) // self.factor
+        state.stored_upto = [max(upto, min(held, full)) for upto in state.stored_upto]
+        state.tail_done = state.tail_done or held > full
+        self._count_lookup(state, [0] * (1 + len(self.lower)))
+        return []
 
     def _lower_stops(self, split: int, last: int, chunk_keys: list[ChunkKey]) -> list[int]:
         """Where each lower tier's part of blocks ``split..last`` ends: tier after tier, each from

@@ -88,25 +88,48 @@ class StepRequests:
             req_id, self.block_ids[i], self.computed[i] + count, count, i not in self.whole
         )
 
-    def due(self, states: Mapping[str, RequestState]) -> list[int]:
+    def quiet(self, slack: int, computed: int) -> bool:
+        """Whether no request can have anything for kvtier this step, when after the last one
+        every running request was at least ``slack`` tokens from its ``RequestState.due`` and
+        none had more than ``computed`` tokens computed: no table handed over, no new block,
+        fewer tokens computed than ``slack``, and none computed unseen (never, in vLLM)."""
+        tokens = self.num_new_tokens
+        return (
+            not self.whole
+            and slack > (max(tokens.values()) if tokens else 0)
+            and not any(map(is_not, self.block_ids, repeat(None)))
+            and max(self.computed, default=0) <= computed
+        )
+
+    def computed_after(self) -> int:
+        """At most how many tokens a request has computed after this step."""
+        tokens = self.num_new_tokens
+        return max(self.computed, default=0) + (max(tokens.values()) if tokens else 0)
+
+    def due(self, states: Mapping[str, RequestState]) -> tuple[list[int], int]:
         """The requests kvtier must look at this step, by index, in order: blocks handed over
         (new or a whole table), or as many tokens computed after the step as their
-        ``RequestState.due`` (a request kvtier does not track: blocks only)."""
+        ``RequestState.due`` (a request kvtier does not track: blocks only); and how many tokens
+        the others are at least from theirs (``NEVER``: none tracked)."""
         n = len(self.req_ids)
         if not n:
-            return []
+            return [], NEVER
         found = list(map(states.get, self.req_ids, repeat(_UNTRACKED)))
-        due = np.fromiter(map(_DUE, found), np.int64, n)
-        after = np.fromiter(map(self.num_new_tokens.__getitem__, self.req_ids), np.int64, n)
-        after += np.asarray(self.computed, dtype=np.int64)
-        picked = set(np.flatnonzero(after >= due).tolist())
-        picked.update(compress(range(n), map(is_not, self.block_ids, repeat(None))))
-        picked.update(self.whole)
-        return sorted(picked)
+        gap = np.fromiter(map(_DUE, found), np.int64, n)
+        gap -= np.fromiter(map(self.num_new_tokens.__getitem__, self.req_ids), np.int64, n)
+        gap -= np.asarray(self.computed, dtype=np.int64)  # due - tokens computed after the step
+        picked = gap <= 0
+        picked[list(compress(range(n), map(is_not, self.block_ids, repeat(None))))] = True
+        picked[list(self.whole)] = True
+        others = gap[~picked]
+        return np.flatnonzero(picked).tolist(), int(others.min()) if len(others) else NEVER
+
+
+NEVER = int(np.iinfo(np.int64).max // 2)  # a ``due`` never reached (no chunk kvtier tracks)
 
 
 class _Untracked:
-    due = np.iinfo(np.int64).max  # never: a request kvtier does not track has no chunk to store
+    due = NEVER  # a request kvtier does not track has no chunk to store
 
 
 _UNTRACKED = _Untracked()

@@ -6,7 +6,7 @@ are never offered. When a busy step cannot fit all its chunks (the others are pi
 still being stored), the earliest chunks of the prompt, the most reused, are kept.
 
 A step's work is proportional to the chunks it completes: the keys, blocks and runs of the new
-chunks only, never a request's whole table.
+chunks only, never a request's whole table. A step's stores are one job (``plan``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from kvtier.addresses import EngineBlocks, HostChunks
 from kvtier.counters import TierStats
 from kvtier.keys import ChunkKey, ChunkKeyMaker
 from kvtier.scheduler.base import Key, StorePlan
-from kvtier.scheduler.job_table import Job, JobKind, JobTable
+from kvtier.scheduler.job_table import Job, JobKind, JobTable, StorePart
 from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.request import RequestState
 from kvtier.step_plan import StoreJob
@@ -45,6 +45,19 @@ class TailOffer(NamedTuple):
     key: ChunkKey
     blocks: list[int]
     first: int
+
+
+class _Part(NamedTuple):
+    """One part of a step's store job, as planned: the scheduler's record of it, and what its
+    ``StoreJob`` tells the workers (engine blocks by group, host slots, keys to flush)."""
+
+    state: RequestState
+    record: StorePart
+    blocks: list[int]
+    sizes: tuple[int, ...]
+    starts: tuple[int, ...]
+    slots: list[int]
+    flushed: tuple[ChunkKey, ...] = ()  # a prompt's tail is never written below host memory
 
 
 class StorePlanner:
@@ -87,40 +100,62 @@ class StorePlanner:
         return ChunkOffer(state, offered, runs) if offered else None
 
     def plan(self, offers: Sequence[ChunkOffer], tails: Sequence[TailOffer]) -> list[StoreJob]:
-        """The store jobs of a step's ``offers``, then its prompt ``tails``.
+        """The stores of a step's ``offers``, then its prompt ``tails``: one job.
 
         One reservation for the whole step when the host tier has room for all of it (most
         steps); otherwise request by request, the chunks first (a full chunk is worth more than
         a tail), each request keeping the earliest chunks that fit (``reserve``).
+
+        The step's stores are one job (``Job.parts``: a part per run of a request's chunks, and
+        per tail): copied, reported and completed together, each part still its request's (a
+        request finished keeps its blocks until the job is done; a part computed from a failed
+        load fails alone). Each part is a ``StoreJob`` of the job's id for the workers.
         """
         keys = [key for offer in offers for key in offer.keys] + [tail.key for tail in tails]
         plan = self.manager.prepare_store(keys) if keys else None
-        jobs: list[StoreJob] = []
+        parts: list[_Part] = []
         if plan is not None:  # a chunk two requests offer is stored by the first
             self._evicted(plan)
             slots = dict(zip(plan.keys, plan.slots, strict=True))
             for offer in offers:
-                jobs += self._chunk_jobs(offer, slots)
+                parts += self._chunk_parts(offer, slots)
             for tail in tails:
                 slot = slots.pop(tail.key, None)
                 if slot is not None:
-                    jobs.append(self._tail_job(tail, slot))
-            return jobs
-        for offer in offers:
-            plan, taken = self._reserve(offer.keys)
-            if taken < len(offer.keys):
-                self._offer_again(offer.state, offer.runs, offer.keys[taken:])
-            if plan is not None:
-                jobs += self._chunk_jobs(offer, dict(zip(plan.keys, plan.slots, strict=True)))
-        for tail in tails:
-            plan = self.reserve([tail.key])
-            if plan is not None and plan.keys:
-                jobs.append(self._tail_job(tail, plan.slots[0]))
+                    parts.append(self._tail_part(tail, slot))
+        else:
+            for offer in offers:
+                plan, taken = self._reserve(offer.keys)
+                if taken < len(offer.keys):
+                    self._offer_again(offer.state, offer.runs, offer.keys[taken:])
+                if plan is not None:
+                    parts += self._chunk_parts(offer, dict(zip(plan.keys, plan.slots, strict=True)))
+            for tail in tails:
+                plan = self.reserve([tail.key])
+                if plan is not None and plan.keys:
+                    parts.append(self._tail_part(tail, plan.slots[0]))
+        return self._job(parts) if parts else []
+
+    def _job(self, parts: list[_Part]) -> list[StoreJob]:
+        """One job of ``parts``: its id in the job table, in each request's ``store_jobs``."""
+        job = Job(
+            "", [key for part in parts for key in part.record.keys], JobKind.STORE,
+            blocks=[block for part in parts for block in part.blocks],
+            parts=[part.record for part in parts],
+        )  # fmt: skip
+        job_id = self.jobs.add(job)
+        jobs = []
+        for part in parts:
+            part.state.store_jobs.add(job_id)
+            engine = EngineBlocks(np.array(part.blocks, dtype=np.int64), part.sizes, part.starts)
+            jobs.append(StoreJob(job_id, part.state.req_id, engine,
+                                 HostChunks(np.array(part.slots, dtype=np.int64)),
+                                 part.flushed))  # fmt: skip
         return jobs
 
-    def _chunk_jobs(self, offer: ChunkOffer, slots: dict[Key, int]) -> list[StoreJob]:
-        """The jobs storing ``offer``'s chunks that have a slot in ``slots`` (taken from it):
-        one per run of adjacent chunks, each group's n-th run in the n-th job."""
+    def _chunk_parts(self, offer: ChunkOffer, slots: dict[Key, int]) -> list[_Part]:
+        """The parts storing ``offer``'s chunks that have a slot in ``slots`` (taken from it):
+        one per run of adjacent chunks, each group's n-th run in the n-th part."""
         state, runs = offer.state, offer.runs
         slot_of: dict[Key, int] = {}
         for group_runs in runs:  # keep the chunks prepare_store took, merge neighbours
@@ -133,19 +168,41 @@ class StorePlanner:
                     kept.append(run)
             group_runs[:] = _merge(kept)
         return [
-            self._store_job(state, [r[i] if i < len(r) else None for r in runs], slot_of)
+            self._chunk_part(state, [r[i] if i < len(r) else None for r in runs], slot_of)
             for i in range(max(map(len, runs), default=0))
         ]
 
-    def _tail_job(self, tail: TailOffer, slot: int) -> StoreJob:
-        """The job storing a prompt's tail into ``slot`` (host memory only)."""
-        state = tail.state
-        job = Job(state.req_id, [tail.key], JobKind.STORE, tail.blocks, host_only=True)
-        job_id = self.jobs.add(job)
-        state.store_jobs.add(job_id)
-        engine = EngineBlocks(np.array(tail.blocks, dtype=np.int64), (len(tail.blocks),),
-                              (tail.first,))  # fmt: skip
-        return StoreJob(job_id, state.req_id, engine, HostChunks(np.array([slot], np.int64)))
+    def _chunk_part(
+        self,
+        state: RequestState,
+        runs: list[tuple[int, int, int] | None],
+        slot_of: Mapping[Key, int],
+    ) -> _Part:
+        """The part storing run ``runs[g]`` (or nothing) of each group ``g``."""
+        keys: list[ChunkKey] = []
+        ids: list[int] = []
+        sizes, starts = [], []
+        factor = self.factor
+        for g, run in enumerate(runs):
+            if run is None:
+                sizes.append(0)
+                starts.append(0)
+                continue
+            _, first, end = run
+            keys += state.keys[g][first:end]
+            ids += state.block_ids[g][first * factor : end * factor]
+            sizes.append((end - first) * factor)
+            starts.append(first * factor)
+        kept = tuple(run for run in runs if run is not None)
+        first = min(run[1] for run in kept)
+        record = StorePart(state.req_id, keys, first, kept)
+        slots = [slot_of[k] for k in keys]
+        return _Part(state, record, ids, tuple(sizes), tuple(starts), slots, tuple(keys))
+
+    def _tail_part(self, tail: TailOffer, slot: int) -> _Part:
+        """The part storing a prompt's tail into ``slot`` (host memory only: never flushed)."""
+        record = StorePart(tail.state.req_id, [tail.key], host_only=True)
+        return _Part(tail.state, record, tail.blocks, (len(tail.blocks),), (tail.first,), [slot])
 
     def _evicted(self, plan: StorePlan) -> None:
         self.stats.evicted_chunks += len(plan.evicted)
@@ -197,39 +254,6 @@ class StorePlanner:
             return False
         blocks = state.block_ids[group][first : first + self.factor]
         return len(blocks) == self.factor and NULL_BLOCK not in blocks
-
-    def _store_job(
-        self,
-        state: RequestState,
-        runs: list[tuple[int, int, int] | None],
-        slot_of: Mapping[Key, int],
-    ) -> StoreJob:
-        """One job storing run ``runs[g]`` (or nothing) of each group ``g``."""
-        keys: list[ChunkKey] = []
-        ids: list[int] = []
-        sizes, starts = [], []
-        for g, run in enumerate(runs):
-            if run is None:
-                sizes.append(0)
-                starts.append(0)
-                continue
-            _, first, end = run
-            keys += state.keys[g][first:end]
-            ids += state.block_ids[g][first * self.factor : end * self.factor]
-            sizes.append((end - first) * self.factor)
-            starts.append(first * self.factor)
-        kept = tuple(run for run in runs if run is not None)
-        first = min(run[1] for run in kept)
-        job = Job(state.req_id, keys, JobKind.STORE, blocks=ids, first_chunk=first, runs=kept)
-        job_id = self.jobs.add(job)
-        state.store_jobs.add(job_id)
-        return StoreJob(
-            job_id,
-            state.req_id,
-            EngineBlocks(np.array(ids, dtype=np.int64), tuple(sizes), tuple(starts)),
-            HostChunks(np.array([slot_of[k] for k in keys], dtype=np.int64)),
-            tuple(keys),
-        )
 
 
 def _merge(runs: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:

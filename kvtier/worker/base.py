@@ -3,7 +3,8 @@
 Primitives:
     transfer_async(job_id, src, dst) -> bool   submit a copy; False if it could not be submitted
     transfer_batch(transfers) -> [bool]        submit several at once (a step's stores): a
-                                               handler may copy them as one
+                                               handler may copy them as one; transfers of one
+                                               job id are its parts (engine <-> host handlers)
     get_finished() -> list[TransferResult]     jobs finished since the last call, each once
     wait(job_ids)                              block until those jobs finished (tests, shutdown)
     shutdown()                                 finish what is in flight and release threads/streams

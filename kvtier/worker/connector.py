@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -70,13 +71,13 @@ class RankCounters:
 TierBuilder = Callable[[KVLayout, HostTier, str], WorkerTier | None]
 
 
-@dataclass(frozen=True)
-class _InFlight:
-    req_id: str  # "" for a tier write
+class _InFlight(NamedTuple):
+    req_id: str  # "" for a tier write and a store
     store: bool
     engine: EngineBlocks | None  # a load's engine side (a failed load's blocks are recomputed)
     chunks: int = 0  # a tier write's chunks
     sync: bool = False  # a load the request's step waits for (never reported as received)
+    requests: tuple[str, ...] = ()  # a store's: the requests of its parts
 
 
 class WorkerConnector:
@@ -205,20 +206,33 @@ class WorkerConnector:
             writing = _InFlight("", False, None, len(write.dst.keys))
             self._submit(write.job_id, writing, (write.src, write.dst))
         stores, self._stores = self._stores, []
-        for job in stores:
-            for slot in job.dst.slots.tolist():  # being overwritten: no key until it is done
-                self._slot_keys.pop(slot, None)
-            if job.keys:
-                self._store_keys[job.job_id] = (job.dst.slots, job.keys)
+        if not stores:
+            return
+        jobs: dict[int, list[StoreJob]] = {}  # a job's parts (a step's stores: one job)
+        for part in stores:
+            jobs.setdefault(part.job_id, []).append(part)
+        slot_keys = self._slot_keys
+        for job_id, parts in jobs.items():
+            for part in parts:  # its slots are being overwritten: no key until it is done
+                for slot in part.dst.slots.tolist():
+                    slot_keys.pop(slot, None)
+            named = [part for part in parts if part.keys]
+            if named:
+                self._store_keys[job_id] = (
+                    np.concatenate([part.dst.slots for part in named]),
+                    tuple(key for part in named for key in part.keys),
+                )
         submitted = [False] * len(stores)
         try:  # together: a handler may copy a step's stores as one
             submitted = self.transfers.transfer_batch(
-                [Transfer(job.job_id, job.src, job.dst) for job in stores]
+                [Transfer(part.job_id, part.src, part.dst) for part in stores]
             )
         except Exception:
-            logger.exception("kvtier: could not submit %d store jobs", len(stores))
-        for job, ok in zip(stores, submitted, strict=True):
-            self._submitted(job.job_id, _InFlight(job.req_id, True, job.src), ok)
+            logger.exception("kvtier: could not submit %d store jobs", len(jobs))
+        ok = dict(zip((part.job_id for part in stores), submitted, strict=True))
+        for job_id, parts in jobs.items():
+            requests = tuple(dict.fromkeys(part.req_id for part in parts))
+            self._submitted(job_id, _InFlight("", True, None, requests=requests), ok[job_id])
 
     def _submit(self, job_id: int, job: _InFlight, spec: tuple[TransferSpec, TransferSpec]) -> None:
         submitted = False
@@ -233,17 +247,17 @@ class WorkerConnector:
             self._record(job_id, job, ok=False, nbytes=0, seconds=0.0)
             return
         self._in_flight[job_id] = job
-        if job.store:
-            self._req_stores.setdefault(job.req_id, set()).add(job_id)
+        for req_id in job.requests:  # a store's
+            self._req_stores.setdefault(req_id, set()).add(job_id)
 
     def _poll(self) -> None:
         for result in self.transfers.get_finished():
             job = self._in_flight.pop(result.job_id)
-            if job.store:
-                jobs = self._req_stores[job.req_id]
+            for req_id in job.requests:  # a store's
+                jobs = self._req_stores[req_id]
                 jobs.discard(result.job_id)
                 if not jobs:
-                    del self._req_stores[job.req_id]
+                    del self._req_stores[req_id]
             self._record(
                 result.job_id, job, result.success, result.bytes, result.seconds, result.bad
             )
@@ -320,7 +334,7 @@ class WorkerConnector:
                 handler.wait_any(IDLE_WAIT_S)
         elif self._req_stores and self._store is not None:
             self._store.wait_any(IDLE_WAIT_S)
-        elif any(job.engine is None for job in self._in_flight.values()):  # writes to a tier
+        elif any(not job.store and job.engine is None for job in self._in_flight.values()):
             for tier in tiers:
                 if tier.write is not None:
                     tier.write.wait_any(IDLE_WAIT_S)

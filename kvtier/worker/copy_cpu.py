@@ -104,41 +104,45 @@ class CpuCopyHandler(EngineHostHandler):
 
     def transfer_batch(self, transfers: Sequence[Transfer]) -> list[bool]:
         """Inline, several jobs (a step's stores) copy as one (``row_batch.py``): planned with
-        Python ints, one gather and one scatter per view and piece, split across the lanes. A
-        job ``plan_copy`` refuses is refused alone; if a job names a block or slot out of range,
-        or the joined copy fails, each job is copied alone instead (``EngineHostHandler``), so
-        only the jobs that fail by themselves are reported failed."""
+        Python ints, one gather and one scatter per view and piece, split across the lanes.
+        Transfers sharing a job id are that job's parts, reported as one job. A job
+        ``plan_copy`` refuses (any of its parts) is refused alone; if a job names a block or
+        slot out of range, or the joined copy fails, each job is copied alone instead
+        (``EngineHostHandler``), so only the jobs that fail by themselves are reported failed."""
         if self._thread is not None or len(transfers) < 2:
             return super().transfer_batch(transfers)
         groups = len(self.layout.groups)
-        planned: list[tuple[int, list[tuple[int, list[int], list[int]]]]] = []
-        submitted = []
+        planned: dict[int, list[tuple[int, list[int], list[int]]] | None] = {}
         for job_id, src, dst in transfers:
+            rows = planned.setdefault(job_id, [])
+            if rows is None:
+                continue  # a part refused: the job is
             engine, host = self._sides(src, dst)
             try:
-                planned.append((job_id, plan_rows(engine, host, self._factor, groups)))
-                submitted.append(True)
+                rows += plan_rows(engine, host, self._factor, groups)
             except ValueError as error:
                 logger.error("kvtier: refused transfer job %d: %s", job_id, error)
-                submitted.append(False)
-        batch = RowBatch.of([job for _, job in planned], groups)
+                planned[job_id] = None
+        jobs = {job_id: rows for job_id, rows in planned.items() if rows is not None}
+        submitted = [planned[transfer.job_id] is not None for transfer in transfers]
+        batch = RowBatch.of(list(jobs.values()), groups)
         num_rows = self.host.num_chunks * self._factor
         if not batch.within(self.layout.num_blocks, num_rows):
             return super().transfer_batch(transfers)
-        nbytes = [sum(len(ids) * self._group_bytes[g] for g, ids, _ in job) for _, job in planned]
-        started, total = time.perf_counter(), max(sum(nbytes), 1)
+        nbytes = {job_id: sum(len(ids) * self._group_bytes[g] for g, ids, _ in rows)
+                  for job_id, rows in jobs.items()}  # fmt: skip
+        started, total = time.perf_counter(), max(sum(nbytes.values()), 1)
         try:
             self._scatter(batch, total)
         except Exception:
-            logger.exception("kvtier: a batch of %d transfer jobs failed", len(planned))
-            kept = {job_id for job_id, _ in planned}
-            again = [t for t in transfers if t.job_id in kept]
+            logger.exception("kvtier: a batch of %d transfer jobs failed", len(jobs))
+            again = [t for t in transfers if t.job_id in jobs]
             refused = {t.job_id for t, ok in zip(again, super().transfer_batch(again)) if not ok}
             return [ok and t.job_id not in refused for t, ok in zip(transfers, submitted)]
         seconds = time.perf_counter() - started
         self._inline_finished += [  # each job its share of the time, by its bytes
             TransferResult(job_id, True, size, seconds * size / total)
-            for (job_id, _), size in zip(planned, nbytes, strict=True)
+            for job_id, size in nbytes.items()
         ]
         return submitted
 

@@ -35,11 +35,16 @@ class EngineHostHandler(TransferHandler):
         return self.transfer_batch([Transfer(job_id, src, dst)])[0]
 
     def transfer_batch(self, transfers: Sequence[Transfer]) -> list[bool]:
-        """Plan each transfer (a bad one is refused alone) and submit it."""
-        submitted = []
+        """Plan each job (a bad one is refused alone) and submit it. Transfers sharing a job id
+        are that job's parts (a step's stores: one job): planned together, one refused refuses
+        the job, copied and reported as one."""
+        plans: dict[int, list[GroupCopy] | None] = {}
         for job_id, src, dst in transfers:
+            if job_id in plans and plans[job_id] is None:
+                continue  # a part refused: the job is
             plan = self._checked_plan(job_id, src, dst)
-            submitted.append(plan is not None)
+            plans[job_id] = None if plan is None else [*(plans.get(job_id) or []), *plan]
+        for job_id, plan in plans.items():
             if plan is not None:
                 nbytes = sum(
                     len(copy.block_ids) * self.layout.page_bytes[view]
@@ -47,7 +52,7 @@ class EngineHostHandler(TransferHandler):
                     for view in self.layout.groups[copy.group]
                 )
                 self._submit(job_id, plan, nbytes)
-        return submitted
+        return [plans[transfer.job_id] is not None for transfer in transfers]
 
     def _checked_plan(
         self, job_id: int, src: TransferSpec, dst: TransferSpec

@@ -1,6 +1,6 @@
 """``kvtier bench concurrency`` end to end on the tiny model, its smallest sizes: engine processes
-with and without kvtier alternate, every round is timed, and the JSON's ratios are the ones its
-measured rounds make (the served long-miss part: its summary from given TTFTs)."""
+with and without kvtier serve interleaved rounds, every round is timed, and the JSON's ratios are
+the ones its measured rounds make (the served long-miss part: its summary from given TTFTs)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from kvtier.apps.bench import concurrency
 from kvtier.apps.bench.concurrency_rounds import Rounds
+from kvtier.apps.bench.concurrency_rounds import summarize as summarize_rounds
 from kvtier.apps.bench.concurrency_served import LongMiss, summarize
 from kvtier.apps.bench.report import median
 
@@ -34,12 +35,15 @@ def test_bench_concurrency_rounds_ratios_come_from_the_measured_rounds(
     times = {}
     for process in rounds["processes"]:
         assert len(process["round_s"]) == 3 and all(t > 0 for t in process["round_s"])
-        times[process["config"]] = median(process["round_s"][1:])  # after the warm-up round
-        assert process["median_round_s"] == pytest.approx(times[process["config"]], abs=1e-4)
+        times[process["config"]] = process["round_s"][1:]  # after the warm-up round
+        assert process["median_round_s"] == pytest.approx(median(times[process["config"]]),
+                                                          abs=1e-4)  # fmt: skip
     kvtier = rounds["processes"][1]["kvtier_cpu"]
     assert kvtier["stored_chunks"] >= 3 * 8 * 2 and kvtier["hit_chunks"] == 0  # 64 tokens: 2 chunks
-    # the JSON's rounds are rounded to 0.1 ms: a ratio of rounds of a few ms carries that error
-    assert rounds["ratios"] == [pytest.approx(times["baseline"] / times["kvtier"], rel=2e-2)]
+    # the median of the rounds' ratios; the JSON's rounds are rounded to 0.1 ms: a ratio of
+    # rounds of a few ms carries that error
+    per_round = [a / b for a, b in zip(times["baseline"], times["kvtier"], strict=True)]
+    assert rounds["ratios"] == [pytest.approx(median(per_round), rel=2e-2)]
 
     [row] = document["rows"]
     assert VERDICT_KEYS <= row.keys() and row["key"] == "rounds" and row["pairs"] == 1
@@ -55,3 +59,20 @@ def test_long_miss_ratios_are_mean_ttft_over_pairs() -> None:
     assert record["ratios"] == [2.0, 0.5]
     assert concurrency.verdict("long_miss", record["ratios"])["ratio"] == 1.25
     assert not concurrency.verdict("long_miss", record["ratios"])["pass"]  # goal <= 1.02
+
+
+def test_a_pairs_ratio_is_the_median_of_its_rounds_ratios_and_the_null_connector_a_bound() -> None:
+    """Rounds after the warm-up, paired by round: baseline's time / each engine's."""
+    work = Rounds(rounds=4, pairs=1, filled_host="64MiB", null=True)
+    rounds = {"baseline": [9.0, 1.0, 2.0, 4.0], "kvtier": [9.0, 1.25, 2.0, 5.0],
+              "kvtier-filled": [9.0, 1.0, 2.5, 4.0], "null": [9.0, 1.0, 2.0, 4.2]}  # fmt: skip
+    processes = [{"pair": 0, "config": config, "round_s": times}
+                 for config, times in rounds.items()]  # fmt: skip
+    record = summarize_rounds(processes, work)
+    assert record["ratios"] == [0.8]  # 0.8, 1.0, 0.8
+    assert record["filled_ratios"] == [1.0]  # 1.0, 0.8, 1.0
+    assert record["null_ratios"] == [pytest.approx(1.0)]
+    assert record["processes"][1]["median_round_s"] == 2.0
+    bound = concurrency.verdict("rounds_null", record["null_ratios"])
+    assert bound["pass"] is None and bound["goal"] is None
+    assert concurrency.verdict("rounds", record["ratios"])["pass"] is False

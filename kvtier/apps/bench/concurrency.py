@@ -1,12 +1,15 @@
 """``kvtier bench concurrency``: what kvtier costs where it cannot help, at high concurrency.
 
-Two parts, each a ratio over pairs measured one right after the other:
+Two parts, each a ratio over pairs:
 
     rounds (``concurrency_rounds``)     512 never-seen 96-token prompts at once (the tiny model,
                                         ``max_num_seqs`` 512), 32 tokens out: throughput with
-                                        kvtier / without, engine processes alternated A B C A B C
-                                        A B C (C: kvtier with a small host tier, full after the
-                                        warm-up: what kvtier costs once its host tier is filled)
+                                        kvtier / without, the engine processes of a pair alive
+                                        together and each round served by each in turn; beside
+                                        them kvtier with a small host tier, full after the warm-up
+                                        (what kvtier costs once its host tier is filled), and vLLM
+                                        with a connector that does nothing (the bound: what vLLM
+                                        costs an engine with any connector)
     long miss (``concurrency_served``)  never-seen ~3,000-token documents, 2 in flight, through
                                         ``kvtier serve`` / vLLM's server alone (the bench model):
                                         the mean TTFT, kvtier / alone
@@ -34,9 +37,13 @@ GOALS = {
     ),
     "long_miss": Goal("never-seen long prompt, served TTFT, kvtier / vLLM alone", 1.02),
 }
+BOUNDS = {  # beside the goals: what vLLM itself costs an engine with any connector
+    "rounds_null": "the bound: vLLM with a connector that does nothing / none",
+    "rounds_over_null": "kvtier / vLLM with a connector that does nothing",
+}
 MODELS = {"rounds": ("tiny", "float32"), "long_miss": ("bench", "bfloat16")}
 FILLED_HOST = "64MiB"  # the filled process's host tier: about 1.3 rounds of the full run's stores
-ROUNDS, LONG_MISS = Rounds(filled_host=FILLED_HOST), LongMiss()  # the full run
+ROUNDS, LONG_MISS = Rounds(filled_host=FILLED_HOST, null=True), LongMiss()  # the full run
 
 
 def run(
@@ -58,21 +65,28 @@ def run(
     ratios = {key: part["ratios"] for key, part in parts.items()}
     if "filled_ratios" in parts.get("rounds", {}):
         ratios["rounds_filled"] = parts["rounds"]["filled_ratios"]
+    if "null_ratios" in parts.get("rounds", {}):
+        null = parts["rounds"]["null_ratios"]
+        ratios["rounds_null"] = null
+        ratios["rounds_over_null"] = [round(k / n, 4) for k, n in zip(ratios["rounds"], null)]
     verdicts = [verdict(key, values) for key, values in ratios.items()]
     meta = {
         "models": {key: [str(chosen[key][0]), chosen[key][1]] for key in parts},
-        "method": "ratios over pairs measured one right after the other; PASS on the median",
-        "all_pass": all(v["pass"] for v in verdicts),
+        "method": "rounds: engines alive together, each round served by each in turn, a pair's "
+        "ratio the median of its rounds'; long miss: pairs one right after the other; PASS on "
+        "the median",
+        "all_pass": all(v["pass"] for v in verdicts if v["pass"] is not None),
         **parts,
         "runtime_s": round(time.perf_counter() - started, 1),
     }  # fmt: skip
     write_json(out_dir / "concurrency.json", "concurrency", verdicts, **meta)
     _plot(verdicts, ratios, out_dir / "concurrency.png")
     for row in verdicts:
+        judged = "" if row["pass"] is None else (
+            f"; goal {row['goal']}: {'PASS' if row['pass'] else 'FAIL'}")  # fmt: skip
         print(
             f"{row['label']}: {row['ratio']:.3f} (min {row['min']:.3f}, max {row['max']:.3f}; "
-            f"{row['pairs']} pairs, spread {row['spread']:.1%}); goal {row['goal']}: "
-            f"{'PASS' if row['pass'] else 'FAIL'}"
+            f"{row['pairs']} pairs, spread {row['spread']:.1%}){judged}"
         )
     return {**meta, "rows": verdicts}
 
@@ -82,12 +96,15 @@ def _model(name: str | Path, dtype: str) -> tuple[Path, str]:
 
 
 def verdict(key: str, ratios: list[float]) -> dict[str, Any]:
-    """One part's row: the median of its pairs' ratios, min, max, spread, against its goal."""
-    goal, middle = GOALS[key], round(median(ratios), 3)
+    """One part's row: the median of its pairs' ratios, min, max, spread, against its goal
+    (a bound's row: no goal, ``pass`` None)."""
+    goal, middle = GOALS.get(key), round(median(ratios), 3)
     return {
-        "key": key, "label": goal.label, "ratio": middle, "min": round(min(ratios), 3),
-        "max": round(max(ratios), 3), "spread": round(spread(ratios), 3), "pairs": len(ratios),
-        "goal": goal.text, "pass": goal.holds(middle),
+        "key": key, "label": BOUNDS[key] if goal is None else goal.label, "ratio": middle,
+        "min": round(min(ratios), 3), "max": round(max(ratios), 3),
+        "spread": round(spread(ratios), 3), "pairs": len(ratios),
+        "goal": None if goal is None else goal.text,
+        "pass": None if goal is None else goal.holds(middle),
     }  # fmt: skip
 
 
@@ -104,13 +121,15 @@ def _plot(rows: list[dict[str, Any]], ratios_of: dict[str, list[float]], path: P
         pairs = range(1, len(ratios) + 1)
         axis.plot(pairs, ratios, "o", label="pairs")
         axis.axhline(row["ratio"], color="C0", linestyle="-", label=f"median {row['ratio']:.3f}")
-        axis.axhline(GOALS[row["key"]].bound, color="C3", linestyle="--",
-                     label=f"goal {row['goal']}")  # fmt: skip
+        if row["goal"] is not None:
+            axis.axhline(GOALS[row["key"]].bound, color="C3", linestyle="--",
+                         label=f"goal {row['goal']}")  # fmt: skip
         axis.axhline(1.0, color="grey", linewidth=0.5)
         axis.set_xticks(list(pairs))
         axis.set_xlabel("pair")
         axis.set_ylabel("kvtier / without")
-        axis.set_title(f"{row['label']}: {'PASS' if row['pass'] else 'FAIL'}", fontsize=9)
+        judged = "" if row["pass"] is None else f": {'PASS' if row['pass'] else 'FAIL'}"
+        axis.set_title(f"{row['label']}{judged}", fontsize=9)
         axis.legend(fontsize=8)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,19 +1,20 @@
 """``kvtier bench concurrency``, rounds: many never-seen prompts at once, with kvtier / without.
 
-Processes one after the other, each one engine (``ttft_process.EngineProcess``): without a
-connector (``baseline``), then with kvtier (a host tier only, roomy), and again, ``pairs`` times
-(A B A B A B). Every process serves ``rounds`` rounds; a round is ``prompts`` prompts never seen
-(fresh each round; the same ones for the two processes of a pair) of ``tokens`` tokens, given to
-the engine at once, ``max_tokens`` each; with kvtier a round counts until its stores drained.
-A process's time is the median of its rounds after the first ``warmup_rounds``; a pair's ratio
-is kvtier's throughput over the baseline's: the baseline's time / kvtier's.
+Each pair starts its engine processes together (``ttft_process.EngineProcess``, one engine each,
+idle while another serves): without a connector (``baseline``), with kvtier (a host tier only,
+roomy), and, with ``filled_host``, kvtier with a host tier that small (``kvtier-filled``: filled by
+the warm-up round, so every later store reuses memory an eviction freed, as in an engine that
+has run a while), and with ``null``, vLLM with a connector that does nothing
+(``null_connector.py``: what vLLM itself costs an engine with any connector, the bound no
+connector beats). Every round is ``prompts`` prompts never seen (fresh each round; the same ones
+for every engine) of ``tokens`` tokens, given to the engine at once, ``max_tokens`` each; with
+kvtier a round counts until its stores drained. Round ``r`` is served by every engine one right
+after the other, the order rotated each round, so a drift of the machine (this one's rounds vary
+by 30 % over minutes) reaches all engines alike.
 
-With ``filled_host``, each pair has a third process (A B C): kvtier with a host tier that small,
-filled by the warm-up round, so every later store reuses memory an eviction freed, as in an
-engine that has run a while (``filled_ratios``). The first fill of a fresh host tier writes
-memory never touched, which costs the kernel a fault and zeroing per page and, on a virtual
-machine whose host backs guest memory lazily (this one: about 4.5 ms per MiB, some 20 x the
-copy), far more: the two ratios tell that cost from kvtier's own.
+A round's ratio is the baseline's time over the engine's (its throughput, relative); a pair's
+is the median of its rounds' after the first ``warmup_rounds`` (each process's median round is
+kept too).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from kvtier.apps.models import make_prompt
 
 CONFIGS = ("baseline", "kvtier")  # A, B
 FILLED = "kvtier-filled"  # C, with ``Rounds.filled_host``
+NULL = "null"  # D, with ``Rounds.null``: vLLM with a connector that does nothing
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,12 @@ class Rounds:
     max_num_seqs: int = 512
     chunk_tokens: int = 64  # kvtier's chunk (its block_size)
     filled_host: str | None = None  # a third process: kvtier with a host tier this small
+    null: bool = False  # a fourth: vLLM with a connector that does nothing (the bound)
 
     @property
     def configs(self) -> tuple[str, ...]:
-        return CONFIGS + ((FILLED,) if self.filled_host is not None else ())
+        filled = (FILLED,) if self.filled_host is not None else ()
+        return CONFIGS + filled + ((NULL,) if self.null else ())
 
     def __post_init__(self) -> None:
         if self.rounds <= self.warmup_rounds or self.pairs < 1:
@@ -64,6 +68,10 @@ def engine_args(model: Path, dtype: str, work: Rounds, config: str) -> dict[str,
     workload = Workload(prompts=work.prompts, tokens=work.tokens, max_tokens=work.max_tokens)
     setup = Setup(model, dtype, (work.tokens + work.max_tokens,), 1, workload, Path("unused"),
                   chunk_tokens=work.chunk_tokens)  # fmt: skip
+    if config == NULL:
+        from kvtier.apps.bench.null_connector import CONFIG
+
+        return setup.engine_args(dict(CONFIG)) | {"max_num_seqs": work.max_num_seqs}
     transfer = setup.transfer("kvtier" if config == FILLED else config)
     if config == FILLED and transfer is not None:
         transfer["kv_connector_extra_config"]["cpu_bytes_to_use"] = work.filled_host
@@ -84,10 +92,8 @@ def measure_rounds(model: Path, dtype: str, work: Rounds) -> dict[str, Any]:
                  for i in range(work.prompts)]
                 for r in range(work.rounds)
             ]  # fmt: skip
-            for config in work.configs:
-                record = _process(engine_args(model, dtype, work, config), config, batches, work,
-                                  progress)  # fmt: skip
-                processes.append({"pair": pair, **record})
+            records = _pair(model, dtype, work, batches, progress)
+            processes += [{"pair": pair, **records[config]} for config in work.configs]
     return summarize(processes, work)
 
 
@@ -95,38 +101,57 @@ def _seed(pair: int, round_: int, prompt: int) -> int:
     return 5_000_011 + pair * 1_000_003 + round_ * 10_007 + prompt
 
 
-def _process(
-    args: dict[str, Any], config: str, batches: list[list[list[int]]], work: Rounds,
-    progress: tqdm[Any],
-) -> dict[str, Any]:  # fmt: skip
-    """One fresh engine process serving every round; its times, drains, load and counters."""
-    with EngineProcess(config, args, engine_env()) as engine:
-        engine.wait_ready()
-        others = OtherLoad(lambda: own_cpu_seconds() + float(engine.call("cpu_seconds")))
-        served: list[Served] = []
-        for batch in batches:
-            served.append(engine.call("serve", batch, work.max_tokens))
-            progress.update()
+def _pair(
+    model: Path, dtype: str, work: Rounds, batches: list[list[list[int]]], progress: tqdm[Any]
+) -> dict[str, dict[str, Any]]:
+    """One pair: every configuration's engine process alive together, each serving every round,
+    the rounds interleaved (round ``r`` by each engine in turn, the order rotated by ``r``);
+    per configuration its times, drains, load and counters."""
+    engines: dict[str, EngineProcess] = {}
+    served: dict[str, list[Served]] = {config: [] for config in work.configs}
+    try:
+        for config in work.configs:  # one at a time: each checks the memory free as it starts
+            engines[config] = EngineProcess(config, engine_args(model, dtype, work, config),
+                                            engine_env())  # fmt: skip
+            engines[config].wait_ready()
+        others = OtherLoad(
+            lambda: own_cpu_seconds() + sum(float(e.call("cpu_seconds")) for e in engines.values())
+        )
+        for r, batch in enumerate(batches):
+            order = work.configs[r % len(work.configs) :] + work.configs[: r % len(work.configs)]
+            for config in order:
+                served[config].append(engines[config].call("serve", batch, work.max_tokens))
+                progress.update()
         other_load = others.cores()
-        counters = engine.call("kvtier_stats").cpu if config != "baseline" else None
-    if counters is not None and counters.hit_chunks:  # every prompt was new: nothing to find
-        raise RuntimeError(f"kvtier bench concurrency: invalid run, kvtier hits: {counters}")
+        counters = {config: engines[config].call("kvtier_stats").cpu
+                    for config in work.configs if config in (CONFIGS[1], FILLED)}  # fmt: skip
+    finally:
+        for engine in engines.values():
+            engine.close()
+    for found in counters.values():
+        if found.hit_chunks:  # every prompt was new: nothing to find
+            raise RuntimeError(f"kvtier bench concurrency: invalid run, kvtier hits: {found}")
     return {
-        "config": config,
-        "round_s": [round(s.seconds, 4) for s in served],
-        "drain_s": [round(s.drain_seconds, 4) for s in served],
-        "other_load_cores": other_load,
-        "kvtier_cpu": None if counters is None else {
-            "stored_chunks": counters.stored_chunks, "hit_chunks": counters.hit_chunks,
-            "skipped_stores": counters.skipped_stores, "evicted_chunks": counters.evicted_chunks,
-        },
+        config: {
+            "config": config,
+            "round_s": [round(s.seconds, 4) for s in served[config]],
+            "drain_s": [round(s.drain_seconds, 4) for s in served[config]],
+            "other_load_cores": other_load,
+            "kvtier_cpu": None if config not in counters else {
+                "stored_chunks": counters[config].stored_chunks,
+                "hit_chunks": counters[config].hit_chunks,
+                "skipped_stores": counters[config].skipped_stores,
+                "evicted_chunks": counters[config].evicted_chunks,
+            },
+        }
+        for config in work.configs
     }  # fmt: skip
 
 
 def summarize(processes: list[dict[str, Any]], work: Rounds) -> dict[str, Any]:
-    """Each process's median round (rounds after the warm-up), tokens/s, and the pairs' ratios
-    kvtier / baseline (baseline's median time / kvtier's; ``filled_ratios``: the filled host
-    tier's, with ``filled_host``)."""
+    """Each process's median round (rounds after the warm-up) and tokens/s; each pair's ratio
+    per configuration: the median over its rounds of the baseline's time / the engine's
+    (``ratios``: kvtier's; ``filled_ratios``, ``null_ratios`` with those processes)."""
     tokens = work.prompts * (work.tokens + work.max_tokens)
     for process in processes:
         counted = process["round_s"][work.warmup_rounds :]
@@ -134,8 +159,11 @@ def summarize(processes: list[dict[str, Any]], work: Rounds) -> dict[str, Any]:
         process["tokens_per_s"] = round(tokens / median(counted), 1)
     ratios: dict[str, list[float]] = {config: [] for config in work.configs[1:]}
     for pair in range(work.pairs):
-        times = {p["config"]: p["median_round_s"] for p in processes if p["pair"] == pair}
+        rounds = {p["config"]: p["round_s"][work.warmup_rounds :]
+                  for p in processes if p["pair"] == pair}  # fmt: skip
         for config, pair_ratios in ratios.items():
-            pair_ratios.append(round(times["baseline"] / times[config], 4))
-    filled = {"filled_ratios": ratios[FILLED]} if FILLED in ratios else {}
-    return {**asdict(work), "processes": processes, "ratios": ratios["kvtier"], **filled}
+            per_round = [a / b for a, b in zip(rounds["baseline"], rounds[config], strict=True)]
+            pair_ratios.append(round(median(per_round), 4))
+    extra = {f"{name}_ratios": ratios[config] for name, config in (("filled", FILLED),
+             ("null", NULL)) if config in ratios}  # fmt: skip
+    return {**asdict(work), "processes": processes, "ratios": ratios["kvtier"], **extra}

@@ -10,7 +10,10 @@ from kvtier.apps.command import Command
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pairs", type=int, help="process pairs of the rounds part (default 3)")
+    parser.add_argument("--pairs", type=int, help="pairs of the rounds part (default 3)")
+    parser.add_argument(
+        "--rounds", type=int, help="rounds per pair, the first a warm-up (default 6)"
+    )
     parser.add_argument(
         "--served-pairs", type=int, help="long-miss pairs, after a warm-up pair (default 6)"
     )
@@ -25,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
     rounds, long_miss = concurrency.ROUNDS, concurrency.LONG_MISS
     if args.pairs is not None:
         rounds = replace(rounds, pairs=args.pairs)
+    if args.rounds is not None:
+        rounds = replace(rounds, rounds=args.rounds)
     if args.served_pairs is not None:
         long_miss = replace(long_miss, pairs=args.served_pairs)
     concurrency.run(args.out, rounds=None if args.no_rounds else rounds,
@@ -39,9 +44,10 @@ COMMAND = Command(
     run,
     description="Rounds of 512 never-seen 96-token prompts at once (the tiny model, "
     "max_num_seqs 512, 32 tokens out) in engine processes with and without kvtier (a host tier "
-    "only), alternated A B A B A B: the throughput ratio from each process's median round "
-    "after the first (goal >= 0.97); a third process per pair, kvtier with a 64 MiB host tier "
-    "(full after the first round), gives the same ratio without the first fill's cost. Then "
+    "only), alive together, each round served by each in turn: the throughput ratio, the median "
+    "of the rounds' after the first (goal >= 0.97); beside them kvtier with a 64 MiB host tier "
+    "(full after the first round: the same ratio without the first fill), and vLLM with a "
+    "connector that does nothing (the bound: what vLLM costs an engine with any connector). Then "
     "never-seen ~3,000-token documents, 2 in flight, "
     "through kvtier serve and vLLM's server alone (the bench model), pairs alternated: the mean "
     "TTFT ratio (goal <= 1.02). Prints min/median/max with PASS/FAIL; writes concurrency.json "
