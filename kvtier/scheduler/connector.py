@@ -105,6 +105,7 @@ class SchedulerConnector:
             stats = self.stats.tiers[tier.name] = TierStats()
             self._writes[tier.name] = TierWrites(tier, self.manager, self.jobs, stats)
         self._tiers = {tier.name: tier for tier in self.lower}
+        self._counted = config.store_threshold > 1  # every lookup counts towards admission
         self.prefixes = (
             PrefixEvents(self.block_tokens, self.factor, [(t.name, t.holds) for t in self.lower])
             if prefix_events
@@ -158,6 +159,8 @@ class SchedulerConnector:
         if full <= first and tail is None:
             return 0
         run = self._loads.hit_run(state, first, full) if full > first else HitRun(first, first)
+        if run.end == first < full and not (run.retry or run.pending) and not self._counted:
+            return 0  # a miss from the first chunk on (no tail can follow): most new prompts
         tail_ready = tail is not None and self.manager.lookup([tail]).ready == 1
         hit = choose_hit(
             run, HitRequest(num_computed_tokens, num_tokens, first, full), self._policy, tail_ready

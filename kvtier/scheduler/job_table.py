@@ -40,7 +40,7 @@ class StorePart(NamedTuple):
     host_only: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class Job:
     req_id: str  # "" for a tier write and a store (its parts name their requests)
     keys: list[ChunkKey]

@@ -11,6 +11,9 @@ hit's end, in the same order. That gives one load job per tier, each a contiguou
 per group. A remote tier may not know yet (its lookup is in flight): the run stops there and is
 ``pending``; the part a load may read before the forward (``sync_end``) stops at the first chunk
 of a tier that is never read synchronously (a network store).
+
+Over 300 lines because the run a lookup finds and the loads that read it are one concept: both
+walk the same groups and tiers in the same order, and must agree.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ class LoadPlanner:
         self.lower = tuple(lower)
         self.jobs = jobs
         self.stats = stats
+        self._host_only = not self.lower and [g.sliding_window for g in self.groups] == [None]
 
     def hit_run(self, state: RequestState, first: int, full: int) -> HitRun:
         """The loadable run of chunks from chunk ``first`` (at most to ``full``): where its part
@@ -90,6 +94,10 @@ class LoadPlanner:
         remote tier is still looking it up."""
         if self.manager.capacity == 0 and not self.lower:
             return HitRun(first, first, False)
+        if self._host_only:  # one full-attention group, nothing below host memory
+            found = self.manager.lookup(state.chunk_keys(self.keys, 0, full)[first:full])
+            end = first + found.ready
+            return HitRun(end, end, found.retry_later, end, False)
         end, host_end, sync_end, retry, pending = full, full, full, False, False
         for g, spec in enumerate(self.groups):
             if spec.sliding_window is None:

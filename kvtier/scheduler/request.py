@@ -9,7 +9,7 @@ from typing import Any
 from kvtier.keys import ChunkKey, ChunkKeyMaker
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestState:
     """One request: its chunk keys, how far it was stored, and its transfers in flight.
 

@@ -144,19 +144,31 @@ class StorePlanner:
             parts=[part.record for part in parts],
         )  # fmt: skip
         job_id = self.jobs.add(job)
-        jobs = []
-        for part in parts:
-            part.state.store_jobs.add(job_id)
-            engine = EngineBlocks(np.array(part.blocks, dtype=np.int64), part.sizes, part.starts)
-            jobs.append(StoreJob(job_id, part.state.req_id, engine,
-                                 HostChunks(np.array(part.slots, dtype=np.int64)),
-                                 part.flushed))  # fmt: skip
+        blocks = np.array(job.blocks, dtype=np.int64)  # each part's a view of the job's
+        slots = np.array([slot for part in parts for slot in part.slots], dtype=np.int64)
+        jobs, at, slot_at = [], 0, 0
+        for state, _, ids, sizes, starts, part_slots, flushed in parts:
+            state.store_jobs.add(job_id)
+            end, slot_end = at + len(ids), slot_at + len(part_slots)
+            engine = EngineBlocks(blocks[at:end], sizes, starts)
+            host = HostChunks(slots[slot_at:slot_end])
+            jobs.append(StoreJob(job_id, state.req_id, engine, host, flushed))
+            at, slot_at = end, slot_end
         return jobs
 
     def _chunk_parts(self, offer: ChunkOffer, slots: dict[Key, int]) -> list[_Part]:
         """The parts storing ``offer``'s chunks that have a slot in ``slots`` (taken from it):
         one per run of adjacent chunks, each group's n-th run in the n-th part."""
         state, runs = offer.state, offer.runs
+        if len(runs) == 1 and len(runs[0]) == 1:  # one group, one chunk: most offers
+            group, first, end = run = runs[0][0]
+            key = state.keys[group][first]
+            slot = slots.pop(key, None)
+            if slot is None:
+                return []
+            ids = state.block_ids[group][first * self.factor : end * self.factor]
+            record = StorePart(state.req_id, [key], first, (run,))
+            return [_Part(state, record, ids, (len(ids),), (first * self.factor,), [slot], (key,))]
         slot_of: dict[Key, int] = {}
         for group_runs in runs:  # keep the chunks prepare_store took, merge neighbours
             kept = []

@@ -213,8 +213,8 @@ class WorkerConnector:
             jobs.setdefault(part.job_id, []).append(part)
         slot_keys = self._slot_keys
         for job_id, parts in jobs.items():
-            for part in parts:  # its slots are being overwritten: no key until it is done
-                for slot in part.dst.slots.tolist():
+            if slot_keys:  # its slots are being overwritten: no key until it is done
+                for slot in np.concatenate([part.dst.slots for part in parts]).tolist():
                     slot_keys.pop(slot, None)
             named = [part for part in parts if part.keys]
             if named:

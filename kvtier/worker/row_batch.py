@@ -30,6 +30,13 @@ def plan_rows(
     """Per group with blocks: (group, engine block ids, host page rows), as ``plan_copy`` maps
     them; ``ValueError`` where it would refuse the job (ids and slots are range-checked by the
     caller)."""
+    sizes = engine.group_sizes
+    if len(sizes) == 1 == len(engine.block_indices) and num_groups:  # one group: most jobs
+        n, skip = sizes[0], engine.block_indices[0] % factor
+        ids, slots = engine.block_ids.tolist(), host.slots.tolist()
+        if n and len(ids) == n and len(slots) == (n + skip + factor - 1) // factor:
+            rows = [slots[(skip + k) // factor] * factor + (skip + k) % factor for k in range(n)]
+            return [(0, ids, rows)]
     check_groups(engine, num_groups)
     spans = checked_spans(engine, len(host.slots), factor)
     sizes, starts = engine.group_sizes, engine.block_indices
