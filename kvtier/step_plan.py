@@ -56,7 +56,6 @@ class StepPlan:
     messages: dict[str, list[object]] = field(default_factory=dict)  # tier -> its worker side's
     forget: list[ChunkKey] = field(default_factory=list)  # host copies that hold no chunk
     num_chunks: int = 0  # the host tier's size as the scheduler manages it
-    host_frontier: int = 0  # host slots below it were handed out (``ChunkManager.frontier``)
     tier_room: dict[str, int] = field(default_factory=dict)  # tier -> bytes (all ranks) it may
     # still take: a shutdown flush's bound (absent: the tier's own budget)
     forward: bool = True  # the step computes tokens (False: the engine only waits, e.g. for loads)

@@ -269,7 +269,6 @@ class SchedulerConnector:
         plan, self._plan = self._plan, StepPlan(num_chunks=self.manager.capacity)
         plan.flush = sorted(flush)
         plan.forward = forward
-        plan.host_frontier = self.manager.frontier
         plan.tier_room = {tier.name: tier.room for tier in self.lower if tier.room is not None}
         for source in self.sources.values():
             messages = source.take_messages()

@@ -94,7 +94,6 @@ class ChunkManager:
         # Invariants: free slots and the slots of self._chunks partition range(capacity);
         # self._chunks and the policy hold the same keys.
         self._free: list[int] = list(range(capacity - 1, -1, -1))  # pop() hands out 0, 1, ...
-        self._frontier = 0  # slots below it were handed out at least once
         self._chunks: dict[Key, _Chunk] = {}
         self._num_pins = 0  # == sum of pins
         self._num_evictable = 0  # == number of ready, unpinned chunks
@@ -115,12 +114,6 @@ class ChunkManager:
     def num_pinned(self) -> int:
         """Total pin count over all chunks (loads prepared and not yet completed)."""
         return self._num_pins
-
-    @property
-    def frontier(self) -> int:
-        """Slots below it were handed out at least once: a slot freed is handed out again
-        before any above it (the free list is a stack), so stores write memory in order."""
-        return self._frontier
 
     @property
     def room(self) -> int:
@@ -232,7 +225,6 @@ class ChunkManager:
             self._events.append(TierEvent(EventKind.REMOVED, evicted, self._tier))
         # ascending slots, so a request's chunks tend to be adjacent rows (longer copy runs)
         slots = sorted(self._free.pop() for _ in incoming)
-        self._frontier = max(self._frontier, slots[-1] + 1)
         for key, slot in zip(incoming, slots, strict=True):
             self._chunks[key] = _Chunk(slot)
         return StorePlan(incoming, slots, evicted, evicted_slots)

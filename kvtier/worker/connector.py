@@ -174,13 +174,11 @@ class WorkerConnector:
             if tier is None:
                 raise RuntimeError(f"kvtier: messages for tier {name!r}, which this rank lacks")
             tier.begin_step(messages)
-        if self.host is not None:
-            if plan.num_chunks > self.host.num_chunks:
-                raise RuntimeError(
-                    f"kvtier: the scheduler manages {plan.num_chunks} host chunks but this rank "
-                    f"holds {self.host.num_chunks}: ranks with unequal KV memory are not supported"
-                )
-            self.host.ahead_of(plan.host_frontier)
+        if self.host is not None and plan.num_chunks > self.host.num_chunks:
+            raise RuntimeError(
+                f"kvtier: the scheduler manages {plan.num_chunks} host chunks but this rank "
+                f"holds {self.host.num_chunks}: ranks with unequal KV memory are not supported"
+            )
         if plan.flush:
             self.transfers.wait(plan.flush)
 
@@ -358,8 +356,6 @@ class WorkerConnector:
         """Finish the queued transfers, then write the host chunks the lower tiers lack, for
         at most what is left of ``flush_s`` seconds (``shutdown_flush.py``), then close."""
         deadline = time.monotonic() + flush_s
-        if self.host is not None:
-            self.host.close()
         self.transfers.shutdown()
         for tier in self.tiers.values():
             if tier.flush is None:  # kept open for the flush: closed after it
