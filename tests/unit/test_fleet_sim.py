@@ -25,7 +25,7 @@ TINY = EngineSpec(gpu_blocks=4, cpu_blocks=6, prefill_per_ms=1.0, decode_ms=10.0
 ENGINES = 8
 SMALL = Workload(sessions_per_engine=64)  # the default load: about 800 requests measured
 SMALL_SPEC = EngineSpec()
-TIMED = ("decision_us_p50", "decision_us_p99", "decision_cpu_us_p99", "sim_s")
+TIMED = ("decision_us_p50", "decision_us_p99", "decision_cpu_us_p99", "digest_us_p99", "sim_s")
 
 
 def _session(first_key: int) -> Session:
@@ -82,6 +82,19 @@ def test_kv_aware_finds_far_more_cached_than_round_robin_and_near_the_oracle(
         assert row["ttft_p50_ms"] <= row["ttft_p90_ms"]
     assert kv["decision_us_p50"] > 0 and kv["index_blocks"] > 0
     assert kv["index_bytes_per_block"] > 0 and kv["index_hashes"] >= kv["index_blocks"]
+
+
+def test_the_ceiling_bounds_every_policy_and_counts_what_was_computed_before(
+    fleet: dict[str, dict[str, Any]],
+) -> None:
+    """Caches without limit, every block computed so far in every engine: no policy holds more
+    (round-robin's run measures it; the others' rows have none)."""
+    ceiling = fleet["round-robin"]["ceiling_hit_rate"]
+    assert all(row["hit_rate"] <= ceiling for row in fleet.values())
+    assert fleet["kv-aware"]["ceiling_hit_rate"] is None
+    # every round after a session's first holds its whole history: well above the prompts'
+    # shared system prompts, which is most of what round-robin holds
+    assert ceiling > 1.5 * fleet["round-robin"]["hit_rate"]
 
 
 def test_the_index_told_every_event_agrees_with_the_engines_caches() -> None:

@@ -79,12 +79,14 @@ def run_sim(
         "runtime_s": round(time.perf_counter() - started, 1),
         "goals_at_engines": judged_at,
         "goals": [goal._asdict() for goal in judged],
+        # the most any router reaches, over round-robin's hit rate (``fleet_sim_report.ceiling``)
+        "ceiling_over_round_robin": fleet_sim_report.ceiling(rows, judged_at),
         "rows": rows,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "fleet-sim.json").write_text(json.dumps(document, indent=1) + "\n")
     fleet_sim_report.plot(rows, out / "fleet-sim.png")
-    console = console or Console(width=max(160, Console().width))  # 13 columns: none elided
+    console = console or Console(width=max(170, Console().width))  # 14 columns: none elided
     fleet_sim_report.print_table(rows, judged, judged_at, console)
     console.print(f"simulated in {document['runtime_s']} s")
     return document

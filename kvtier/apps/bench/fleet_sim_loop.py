@@ -67,6 +67,8 @@ class FleetSim:
         # block key -> the engines that could serve it now (the oracle's, kept for it only)
         self.holders: dict[int, set[int]] | None = {} if policy == ORACLE else None
         self.index = PrefixIndex() if policy == "kv-aware" else None
+        # every block computed so far, anywhere (round-robin's run only): the ceiling's
+        self.seen: set[int] | None = set() if policy == "round-robin" else None
         self.names = [f"http://engine-{i}:8000" for i in range(engines)]
         self.fleet = frozenset(self.names)
         self.position = {name: i for i, name in enumerate(self.names)}
@@ -127,15 +129,33 @@ class FleetSim:
         self._at(request.first_ms + self.spec.decode_ms, partial(self._finished, request))
         if self.window[0] <= now <= self.window[1]:
             self.stats.sent(n, hit, self.spec.block_size, request.first_ms - now, self.in_flight)
+            if self.seen is not None:
+                self.stats.ceiling_tokens += self._ceiling(
+                    session.keys[: n // self.spec.block_size], n
+                )
             if spent is not None:
                 self.stats.decision_ns.append(spent.wall_ns)
                 self.stats.decision_cpu_ns.append(spent.cpu_ns)
+                self.stats.digest_ns.append(spent.digest_ns)
+
+    def _ceiling(self, keys: list[int], n: int) -> int:
+        """The prompt tokens a fleet whose every engine held every block computed so far
+        (caches without limit) would hold: no policy can do better."""
+        assert self.seen is not None
+        held = next((i for i, key in enumerate(keys) if key not in self.seen), len(keys))
+        return min(held * self.spec.block_size, n - 1)
 
     def _prefilled(self, request: SimRequest, now: float) -> None:
+        if self.seen is not None:
+            self.seen.update(request.session.keys[: request.session.prompt_ends[request.round]
+                                                   // self.spec.block_size])  # fmt: skip
         self.engines[request.engine].prefilled(request)
         self.queued[request.engine] -= request.queued
 
     def _finished(self, request: SimRequest, now: float) -> None:
+        if self.seen is not None:
+            self.seen.update(request.session.keys[: request.session.answer_ends[request.round]
+                                                   // self.spec.block_size])  # fmt: skip
         self.engines[request.engine].finish(request)
         self.in_flight[request.engine] -= 1
         session, next_round = request.session, request.round + 1
@@ -161,15 +181,17 @@ class FleetSim:
         cpu = time.thread_time_ns()
         started = time.perf_counter_ns()
         block_size = index.block_size
-        cached = None  # no event yet: no index
+        cached, hashed = None, 0  # no event yet: no index
         if block_size:
-            runs = index.runs(index.digests(tokens), self.fleet)
+            digests = index.digests(tokens)
+            hashed = time.perf_counter_ns() - started
+            runs = index.runs(digests, self.fleet)
             at = self.position.__getitem__
             cached = Cached(runs.common, [(run, map(at, apart)) for run, apart in runs.apart])
         loads = Loads(self.in_flight, self.queued, self.recent)
         decision = choose("kv-aware", loads, len(tokens), block_size or 1, self.turn, cached)
         wall = time.perf_counter_ns() - started
-        spent = Spent(wall, time.thread_time_ns() - cpu)
+        spent = Spent(wall, time.thread_time_ns() - cpu, hashed)
         self.turn += 1
         self.recent = [recent * DECAY for recent in self.recent]
         self.recent[decision.index] += 1.0
@@ -201,6 +223,11 @@ class FleetSim:
             "requests": len(stats.ttft),
             "prompt_tokens": stats.prompt_tokens,
             "hit_rate": round(stats.cached_tokens / max(1, stats.prompt_tokens), 4),
+            "ceiling_hit_rate": (
+                round(stats.ceiling_tokens / max(1, stats.prompt_tokens), 4)
+                if self.seen is not None
+                else None
+            ),
             "gpu_share": round(stats.gpu_tokens / max(1, stats.cached_tokens), 4),
             "imbalance": round(sum(stats.imbalance) / max(1, len(stats.imbalance)), 3),
             "in_flight_mean": round(stats.in_flight_sum / max(1, len(stats.imbalance)) / n, 2),
@@ -208,6 +235,9 @@ class FleetSim:
             "ttft_p90_ms": round(percentile(sorted(stats.ttft), 0.9), 1),
             "decision_us_p50": round(percentile(decisions, 0.5) / 1e3, 1) if decisions else None,
             "decision_us_p99": round(percentile(decisions, 0.99) / 1e3, 1) if decisions else None,
+            "digest_us_p99": (
+                round(percentile(sorted(stats.digest_ns), 0.99) / 1e3, 1) if decisions else None
+            ),
             "decision_cpu_us_p99": (
                 round(percentile(sorted(stats.decision_cpu_ns), 0.99) / 1e3, 1)
                 if decisions
@@ -226,16 +256,19 @@ class FleetSim:
 class Spent(NamedTuple):
     wall_ns: int
     cpu_ns: int
+    digest_ns: int  # of ``wall_ns``: the prompt's digests
 
 
 class _Stats:
     def __init__(self) -> None:
         self.prompt_tokens = self.cached_tokens = self.gpu_tokens = 0
+        self.ceiling_tokens = 0  # what caches without limit would hold (``FleetSim._ceiling``)
         self.ttft: list[float] = []
         self.imbalance: list[float] = []
         self.in_flight_sum = 0
         self.decision_ns: list[int] = []  # wall time (perf_counter_ns)
         self.decision_cpu_ns: list[int] = []  # the thread's CPU time: without preemptions
+        self.digest_ns: list[int] = []  # of which the prompt's digests (wall): the per-token floor
         self.index_blocks = self.index_hashes = self.index_bytes = 0
 
     def sent(self, n: int, hit: Hit, size: int, ttft: float, in_flight: list[int]) -> None:

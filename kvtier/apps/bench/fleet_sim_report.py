@@ -1,6 +1,7 @@
 """``kvtier bench fleet``'s simulated half: its goals, its table and its plot.
 
 goals(rows, engines)          -> [Goal]   kv-aware's goals, judged at ``engines``
+ceiling(rows, engines)        -> float    the most any router reaches / round-robin's hit rate
 print_table(rows, goals, console)
 plot(rows, path)                          hit rate, imbalance, decision p99 per fleet size
 """
@@ -41,6 +42,17 @@ def goals(rows: list[dict[str, Any]], engines: int) -> list[Goal]:
     ]  # fmt: skip
 
 
+def ceiling(rows: list[dict[str, Any]], engines: int) -> float | None:
+    """The ceiling's hit rate (every engine holding every block computed so far, caches without
+    limit: no router does better) over round-robin's, at ``engines`` (None: not measured). Below
+    ``ROUND_ROBIN_RATIO`` the trace itself rules that goal out: round-robin already holds the
+    shared system prompts, and the rest of a prompt is new to any cache."""
+    for row in rows:
+        if row["engines"] == engines and row.get("ceiling_hit_rate") is not None:
+            return float(row["ceiling_hit_rate"]) / max(float(row["hit_rate"]), 1e-9)
+    return None
+
+
 def print_table(
     rows: list[dict[str, Any]], judged: list[Goal], engines: int, console: Console
 ) -> None:
@@ -48,10 +60,12 @@ def print_table(
         title="kvtier proxy, simulated: hit rate = prompt tokens the chosen engine held (GPU or "
         "host) / prompt tokens; imbalance = max / mean in flight, averaged over dispatches; "
         "TTFT in simulated ms; decision = digests + runs + choose (wall us; cpu: "
-        "the thread's CPU time)"
+        "the thread's CPU time; digests p99: of the decision, the prompt's digests, the floor "
+        "of any router keyed by tokens)"
     )
     columns = ("engines", "policy", "hit rate", "of GPU", "imbalance", "in flight", "TTFT p50",
-               "TTFT p90", "decision p50", "p99", "cpu p99", "index blocks", "B/block")  # fmt: skip
+               "TTFT p90", "decision p50", "p99", "cpu p99", "digests p99", "index blocks",
+               "B/block")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="right")
     for row in rows:
@@ -67,6 +81,7 @@ def print_table(
             _maybe(row["decision_us_p50"]),
             _maybe(row["decision_us_p99"]),
             _maybe(row["decision_cpu_us_p99"]),
+            _maybe(row.get("digest_us_p99")),
             _maybe(row["index_blocks"], "{:,}"),
             _maybe(row["index_bytes_per_block"], "{:,}"),
         )
@@ -77,6 +92,12 @@ def print_table(
         console.print(
             f"{verdict}  kv-aware at {engines} engines: {goal.name} {goal.value:.2f} "
             f"(goal {sign} {goal.limit:g})"
+        )
+    bound = ceiling(rows, engines)
+    if bound is not None:
+        console.print(
+            f"      the ceiling at {engines} engines (every block computed so far in every "
+            f"engine): {bound:.2f} x round-robin's hit rate, the most any router reaches"
         )
 
 
