@@ -344,14 +344,15 @@ class SchedulerConnector:
             for writes in self._writes.values():
                 writes.stored(below)
         for part, described in zip(job.parts, ok, strict=True):
-            if self._untrusted:
-                self._untrusted.discard((job_id, part.req_id))
-            state = self.requests[part.req_id]
             if self.prefixes is not None and part.runs and described:
-                self.prefixes.describe(state, part.runs)
+                self.prefixes.describe(self.requests[part.req_id], part.runs)
+        for req_id in dict.fromkeys(part.req_id for part in job.parts):  # a request's parts
+            if self._untrusted:
+                self._untrusted.discard((job_id, req_id))
+            state = self.requests[req_id]
             state.store_jobs.discard(job_id)
             if state.finished and state.idle:
-                del self.requests[part.req_id]
+                del self.requests[req_id]
 
     def _complete_load(self, job: Job) -> None:
         outcome = job.outcome

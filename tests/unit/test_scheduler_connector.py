@@ -144,3 +144,27 @@ def test_chunks_cut_for_room_are_offered_again_on_the_next_step() -> None:
     assert connector.keys.keys(HASHES, 0)[2] in connector.manager.stored()
     assert connector.stats.cpu.skipped_stores == 1
     connector.check_integrity()
+
+
+def test_a_steps_stores_are_one_job_each_request_still_held_until_it_is_done() -> None:
+    """Two requests each store their chunks and their prompt's tail in one step: one job id,
+    four parts. Finished before the job is done, each keeps its blocks; the job's completion
+    stores every chunk and forgets both requests."""
+    connector = _connector(ranks=1)
+    plans = []
+    for req, hashes, blocks in (("a", [b"a0", b"a1"], [10, 11, 12]),
+                                ("b", [b"b0", b"b1"], [20, 21, 22])):  # fmt: skip
+        # 10 tokens: two full blocks, the tail's 2 tokens in a third
+        assert connector.lookup(req, hashes, 0, 10, [7, 8]) == 0
+        connector.on_alloc(req, [blocks], 0)
+        plans.append(ScheduledRequest(req, [blocks], 10, 10))
+    stores = connector.build_plan(plans).stores
+    assert [(s.req_id, s.src.block_ids.tolist(), len(s.keys)) for s in stores] == [
+        ("a", [10, 11], 2), ("b", [20, 21], 2), ("a", [12], 0), ("b", [22], 0)
+    ]  # fmt: skip
+    assert len({store.job_id for store in stores}) == 1
+    assert connector.request_finished("a") and connector.request_finished("b")  # held
+    connector.on_report(_done(stores[0].job_id))
+    assert connector.requests == {}
+    assert connector.stats.cpu.stored_chunks == 6  # 2 x (2 chunks and a tail)
+    connector.check_integrity()
