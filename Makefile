@@ -9,8 +9,8 @@ PYTHON ?= python3
 VENV ?= .venv
 MODELS ?= models
 # two workers, a whole test file each at a time (a module's engines and servers start once);
-# tests/conftest.py hands the longest files out first
-PYTEST_ARGS ?= -q -n 2 --dist loadfile tests
+# tests/conftest.py hands the longest files out first; the 20 slowest tests are listed at the end
+PYTEST_ARGS ?= -q -n 2 --dist loadfile --durations=20 tests
 
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed

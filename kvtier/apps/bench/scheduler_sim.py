@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvtier.scheduler.connector import SchedulerConnector
-from kvtier.scheduler.scheduled import ScheduledRequest
+from kvtier.scheduler.scheduled import ScheduledRequest, StepRequests
 from kvtier.scheduler.store_planner import NULL_BLOCK
 from kvtier.step_plan import JobOutcome, StepPlan, WorkerReport
 
@@ -65,7 +65,7 @@ class Scheduled:
     resumed: bool  # resumed after a preemption
 
 
-Adapter = Callable[[list[Scheduled]], Callable[[], list[ScheduledRequest]]]
+Adapter = Callable[[list[Scheduled]], Callable[[], StepRequests]]
 
 
 @dataclass
@@ -86,7 +86,7 @@ class EngineSim:
         adapter: Adapter | None = None,
     ) -> None:
         """``adapter``: makes the engine's step output (untimed) and returns the call, timed,
-        that turns it into ``ScheduledRequest``s (e.g. vLLM's ``SchedulerOutput``)."""
+        that reads it (e.g. vLLM's ``SchedulerOutput``, read as ``StepRequests``)."""
         self.connector = connector
         self.work = workload
         self.whole_tables = whole_tables
@@ -163,6 +163,7 @@ class EngineSim:
         seconds["admit"] = self._admit(scheduled)
         convert = self.adapter(scheduled) if self.adapter is not None else None
         started = time.perf_counter()
+        requests: StepRequests | list[ScheduledRequest]
         if convert is not None:
             requests = convert()
         else:
@@ -172,6 +173,7 @@ class EngineSim:
         bound = _bound(scheduled)
         jobs = [j.job_id for j in plan.loads] + [j.job_id for j in plan.stores]
         jobs += [j.job_id for j in plan.tier_writes]
+        jobs = list(dict.fromkeys(jobs))  # a step's stores: one job of several parts
         if self.work.report_delay:
             self._pending.append(jobs)
         else:

@@ -2,8 +2,8 @@
 
 Built as vLLM 0.32's scheduler builds it (fresh lists per request: new requests with their whole
 tables, running ones with the blocks allocated this step or None, resumed ones with their whole
-tables in ``resumed_req_ids``), then turned into ``ScheduledRequest``s by the adapter's own
-``kvtier.vllm.schedule.scheduled_requests``. Imports vLLM.
+tables in ``resumed_req_ids``), then read by the adapter's own ``kvtier.vllm.schedule
+.step_requests``. Imports vLLM.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvtier.apps.bench.scheduler_sim import Adapter, Scheduled
-from kvtier.scheduler.scheduled import ScheduledRequest
+from kvtier.scheduler.scheduled import StepRequests
 
 
 def vllm_adapter() -> Adapter:
     from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 
-    from kvtier.vllm.schedule import scheduled_requests
+    from kvtier.vllm.schedule import step_requests
 
-    def make(scheduled: list[Scheduled]) -> Callable[[], list[ScheduledRequest]]:
+    def make(scheduled: list[Scheduled]) -> Callable[[], StepRequests]:
         first = [s for s in scheduled if s.whole and not s.resumed]
         cached = [s for s in scheduled if not (s.whole and not s.resumed)]
         new_reqs = [
@@ -55,7 +55,7 @@ def vllm_adapter() -> Adapter:
             finished_req_ids=set(),
             free_encoder_mm_hashes=[],
         )
-        return lambda: scheduled_requests(output)
+        return lambda: step_requests(output)
 
     return make
 

@@ -1,0 +1,73 @@
+"""What ``kvtier bench fleet``'s simulation counts of one policy's run (``fleet_sim_loop.py``).
+
+Spent(wall_ns, cpu_ns, digest_ns)   one kv-aware decision's time
+Stats                               the requests sent in the window: tokens, hits, TTFT,
+                                    imbalance, decisions, the index's size
+percentile(ordered, q)              a nearest-rank quantile
+deep_size(root)                     the bytes an object and all it holds take
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NamedTuple
+
+from kvtier.apps.bench.fleet_sim_engine import Hit
+
+
+class Spent(NamedTuple):
+    wall_ns: int
+    cpu_ns: int
+    digest_ns: int  # of ``wall_ns``: the prompt's digests
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.prompt_tokens = self.cached_tokens = self.gpu_tokens = 0
+        self.ceiling_tokens = 0  # what caches without limit would hold (``FleetSim._ceiling``)
+        self.ttft: list[float] = []
+        self.imbalance: list[float] = []
+        self.in_flight_sum = 0
+        self.decision_ns: list[int] = []  # wall time (perf_counter_ns)
+        self.decision_cpu_ns: list[int] = []  # the thread's CPU time: without preemptions
+        self.digest_ns: list[int] = []  # of which the prompt's digests (wall): the per-token floor
+        self.index_blocks = self.index_hashes = self.index_bytes = 0
+
+    def sent(self, n: int, hit: Hit, size: int, ttft: float, in_flight: list[int]) -> None:
+        cached = min((hit.gpu + hit.cpu) * size, n - 1)
+        self.prompt_tokens += n
+        self.cached_tokens += cached
+        self.gpu_tokens += min(hit.gpu * size, cached)
+        self.ttft.append(ttft)
+        total = sum(in_flight)
+        self.in_flight_sum += total
+        self.imbalance.append(max(in_flight) * len(in_flight) / total)
+
+
+def percentile(ordered: list[float] | list[int], q: float) -> float:
+    """The nearest-rank ``q`` quantile of ``ordered`` (sorted; 0.0 when empty)."""
+    if not ordered:
+        return 0.0
+    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
+
+
+def deep_size(root: object) -> int:
+    """``sys.getsizeof`` of ``root`` and of everything its attributes and containers hold,
+    each object counted once."""
+    seen: set[int] = set()
+    stack: list[Any] = [root]
+    total = 0
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, list | tuple | set | frozenset):
+            stack.extend(obj)
+        elif hasattr(obj, "__dict__"):
+            stack.append(vars(obj))
+    return total
