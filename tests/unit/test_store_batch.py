@@ -132,6 +132,36 @@ def test_a_failed_batch_copy_fails_only_the_job_that_fails_alone(
     assert torch.equal(host.page_rows(0)[4:8], layout.views[0][[20, 21, 22, 23]])
 
 
+@pytest.mark.parametrize("inline_stores", [True, False])
+def test_transfers_of_one_job_id_are_its_parts_copied_and_reported_once(
+    inline_stores: bool,
+) -> None:
+    """A step's stores are one job of several parts (one per request's run, one per tail):
+    every part's bytes land, the job is reported once with all their bytes, on the inline path
+    as on the job thread's; a part refused refuses its job, not the others."""
+    layout = _layout()
+    host = HostTier(layout, NUM_CHUNKS, FACTOR)
+    for buffer in host.buffers:
+        buffer.zero_()
+    worker = TransferWorker()
+    store, load = engine_host_handlers(layout, host, lanes=2, inline_stores=inline_stores)
+    worker.register_handler(Medium.ENGINE, Medium.CPU, store)
+    worker.register_handler(Medium.CPU, Medium.ENGINE, load)
+    parts = [_store(9, [3, 4], [0]), _store(9, [9, 1], [1]), _store(9, [30, 31], [4], group=1)]
+    refused = [_store(8, [7, 8], [9]), _store(8, [NUM_BLOCKS, 1], [5])]  # its second part: bad
+    assert worker.transfer_batch([*parts, *refused]) == [True, True, True, False, False]
+    worker.wait([9])
+    (result,) = worker.get_finished()
+    group_bytes = [sum(layout.page_bytes[v] for v in views) for views in layout.groups]
+    assert result.job_id == 9 and result.success
+    assert result.bytes == 4 * group_bytes[0] + 2 * group_bytes[1]
+    rows = host.page_rows(0)
+    assert torch.equal(rows[0:4], layout.views[0][[3, 4, 9, 1]])
+    assert not rows[18:20].any()  # job 8's first part (slot 9): not copied
+    assert worker.num_in_flight == 0
+    worker.shutdown()
+
+
 @pytest.mark.parametrize("factor", [1, 2, 3])
 def test_plan_rows_maps_blocks_as_plan_copy_does(factor: int) -> None:
     rng = np.random.default_rng(factor)
