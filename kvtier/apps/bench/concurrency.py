@@ -60,8 +60,22 @@ def run(
     parts: dict[str, dict[str, Any]] = {}
     if rounds is not None:
         parts["rounds"] = measure_rounds(*_model(*chosen["rounds"]), rounds)
+        if long_miss is not None:  # written now: a failing long miss loses no rounds
+            _report(out_dir, parts, chosen, started, quiet=True)
     if long_miss is not None:
         parts["long_miss"] = measure_served(*_model(*chosen["long_miss"]), long_miss)
+    return _report(out_dir, parts, chosen, started)
+
+
+def _report(
+    out_dir: Path,
+    parts: dict[str, dict[str, Any]],
+    chosen: dict[str, tuple[str | Path, str]],
+    started: float,
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """The parts measured so far: their ratios written to ``concurrency.json`` and ``.png``
+    (and printed, unless ``quiet``)."""
     ratios = {key: part["ratios"] for key, part in parts.items()}
     if "filled_ratios" in parts.get("rounds", {}):
         ratios["rounds_filled"] = parts["rounds"]["filled_ratios"]
@@ -81,7 +95,7 @@ def run(
     }  # fmt: skip
     write_json(out_dir / "concurrency.json", "concurrency", verdicts, **meta)
     _plot(verdicts, ratios, out_dir / "concurrency.png")
-    for row in verdicts:
+    for row in [] if quiet else verdicts:
         judged = "" if row["pass"] is None else (
             f"; goal {row['goal']}: {'PASS' if row['pass'] else 'FAIL'}")  # fmt: skip
         print(

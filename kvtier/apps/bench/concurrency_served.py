@@ -41,6 +41,7 @@ from kvtier.apps.models import make_prompt
 
 CONFIGS = ("kvtier", "alone")
 IDLE_S = 2.0  # a vLLM engine busy-polls for ~1 s after its last step
+LOG_LINES = 30  # of a server's log, told when a document sent to it fails
 # vLLM on the CPU keeps cores off its worker's OpenMP threads for its other processes: one per
 # rank, and one more per rank when a KV connector is configured (meant for NIXL). On two cores
 # the server alone computed on one core and kvtier serve on both (two reserved of two: none kept),
@@ -106,7 +107,7 @@ def measure_served(model: Path, dtype: str, work: LongMiss) -> dict[str, Any]:
                 order = CONFIGS if pair % 2 == 0 else CONFIGS[::-1]
                 for config in order:
                     time.sleep(IDLE_S)
-                    found = _round(servers[config].url, documents, work)
+                    found = _round(servers[config], documents, work)
                     if pair:  # pair 0: the warm-up
                         ttfts[config].append(found)
             after = _counters(servers["kvtier"])
@@ -117,10 +118,20 @@ def _seed(pair: int, document: int) -> int:
     return 9_000_017 + pair * 1_009 + document
 
 
-def _round(url: str, documents: list[list[int]], work: LongMiss) -> list[float]:
-    """Every document's TTFT, ``in_flight`` requests at a time (a new one as one finishes)."""
-    with ThreadPoolExecutor(work.in_flight) as pool:
-        return list(pool.map(lambda doc: first_token_s(url, doc, work.max_tokens), documents))
+def _round(server: Server, documents: list[list[int]], work: LongMiss) -> list[float]:
+    """Every document's TTFT, ``in_flight`` requests at a time (a new one as one finishes); a
+    request that fails or times out raises with the end of the server's log (which goes with
+    the run's temporary directory)."""
+    try:
+        with ThreadPoolExecutor(work.in_flight) as pool:
+            return list(pool.map(lambda doc: first_token_s(server.url, doc, work.max_tokens),
+                                 documents))  # fmt: skip
+    except (OSError, RuntimeError) as error:  # TimeoutError and URLError are OSErrors
+        tail = "\n".join(server.log.read_text(errors="replace").splitlines()[-LOG_LINES:])
+        raise RuntimeError(
+            f"kvtier bench concurrency: a document sent to {server.url} failed ({error!r}); "
+            f"the end of {server.log.name}:\n{tail}"
+        ) from error
 
 
 def first_token_s(url: str, prompt: list[int], max_tokens: int) -> float:
