@@ -34,6 +34,7 @@ from kvtier.apps.bench import fleet_sim_report
 from kvtier.apps.bench.fleet_sim_engine import EngineSpec
 from kvtier.apps.bench.fleet_sim_loop import POLICIES, FleetSim
 from kvtier.apps.bench.fleet_sim_trace import Workload
+from kvtier.apps.bench.machine import cpu
 
 ENGINES = (16, 64, 256)
 GOAL_ENGINES = 64
@@ -72,7 +73,7 @@ def run_sim(
     document = {
         "benchmark": "fleet-sim",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "cpu": cpu()},
         "seed": seed,
         "workload": asdict(workload),
         "engine": asdict(spec),

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from kvtier.apps.bench.machine import cpu
+
 
 def write_json(path: Path, name: str, rows: list[dict[str, Any]], **meta: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -20,6 +22,7 @@ def write_json(path: Path, name: str, rows: list[dict[str, Any]], **meta: Any) -
         "machine": {
             "cpus": torch.get_num_threads(),
             "platform": platform.platform(),
+            "cpu": cpu(),
             "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         },
