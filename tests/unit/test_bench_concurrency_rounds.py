@@ -47,3 +47,20 @@ def test_filled_ratios_sit_beside_kvtiers_and_get_their_own_row(tmp_path: Path) 
     concurrency._plot(rows, ratios, tmp_path / "concurrency.png")
     assert (tmp_path / "concurrency.png").stat().st_size > 0
     json.dumps(part)  # the JSON's rounds part
+
+
+def test_the_rounds_are_written_before_the_long_miss_and_quietly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What ``run`` writes once the rounds are measured, before the long miss starts: a long
+    miss that fails (a server that times out) loses no rounds."""
+    work = Rounds(rounds=3, pairs=1, filled_host="64MiB")
+    times = {"baseline": 1.0, "kvtier": 1.25, FILLED: 1.1}
+    processes = [_process(0, config, times[config]) for config in work.configs]
+    parts = {"rounds": summarize(processes, work)}
+    concurrency._report(tmp_path, parts, dict(concurrency.MODELS), 0.0, quiet=True)
+    assert capsys.readouterr().out == ""
+    document = json.loads((tmp_path / "concurrency.json").read_text())
+    assert [row["key"] for row in document["rows"]] == ["rounds", "rounds_filled"]
+    assert "long_miss" not in document and document["rounds"]["ratios"] == [0.8]
+    assert (tmp_path / "concurrency.png").stat().st_size > 0
