@@ -145,17 +145,19 @@ class FleetSim:
         held = next((i for i, key in enumerate(keys) if key not in self.seen), len(keys))
         return min(held * self.spec.block_size, n - 1)
 
-    def _prefilled(self, request: SimRequest, now: float) -> None:
+    def _computed(self, session: Session, tokens: int) -> None:
+        """``session``'s first ``tokens`` were computed somewhere: the ceiling's caches hold
+        their full blocks (round-robin's run only)."""
         if self.seen is not None:
-            self.seen.update(request.session.keys[: request.session.prompt_ends[request.round]
-                                                   // self.spec.block_size])  # fmt: skip
+            self.seen.update(session.keys[: tokens // self.spec.block_size])
+
+    def _prefilled(self, request: SimRequest, now: float) -> None:
+        self._computed(request.session, request.session.prompt_ends[request.round])
         self.engines[request.engine].prefilled(request)
         self.queued[request.engine] -= request.queued
 
     def _finished(self, request: SimRequest, now: float) -> None:
-        if self.seen is not None:
-            self.seen.update(request.session.keys[: request.session.answer_ends[request.round]
-                                                   // self.spec.block_size])  # fmt: skip
+        self._computed(request.session, request.session.answer_ends[request.round])
         self.engines[request.engine].finish(request)
         self.in_flight[request.engine] -= 1
         session, next_round = request.session, request.round + 1
