@@ -1,31 +1,78 @@
-"""The host tier's buffers on the CPU: huge pages where the kernel offers them (the first store
-into a page pays one fault per 2 MiB, not per 4 KiB), aligned to them, and zero chunks."""
+"""The host tier's buffers on the CPU: committed when built (no store pays a page fault), on huge
+pages where the kernel offers them, aligned to them, and zero chunks."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from kvtier.layout import build_layout
 from kvtier.tiers.host.buffers import HUGE_PAGE, HostTier
+from kvtier.tiers.host.commit import commit
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
-def _huge_kib(first: int, end: int) -> int:
-    """AnonHugePages (KiB) of this process's mappings overlapping ``[first, end)`` (madvise
-    splits an allocation's mapping at the 2 MiB boundaries inside it)."""
+def _kib(field: str, first: int, end: int) -> int:
+    """``field`` of /proc/self/smaps (KiB: ``Rss``, ``AnonHugePages``) summed over this process's
+    mappings overlapping ``[first, end)`` (madvise splits an allocation's mapping at the 2 MiB
+    boundaries inside it)."""
     total, inside = 0, False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         fields = line.split()
         if "-" in fields[0] and not fields[0].endswith(":"):
             start, stop = (int(part, 16) for part in fields[0].split("-"))
             inside = start < end and first < stop
-        elif inside and fields[0] == "AnonHugePages:":
+        elif inside and fields[0] == f"{field}:":
             total += int(fields[1])
     return total
+
+
+def _resident_kib(buffer: torch.Tensor) -> int:
+    """KiB of ``buffer``'s own pages in memory (its mapping's pages beyond it are never
+    touched: numpy's allocation is fresh)."""
+    first = buffer.data_ptr()
+    return _kib("Rss", first, first + buffer.numel() * buffer.element_size())
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's smaps reports memory")
+def test_a_host_tier_is_in_memory_when_built_before_any_store() -> None:
+    caches = {"k": torch.zeros(4, 2048, dtype=torch.bfloat16)}  # 4 KiB pages
+    host = HostTier(build_layout(caches, [["k"]], 4), num_chunks=4096, block_size_factor=2)
+    assert host.nbytes == 32 << 20
+    assert _resident_kib(host.buffers[0]) >= 32 << 10
+
+
+def _fresh(nbytes: int) -> torch.Tensor:
+    """``nbytes`` of memory never touched (numpy's allocation, past the size malloc reuses)."""
+    return torch.from_numpy(np.empty(nbytes, dtype=np.uint8))
+
+
+def _failing(code: int) -> Callable[[int, int, int], int]:
+    def madvise(address: int, size: int, advice: int) -> int:
+        ctypes.set_errno(code)
+        return -1
+
+    return madvise
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's smaps reports memory")
+def test_a_kernel_without_populate_commits_by_writing_a_byte_per_page() -> None:
+    buffer = _fresh(16 << 20)
+    assert _resident_kib(buffer) < 8 << 10  # not yet
+    commit([buffer], madvise=_failing(errno.EINVAL))  # as a kernel before 5.14 answers
+    assert _resident_kib(buffer) >= 16 << 10
+
+
+def test_memory_the_machine_cannot_commit_names_the_setting() -> None:
+    with pytest.raises(ValueError, match="cpu_bytes_to_use"):
+        commit([_fresh(1 << 20)], madvise=_failing(errno.ENOMEM))
 
 
 def _offers_huge_pages() -> bool:
@@ -37,14 +84,14 @@ def _offers_huge_pages() -> bool:
 
 
 @pytest.mark.skipif(not _offers_huge_pages(), reason="the kernel offers no huge pages at fault")
-def test_a_filled_host_tier_is_backed_by_huge_pages() -> None:
+def test_a_host_tier_is_backed_by_huge_pages() -> None:
     caches = {"k": torch.zeros(4, 2048, dtype=torch.bfloat16)}  # 4 KiB pages
     host = HostTier(build_layout(caches, [["k"]], 4), num_chunks=8192, block_size_factor=2)
     buffer = host.buffers[0]
     assert host.nbytes == 8192 * 2 * 4096
     assert buffer.data_ptr() % HUGE_PAGE == 0  # rows on cache lines, pages on huge pages
-    buffer.fill_(1)  # 64 MiB written: the first stores' page faults
-    assert _huge_kib(buffer.data_ptr(), buffer.data_ptr() + host.nbytes) >= 32 * 1024
+    # committed when built: its pages faulted in as huge pages
+    assert _kib("AnonHugePages", buffer.data_ptr(), buffer.data_ptr() + host.nbytes) >= 32 * 1024
 
 
 def test_a_host_tier_of_no_chunks_has_empty_buffers() -> None:

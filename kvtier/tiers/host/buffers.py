@@ -5,22 +5,19 @@ Buffer ``i`` is ``(num_chunks, page_words[i] * block_size_factor)`` in view ``i`
 scheduler half's ``ChunkManager``; this class only owns the memory. Buffers are pinned when the
 engine tensors live on CUDA, so copies can run asynchronously.
 
-On the CPU the pages are left to the kernel until a store first writes them, so a host tier
-the engine never fills costs nothing. The buffers are numpy's allocations, which numpy marks for
-transparent huge pages (``madvise(MADV_HUGEPAGE)``, honoured when the kernel's mode is
-``madvise`` or ``always``), started on a 2 MiB boundary: the first store into a page then pays
-one fault per 2 MiB instead of one per 4 KiB. Measured on this machine, 8 MiB of 8 KiB rows
-copied into pages never touched: 5.5 ms in torch's allocation (4 KiB faults), 1.6 ms in numpy's,
-0.9 ms into pages already touched. On a virtual machine whose host backs guest memory only when
-first touched (this one), memory never touched costs far more however it is faulted, about 4.5
-ms per MiB (``kvtier bench concurrency``'s filled process tells that cost apart). Committing the
-buffers when built would move it to start-up, and pay for the whole configured size at every
-start, for host tiers a short-lived engine never fills. Committing them a window ahead of the
-stores, on a ``SCHED_IDLE`` thread (``madvise(MADV_POPULATE_WRITE)``), was tried and measured
-worse here (0%-hit throughput at 512 concurrent prompts 0.81 and 0.89 of the engine without
-kvtier, against 0.93 and 0.91 without it, engines interleaved): on this virtual machine a core
-that commits a page stalls in the host for milliseconds, and the engine's compute threads wait
-for it whatever the thread's priority.
+On the CPU the buffers are numpy's allocations, which numpy marks for transparent huge pages
+(``madvise(MADV_HUGEPAGE)``, honoured when the kernel's mode is ``madvise`` or ``always``),
+started on a 2 MiB boundary, and committed when built (``commit.py``: every page faulted in
+before the engine serves, as pinned memory is on CUDA), so no store pays a page fault. Measured
+on this machine, 8 MiB of 8 KiB rows copied into pages never touched: 5.5 ms in torch's
+allocation (4 KiB faults), 1.6 ms in numpy's (2 MiB faults), 0.9 ms into pages already touched;
+and on a virtual machine that backs guest memory only when first touched, about 1.2-4.5 ms per
+MiB however the pages are faulted: inside the stores, the 48 MiB a round of 512 never-seen prompts
+stores took 116 ms against 24 ms into committed memory. Committing a window ahead of the stores
+instead, on a ``SCHED_IDLE`` thread, was tried and measured worse (0%-hit throughput at 512
+concurrent prompts 0.81 and 0.89 of the engine without kvtier, against 0.93 and 0.91 without
+it): a core that commits a page stalls in the host for milliseconds, and the engine's compute
+threads wait for it whatever the thread's priority. At start-up nothing waits on it.
 """
 
 from __future__ import annotations
@@ -29,6 +26,7 @@ import numpy as np
 import torch
 
 from kvtier.layout import KVLayout
+from kvtier.tiers.host.commit import commit
 
 HUGE_PAGE = 2 << 20  # where the buffers start
 
@@ -45,6 +43,8 @@ class HostTier:
             _allocate((num_chunks, view.shape[1] * block_size_factor), view.dtype, pin)
             for view in layout.views
         )
+        if not pin:  # (pinned memory is committed when allocated)
+            commit(self.buffers)
 
     @property
     def nbytes(self) -> int:
