@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import mmap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,8 +51,9 @@ def test_a_host_tier_is_in_memory_when_built_before_any_store() -> None:
 
 
 def _fresh(nbytes: int) -> torch.Tensor:
-    """``nbytes`` of memory never touched (numpy's allocation, past the size malloc reuses)."""
-    return torch.from_numpy(np.empty(nbytes, dtype=np.uint8))
+    """``nbytes`` of memory never touched: an anonymous mapping of its own (malloc could hand
+    back memory a test before touched)."""
+    return torch.from_numpy(np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8))
 
 
 def _failing(code: int) -> Callable[[int, int, int], int]:

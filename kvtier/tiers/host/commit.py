@@ -30,6 +30,7 @@ import ctypes.util
 import errno
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -100,7 +101,9 @@ def _cores() -> int:
 
 
 def _libc_madvise() -> Madvise | None:
-    """libc's ``madvise``, called with the GIL released (None: not on this platform)."""
+    """libc's ``madvise``, called with the GIL released (None: not Linux, whose advice this is)."""
+    if not sys.platform.startswith("linux"):
+        return None
     name = ctypes.util.find_library("c")
     if name is None:
         return None
