@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import mmap
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch
 
 from kvtier.layout import build_layout
 from kvtier.tiers.host.buffers import HUGE_PAGE, HostTier
-from kvtier.tiers.host.commit import commit
+from kvtier.tiers.host.commit import PAGE, commit
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -36,18 +37,27 @@ def _kib(field: str, first: int, end: int) -> int:
 
 
 def _resident_kib(buffer: torch.Tensor) -> int:
-    """KiB of ``buffer``'s own pages in memory (its mapping's pages beyond it are never
-    touched: numpy's allocation is fresh)."""
-    first = buffer.data_ptr()
-    return _kib("Rss", first, first + buffer.numel() * buffer.element_size())
+    """KiB of ``buffer``'s pages in memory (Linux's ``mincore``, page by page: exactly its
+    range, whatever mapping it lies in)."""
+    first = buffer.data_ptr() - buffer.data_ptr() % PAGE
+    end = buffer.data_ptr() + buffer.numel() * buffer.element_size()
+    pages = -(-(end - first) // PAGE)
+    found = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    assert libc.mincore(first, end - first, found) == 0, ctypes.get_errno()
+    return sum(page & 1 for page in found) * PAGE // 1024
 
 
-@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's smaps reports memory")
+LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's mincore")
+
+
+@LINUX
 def test_a_host_tier_is_in_memory_when_built_before_any_store() -> None:
     caches = {"k": torch.zeros(4, 2048, dtype=torch.bfloat16)}  # 4 KiB pages
     host = HostTier(build_layout(caches, [["k"]], 4), num_chunks=4096, block_size_factor=2)
     assert host.nbytes == 32 << 20
-    assert _resident_kib(host.buffers[0]) >= 32 << 10
+    assert _resident_kib(host.buffers[0]) == 32 << 10
 
 
 def _fresh(nbytes: int) -> torch.Tensor:
@@ -64,12 +74,12 @@ def _failing(code: int) -> Callable[[int, int, int], int]:
     return madvise
 
 
-@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's smaps reports memory")
+@LINUX
 def test_a_kernel_without_populate_commits_by_writing_a_byte_per_page() -> None:
     buffer = _fresh(16 << 20)
-    assert _resident_kib(buffer) < 8 << 10  # not yet
+    assert _resident_kib(buffer) == 0  # not yet
     commit([buffer], madvise=_failing(errno.EINVAL))  # as a kernel before 5.14 answers
-    assert _resident_kib(buffer) >= 16 << 10
+    assert _resident_kib(buffer) == 16 << 10
 
 
 def test_memory_the_machine_cannot_commit_names_the_setting() -> None:
