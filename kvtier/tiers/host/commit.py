@@ -10,8 +10,9 @@ host backs guest memory only when the guest first touches it, and takes it back 
 0.15 ms per MiB into memory the guest already holds. At 512 never-seen prompts at once
 (``kvtier bench concurrency``) a round stores 48 MiB: its stores took 116 ms against 24 ms into
 committed memory (medians of 8 rounds, same run), and the round 4 % longer. Committed when built,
-a host tier costs that once, at start-up (1.4-1.9 s per GiB on this machine; a bare-metal server
-zeroes a GiB in about 0.1-0.2 s), and every later store writes memory already there. It is also
+a host tier costs that once, at start-up (1.4-1.9 s per GiB on this machine; about 0.15 s at
+the 0.15 ms per MiB of memory already held, not measured on bare metal), and every later
+store writes memory already there. It is also
 how the CUDA path has always been (pinned memory is committed when allocated) and how vLLM's own
 CPU offloading allocates (``torch.zeros``); and a machine without the configured memory fails at
 start-up, naming the setting, instead of being killed for memory hours later, when the tier
