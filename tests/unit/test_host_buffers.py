@@ -21,17 +21,16 @@ from kvtier.tiers.host.commit import PAGE, commit
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
-def _kib(field: str, first: int, end: int) -> int:
-    """``field`` of /proc/self/smaps (KiB: ``Rss``, ``AnonHugePages``) summed over this process's
-    mappings overlapping ``[first, end)`` (madvise splits an allocation's mapping at the 2 MiB
-    boundaries inside it)."""
+def _huge_kib(first: int, end: int) -> int:
+    """AnonHugePages (KiB) of this process's mappings overlapping ``[first, end)`` (madvise
+    splits an allocation's mapping at the 2 MiB boundaries inside it)."""
     total, inside = 0, False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         fields = line.split()
         if "-" in fields[0] and not fields[0].endswith(":"):
             start, stop = (int(part, 16) for part in fields[0].split("-"))
             inside = start < end and first < stop
-        elif inside and fields[0] == f"{field}:":
+        elif inside and fields[0] == "AnonHugePages:":
             total += int(fields[1])
     return total
 
@@ -103,7 +102,7 @@ def test_a_host_tier_is_backed_by_huge_pages() -> None:
     assert host.nbytes == 8192 * 2 * 4096
     assert buffer.data_ptr() % HUGE_PAGE == 0  # rows on cache lines, pages on huge pages
     # committed when built: its pages faulted in as huge pages
-    assert _kib("AnonHugePages", buffer.data_ptr(), buffer.data_ptr() + host.nbytes) >= 32 * 1024
+    assert _huge_kib(buffer.data_ptr(), buffer.data_ptr() + host.nbytes) >= 32 * 1024
 
 
 def test_a_host_tier_of_no_chunks_has_empty_buffers() -> None:

@@ -30,6 +30,7 @@ import ctypes
 import ctypes.util
 import errno
 import logging
+import mmap
 import os
 import sys
 import time
@@ -44,7 +45,7 @@ logger = logging.getLogger(__name__)
 MADV_POPULATE_WRITE = 23  # linux/mman.h (5.14)
 PIECE_BYTES = 64 << 20
 WORKERS = 8
-PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+PAGE = mmap.PAGESIZE
 
 Madvise = Callable[[int, int, int], int]
 
