@@ -62,6 +62,20 @@ def test_engines_hashing_alike_tokens_with_other_seeds_meet_in_one_index() -> No
     assert runs["c"].total == 0
 
 
+def test_digests_tell_prefixes_apart_by_order_and_chain_from_any_block() -> None:
+    index = PrefixIndex()
+    index.apply("a", [_stored([11], 0)])  # the block size is known from the first event
+    a, b = TOKENS[:BS], TOKENS[BS : 2 * BS]
+    assert index.digests(a + b)[1] != index.digests(b + a)[1]  # the same blocks, reordered
+    assert index.digests(a + a)[1] != index.digests(a)[0]  # a repeated block: a longer prefix
+    assert len(set(index.digests(a * 8))) == 8
+    assert index.digests(TOKENS + [1, 2]) == index.digests(TOKENS)  # whole blocks only
+    # a chunk told with its parent lands where the prompt's own digests do
+    index.apply("a", [_stored([12, 13, 14], 1, "CPU", parent=11)])
+    assert index.runs(index.digests(TOKENS), ["a"])["a"] == Run({"GPU": 1, "CPU": 3})
+    assert index.prompt_runs(TOKENS, ["a"])["a"] == Run({"GPU": 1, "CPU": 3})
+
+
 def test_runs_follow_groups_of_engines_alike_not_each_engine() -> None:
     index = PrefixIndex()
     for engine in "abcd":  # four of six hold the first two blocks (a system prompt)

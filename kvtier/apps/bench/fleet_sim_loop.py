@@ -21,8 +21,9 @@ arrivals' span, until the last session starts; the simulation stops there): the 
 over prompt tokens), the load imbalance (max / mean requests in flight over the engines, taken
 just after each dispatch, the request sent included, and averaged over those dispatches), TTFT
 (queue wait and own prefill: known at dispatch), and for ``kv-aware`` the time of each decision
-(``perf_counter_ns`` around digests, runs, their engines put by position and ``choose``; also
-the thread's CPU time, which a busy machine's preemptions do not inflate) and, at the window's
+(``perf_counter_ns`` around the runs with their digests, their engines put by position and
+``choose``; also the thread's CPU time, which a busy machine's preemptions do not inflate; and,
+timed apart, the prompt's digests alone, every block) and, at the window's
 end, the index's size: its objects' ``sys.getsizeof`` summed over a walk of its containers (each
 object once), per block it holds.
 """
@@ -183,17 +184,18 @@ class FleetSim:
         cpu = time.thread_time_ns()
         started = time.perf_counter_ns()
         block_size = index.block_size
-        cached, hashed = None, 0  # no event yet: no index
+        cached = None  # no event yet: no index
         if block_size:
-            digests = index.digests(tokens)
-            hashed = time.perf_counter_ns() - started
-            runs = index.runs(digests, self.fleet)
+            runs = index.prompt_runs(tokens, self.fleet)
             at = self.position.__getitem__
             cached = Cached(runs.common, [(run, map(at, apart)) for run, apart in runs.apart])
         loads = Loads(self.in_flight, self.queued, self.recent)
         decision = choose("kv-aware", loads, len(tokens), block_size or 1, self.turn, cached)
         wall = time.perf_counter_ns() - started
-        spent = Spent(wall, time.thread_time_ns() - cpu, hashed)
+        cpu = time.thread_time_ns() - cpu
+        hashed = time.perf_counter_ns()
+        index.digests(tokens)  # alone, every block, apart from the decision
+        spent = Spent(wall, cpu, time.perf_counter_ns() - hashed)
         self.turn += 1
         self.recent = [recent * DECAY for recent in self.recent]
         self.recent[decision.index] += 1.0

@@ -60,8 +60,8 @@ def print_table(
         title="kvtier proxy, simulated: hit rate = prompt tokens the chosen engine held (GPU or "
         "host) / prompt tokens; imbalance = max / mean in flight, averaged over dispatches; "
         "TTFT in simulated ms; decision = digests + runs + choose (wall us; cpu: "
-        "the thread's CPU time; digests p99: of the decision, the prompt's digests, the floor "
-        "of any router keyed by tokens)"
+        "the thread's CPU time; digests p99: the prompt's digests alone, every block, timed "
+        "apart from the decision: the floor of any router keyed by tokens)"
     )
     columns = ("engines", "policy", "hit rate", "of GPU", "imbalance", "in flight", "TTFT p50",
                "TTFT p90", "decision p50", "p99", "cpu p99", "digests p99", "index blocks",

@@ -18,7 +18,7 @@ from kvtier.apps.bench.fleet_sim_engine import Hit
 class Spent(NamedTuple):
     wall_ns: int
     cpu_ns: int
-    digest_ns: int  # of ``wall_ns``: the prompt's digests
+    digest_ns: int  # the prompt's digests alone, every block (timed apart from ``wall_ns``)
 
 
 class Stats:
@@ -30,7 +30,7 @@ class Stats:
         self.in_flight_sum = 0
         self.decision_ns: list[int] = []  # wall time (perf_counter_ns)
         self.decision_cpu_ns: list[int] = []  # the thread's CPU time: without preemptions
-        self.digest_ns: list[int] = []  # of which the prompt's digests (wall): the per-token floor
+        self.digest_ns: list[int] = []  # the prompt's digests alone (wall): the per-token floor
         self.index_blocks = self.index_hashes = self.index_bytes = 0
 
     def sent(self, n: int, hit: Hit, size: int, ttft: float, in_flight: list[int]) -> None:

@@ -94,7 +94,7 @@ class Placement:
         with self.lock:
             block_size = self.index.block_size
             runs = (
-                self.index.runs(self.index.digests(tokens), urls)
+                self.index.prompt_runs(tokens, urls)
                 if tokens is not None and block_size and self.policy == "kv-aware"
                 else None
             )

@@ -2,13 +2,15 @@
 
 Each engine hashes its blocks with its own seed (vLLM's ``PYTHONHASHSEED`` or a random one), so
 the index is keyed by the tokens themselves: a block's *digest* chains its parent's digest and its
-token ids (``xxh3_64``), and a request's blocks are digested the same way from its tokens. An
+token ids (``_chained``), and a request's blocks are digested the same way from its tokens. An
 event's block hashes are mapped to digests per engine, through the hash of the block before
 (``parent_block_hash``): a block whose parent the engine never told is not placed (counted).
 
     apply(engine, events) -> int         place the engine's events; how many blocks could not be
     drop(engine)                         forget what the engine holds (it died, or is rebuilt)
     digests(tokens)       -> [int]       a request's full blocks
+    prompt_runs(tokens, engines) -> Runs runs(digests(tokens), engines), digesting only as far
+                                         as some engine holds the prompt
     runs(digests, engines) -> Runs       per engine, the leading blocks it can load, by tier: in
                                          groups of engines alike (the most: one run)
 
@@ -28,12 +30,10 @@ fleet.
 
 from __future__ import annotations
 
-import struct
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Sequence
-from itertools import groupby
-
-import xxhash
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from itertools import accumulate, count, groupby, repeat
+from operator import add
 
 from kvtier.apps.proxy.kv_events import Event, Kind
 from kvtier.apps.proxy.prefix_runs import ENGINE, Holders, Run, Runs, runs_of
@@ -41,6 +41,7 @@ from kvtier.apps.proxy.prefix_runs import ENGINE, Holders, Run, Runs, runs_of
 __all__ = ["ENGINE", "MAX_BLOCKS", "PrefixIndex", "Run", "Runs"]
 
 _ROOT = 0  # the digest before a prompt's first block
+_BLOCK = 1 << 96  # each block adds this to a digest, beyond any sum of its blocks' hashes
 MAX_BLOCKS = 1 << 20  # hashes remembered per engine
 
 
@@ -155,15 +156,21 @@ class PrefixIndex:
         size = self.block_size
         if not size:
             return []
-        return _chained(_ROOT, tokens, size)
+        return list(_chained(_ROOT, tokens, size))
 
-    def runs(self, digests: Sequence[int], engines: Collection[str]) -> Runs:
+    def prompt_runs(self, tokens: Sequence[int], engines: Collection[str]) -> Runs:
+        """``runs(digests(tokens), engines)``, its digests made only as far as some engine
+        holds the prompt, each looked up as it is made (no list between)."""
+        size = self.block_size
+        return self.runs(_chained(_ROOT, tokens, size) if size else (), engines)
+
+    def runs(self, digests: Iterable[int], engines: Collection[str]) -> Runs:
         """The runs of ``engines`` (the fleet): per engine, its leading blocks of ``digests``
         that it holds or a shared tier holds."""
         fleet = engines if isinstance(engines, frozenset) else frozenset(engines)
         return runs_of(self._stretches(digests), fleet)
 
-    def _stretches(self, digests: Sequence[int]) -> list[tuple[Holders, int]]:
+    def _stretches(self, digests: Iterable[int]) -> list[tuple[Holders, int]]:
         """``digests``' leading blocks some engine holds, as stretches held alike: (who, how
         many blocks). Looked up in C (``map``): in a large index a lookup mostly waits on
         memory, and C overlaps one block's wait with the next's."""
@@ -175,13 +182,18 @@ class PrefixIndex:
         return stretches
 
 
-def _chained(digest: int, tokens: Sequence[int], size: int) -> list[int]:
-    """The digests of ``tokens``' whole blocks of ``size``, chained from ``digest``: each block's
-    token ids hashed as little-endian int64s, seeded with the digest before."""
-    data = struct.pack(f"<{len(tokens)}q", *tokens)  # (``array("q", tokens)`` takes twice as long)
-    step, hash_of = size * 8, xxhash.xxh3_64_intdigest
-    out = []
-    for start in range(0, len(data) - step + 1, step):
-        digest = hash_of(data[start : start + step], digest)
-        out.append(digest)
-    return out
+def _chained(digest: int, tokens: Sequence[int], size: int) -> Iterator[int]:
+    """The digests of ``tokens``' whole blocks of ``size``, chained from ``digest``, lazily.
+
+    A prefix's digest is the sum, over its blocks, of ``hash`` of the block's position and token
+    ids (a tuple of ints: hashed alike in every process, whatever ``PYTHONHASHSEED``) plus
+    ``_BLOCK``: an unbounded sum, so two prefixes share a digest only if their sums of 64-bit
+    hashes are equal, and the position in each block's hash tells orders apart; the prefix's
+    length in blocks is the digest rounded to a multiple of ``_BLOCK``. Every step runs in C
+    (``zip`` cuts the blocks, ``map(hash)`` hashes them, ``accumulate`` chains them), and lazily:
+    ``runs`` hashes a prompt only as far as some engine holds it."""
+    start = (digest + _BLOCK // 2) // _BLOCK  # blocks before
+    hashes = map(hash, zip(count(start), *[iter(tokens)] * size))
+    sums = accumulate(map(add, hashes, repeat(_BLOCK)), initial=digest)
+    next(sums)  # ``digest`` itself
+    return sums
