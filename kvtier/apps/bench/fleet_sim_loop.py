@@ -191,11 +191,10 @@ class FleetSim:
             cached = Cached(runs.common, [(run, map(at, apart)) for run, apart in runs.apart])
         loads = Loads(self.in_flight, self.queued, self.recent)
         decision = choose("kv-aware", loads, len(tokens), block_size or 1, self.turn, cached)
-        wall = time.perf_counter_ns() - started
-        cpu = time.thread_time_ns() - cpu
+        wall, cpu_ns = time.perf_counter_ns() - started, time.thread_time_ns() - cpu
         hashed = time.perf_counter_ns()
         index.digests(tokens)  # alone, every block, apart from the decision
-        spent = Spent(wall, cpu, time.perf_counter_ns() - hashed)
+        spent = Spent(wall, cpu_ns, time.perf_counter_ns() - hashed)
         self.turn += 1
         self.recent = [recent * DECAY for recent in self.recent]
         self.recent[decision.index] += 1.0
