@@ -110,24 +110,30 @@ class LoadPlanner:
                 retry = retry or found.retry_later
                 pending = pending or below.pending
         host_end = min(host_end, end)
-        while end > first and not self._window_ready(state, end, below=True):
+        while end > first and not (ready := self._window_ready(state, end, below=True)):
+            if ready is None:  # a remote tier is still looking the window up: ask again
+                end, pending = first, True  # later, rather than take a shorter run for a miss
+                break
             end -= 1
         host_end, sync_end = min(host_end, end), min(sync_end, end)
         while host_end > first and not self._window_ready(state, host_end, below=False):
             host_end -= 1
         return HitRun(host_end, end, retry, sync_end, pending)
 
-    def _window_ready(self, state: RequestState, end: int, below: bool) -> bool:
+    def _window_ready(self, state: RequestState, end: int, below: bool) -> bool | None:
         """Whether every sliding-window group holds the chunks its window needs at chunk ``end``
-        (in the host tier, or also in the tiers ``below`` it)."""
+        (in the host tier, or also in the tiers ``below`` it); None: a tier below has not
+        answered yet."""
         for g, spec in enumerate(self.groups):
             if spec.sliding_window is None:
                 continue
             first_token = max(0, end * self.chunk_tokens - spec.sliding_window)
             keys = state.group_keys(self.keys, g, end)[first_token // self.chunk_tokens : end]
             in_host = self.manager.lookup(keys).ready
-            lower = self._below(keys[in_host:]).chunks if below else 0
-            if in_host + lower < len(keys):
+            lower = self._below(keys[in_host:]) if below and in_host < len(keys) else None
+            if lower is not None and lower.pending:
+                return None
+            if in_host + (lower.chunks if lower is not None else 0) < len(keys):
                 return False
         return True
 

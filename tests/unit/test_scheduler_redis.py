@@ -4,8 +4,9 @@ scheduler only asks which keys exist)."""
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,23 @@ WAIT_S = 5.0
 class Rig:
     """A connector whose chain is [disk, redis] (or [redis]), and the Redis it asks."""
 
-    def __init__(self, url: str, root: Path | None, ranks: int = 1, wait_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        root: Path | None,
+        ranks: int = 1,
+        wait_s: float = 0.0,
+        groups: Sequence[GroupSpec] = (GroupSpec(4),),
+        answered: Callable[[Sequence[ChunkKey]], object] = lambda keys: None,
+    ) -> None:
+        """``answered(keys)`` runs on the lookup thread before Redis is asked about ``keys``
+        (a test holds the answer back by blocking there)."""
         self.client = redis.Redis.from_url(url)
         self.prefix = f"t{time.monotonic_ns()}"
         self.ranks = ranks
 
         def exists(keys: Sequence[ChunkKey]) -> list[bool]:
+            answered(keys)
             names = [redis_key(self.prefix, k, r) for k in keys for r in range(ranks)]
             pipe = self.client.pipeline(transaction=False)
             for name in names:
@@ -54,12 +66,12 @@ class Rig:
         if root is not None:
             disk = DiskIndex(root, 64 * FILE * ranks, ranks, FINGERPRINT.digest(), FILE * ranks)
         self.connector = SchedulerConnector(
-            config, [GroupSpec(4)], 8, ranks, ChunkKeyMaker(FINGERPRINT, 1),
+            config, list(groups), 8, ranks, ChunkKeyMaker(FINGERPRINT, 1),
             lower=[*([disk] if disk is not None else []), self.index],
         )  # fmt: skip
 
-    def keys(self, hashes: Sequence[bytes]) -> list[ChunkKey]:
-        return self.connector.keys.keys(hashes, 0)
+    def keys(self, hashes: Sequence[bytes], group: int = 0) -> list[ChunkKey]:
+        return self.connector.keys.keys(hashes, group)
 
     def in_redis(self, keys: Iterable[ChunkKey], ranks: Iterable[int] | None = None) -> None:
         for key in keys:
@@ -124,6 +136,35 @@ def test_a_lookup_is_pending_until_redis_answered(store_server: Any) -> None:
     rig.in_redis(rig.keys(HASHES))
     assert rig.connector.lookup("a", HASHES, 0, 33) is None  # asked; no step waited
     assert rig.lookup("a", HASHES, 33) == 32
+
+
+def test_a_window_still_looked_up_is_waited_for_not_a_miss(store_server: Any) -> None:
+    """A hybrid model: the full-attention group's chunks are known, the sliding window's lookup
+    is still in flight (a loaded machine's slow round trip). The request asks again later; it
+    once took no hit at all (every chunk a miss) instead."""
+    window = GroupSpec(4, sliding_window=8)
+    gate = threading.Event()
+    held: list[ChunkKey] = []
+
+    def answered(keys: Sequence[ChunkKey]) -> None:
+        if set(keys) & set(held):
+            assert gate.wait(WAIT_S), "the test never opened the gate"
+
+    rig = Rig(store_server.url, None, groups=[GroupSpec(4), window], answered=answered)
+    held += rig.keys(HASHES, 1)
+    rig.in_redis(rig.keys(HASHES, 0))
+    rig.in_redis(held)
+    deadline = time.monotonic() + WAIT_S
+    while set(rig.index.known()) != set(rig.keys(HASHES, 0)):  # the full group's answer
+        assert rig.connector.lookup("a", HASHES, 0, 33) is None  # the window's: held back
+        assert time.monotonic() < deadline, "Redis never answered about the full group"
+    assert rig.connector.lookup("a", HASHES, 0, 33) is None
+    gate.set()
+    assert rig.lookup("a", HASHES, 33) == 32
+    rig.connector.on_alloc("a", [list(range(10, 19)), list(range(20, 29))], 32)
+    (load,) = rig.connector.build_plan([]).loads
+    assert isinstance(load.src, TierChunks) and set(load.src.keys) >= set(rig.keys(HASHES, 0))
+    assert rig.connector.stats.tiers["redis"].hit_chunks == 8
 
 
 def test_a_short_redis_hit_is_not_worth_a_step(store_server: Any) -> None:

@@ -35,7 +35,11 @@ def scheduler_index(ctx: SchedulerContext) -> RedisIndex | None:
         return [all(found[i * world_size : (i + 1) * world_size]) for i in range(len(keys))]
 
     index = RedisIndex(
-        exists, config.timeout_s, config.max_queued_chunks, available=lambda: store.available
+        exists,
+        config.timeout_s,
+        config.max_queued_chunks,
+        available=lambda: store.available,
+        lookup_wait_s=config.lookup_wait_s,
     )
     logger.info("kvtier: Redis tier (key prefix %r, %d rank(s), timeout %.2f s)",
                 prefix, world_size, config.timeout_s)  # fmt: skip

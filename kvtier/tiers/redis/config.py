@@ -9,12 +9,14 @@ from kvtier.config_parse import (
     keys,
     mapping,
     non_empty_str,
+    non_negative_float,
     optional,
     positive_float,
     positive_int,
     required,
 )
 
+LOOKUP_WAIT_S = 0.002  # a loopback or LAN round trip: a new request usually needs no second step
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
@@ -28,6 +30,8 @@ class RedisConfig:
     (more URLs of its nodes). ``prefix`` namespaces every key; ``ttl_s`` expires a chunk that
     long after it was written (None: Redis's ``maxmemory-policy`` decides). ``timeout_s`` bounds
     every call: one that times out is a miss, never an error, and stops calls for a while.
+    ``lookup_wait_s``: the longest a request's first lookup holds the engine's step for Redis's
+    answer (0: never; a lookup not answered by then is asked again on a later step).
     ``connections``: per worker rank, for loads. ``max_queued_chunks``: chunks being written at
     once; more wait their turn in host memory (``scheduler/tier_writes.py``). ``required``: a
     Redis that cannot be reached, or refuses the credentials, at start-up is an error; false: a
@@ -38,6 +42,7 @@ class RedisConfig:
 
     url: str
     timeout_s: float = 1.0
+    lookup_wait_s: float = LOOKUP_WAIT_S
     prefix: str = "kvtier"
     ttl_s: float | None = None
     cluster: bool = False
@@ -51,6 +56,7 @@ class RedisConfig:
     def __post_init__(self) -> None:
         redis_url(self.url, "redis.url")
         positive_float(self.timeout_s, "redis.timeout_s")
+        non_negative_float(self.lookup_wait_s, "redis.lookup_wait_s")
         non_empty_str(self.prefix, "redis.prefix")
         if self.ttl_s is not None:
             positive_float(self.ttl_s, "redis.ttl_s")
@@ -82,6 +88,7 @@ class RedisConfig:
         return cls(
             url=required(raw, key, "url", redis_url),
             timeout_s=optional(raw, key, "timeout_s", positive_float, 1.0),
+            lookup_wait_s=optional(raw, key, "lookup_wait_s", non_negative_float, LOOKUP_WAIT_S),
             prefix=optional(raw, key, "prefix", non_empty_str, "kvtier"),
             ttl_s=optional(raw, key, "ttl_s", positive_float, None),
             cluster=optional(raw, key, "cluster", as_bool, False),

@@ -3,12 +3,12 @@
 The scheduler cannot list a store that a fleet of engines shares, so it asks: a lookup of a run
 of chunks sends one batched ``EXISTS`` (every rank's key of every chunk, one pipelined round trip
 per node) to a lookup thread and answers "pending" (None) until the answer is back; the engine
-asks again on a later step. The first ask waits at most ``lookup_wait_s`` (a couple of
-milliseconds: a loopback or LAN round trip) so a new request usually gets its answer without a
-step's delay; no step ever waits longer. Answers are remembered: chunks found (or written by
-this engine) as *present* (a bounded LRU), the first chunk found missing as *absent* for
-``ABSENT_S``. A chunk evicted from Redis since is found out by its load (a miss: the engine
-recomputes and the chunk is forgotten here), never trusted.
+asks again on a later step. The first ask waits at most ``lookup_wait_s`` (``redis.lookup_wait_s``:
+a couple of milliseconds by default, a loopback or LAN round trip) so a new request usually gets
+its answer without a step's delay; no step ever waits longer. Answers are remembered: chunks
+found (or written by this engine) as *present* (a bounded LRU), the first chunk found missing as
+*absent* for ``ABSENT_S``. A chunk evicted from Redis since is found out by its load (a miss:
+the engine recomputes and the chunk is forgotten here), never trusted.
 
 A Redis that is down or slow makes a lookup a miss within ``timeout_s`` (the store's circuit
 breaker then answers at once, for a while, without touching the network), and forgets every
@@ -33,6 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from kvtier.keys import ChunkKey
+from kvtier.tiers.redis.config import LOOKUP_WAIT_S
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,6 @@ ABSENT_S = 1.0  # how long a chunk found missing is not asked for again
 MAX_KNOWN = 1 << 20  # chunks remembered present (least recently used forgotten first)
 MAX_QUERY = 512  # chunks per lookup query
 MAX_QUEUED = 256  # lookup queries waiting; more are misses
-LOOKUP_WAIT_S = 0.002  # the longest a first lookup waits for its answer
 MAX_VERIFYING = 4  # verify queries queued or running at once (lookups queue behind them)
 
 Exists = Callable[[Sequence[ChunkKey]], list[bool]]  # chunk keys -> held by every rank; OSError
@@ -57,7 +57,7 @@ class RedisIndex:
         timeout_s: float,
         max_in_flight: int,
         available: Callable[[], bool] = lambda: True,
-        lookup_wait_s: float = LOOKUP_WAIT_S,
+        lookup_wait_s: float = LOOKUP_WAIT_S,  # the longest a first lookup waits for its answer
     ) -> None:
         self.max_in_flight = max_in_flight
         self._exists = exists
