@@ -218,8 +218,8 @@ def test_corrupted_and_evicted_records_are_misses(
     Redis too small for the prompts (allkeys-lru evicting under load): misses, never errors."""
     token_prompts = prompts(tiny_model, LENGTHS, seed=51)
     expected = _expected(reference, tiny_model, token_prompts)
-    client = fresh_redis.client()
-    transfer = kvtier_transfer(**redis_extra(fresh_redis.url))
+    client = fresh_redis.client()  # no fault here stalls Redis: a timeout is only the load's
+    transfer = kvtier_transfer(**redis_extra(fresh_redis.url, timeout_s=SERVED_TIMEOUT_S))
     with engine(tiny_model, kv_transfer_config=transfer) as llm:
 
         def again() -> Any:
