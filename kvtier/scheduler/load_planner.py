@@ -130,10 +130,10 @@ class LoadPlanner:
             first_token = max(0, end * self.chunk_tokens - spec.sliding_window)
             keys = state.group_keys(self.keys, g, end)[first_token // self.chunk_tokens : end]
             in_host = self.manager.lookup(keys).ready
-            lower = self._below(keys[in_host:]) if below and in_host < len(keys) else None
-            if lower is not None and lower.pending:
+            lower = self._below(keys[in_host:]) if below else Below(0, 0, False)
+            if lower.pending:
                 return None
-            if in_host + (lower.chunks if lower is not None else 0) < len(keys):
+            if in_host + lower.chunks < len(keys):
                 return False
         return True
 

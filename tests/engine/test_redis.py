@@ -20,18 +20,20 @@ import kvtier
 
 CHUNK = 64  # tokens per chunk: two engine blocks of 32
 LENGTHS = [300, 500, 450, 700, 333, 640]  # each worth a step: a load of >= 256 tokens
-TIMEOUT_S = 0.5  # the faults' tests: a dead Redis must cost a request little
-# what is served from Redis: a round trip slowed by a loaded machine (the other test worker's
-# engines on both cores) must not trip the circuit breaker and turn chunks into misses
+TIMEOUT_S = 0.5  # the tests of a dead Redis: it must cost a request little
+# every other test (no fault stalls Redis): a round trip slowed by a loaded machine (the other
+# test worker's engines on both cores) must not trip the circuit breaker and turn chunks into
+# misses
 SERVED_TIMEOUT_S = 5.0
 
 
 def redis_extra(url: str, cpu: str = "64MiB", **redis: Any) -> dict[str, Any]:
-    """kvtier's extra config with a Redis tier (no disk tier)."""
+    """kvtier's extra config with a Redis tier (no disk tier); ``timeout_s`` SERVED_TIMEOUT_S
+    unless given."""
     return {
         "cpu_bytes_to_use": cpu,
         "block_size": CHUNK,
-        "redis": {"url": url, "timeout_s": TIMEOUT_S, **redis},
+        "redis": {"url": url, "timeout_s": SERVED_TIMEOUT_S, **redis},
     }
 
 
@@ -59,9 +61,7 @@ def test_a_second_engine_process_is_served_from_redis(
     """The same on redis-server and on valkey-server: Valkey works unchanged."""
     token_prompts = prompts(tiny_model, LENGTHS, seed=21)
     expected = _expected(reference, tiny_model, token_prompts)
-    extra = redis_extra(
-        store_server.url, prefix=f"two-{time.monotonic_ns()}", timeout_s=SERVED_TIMEOUT_S
-    )
+    extra = redis_extra(store_server.url, prefix=f"two-{time.monotonic_ns()}")
     a = run_job(tmp_path, "a", tiny_model, token_prompts, extra)
     assert a["outputs"] == [expected]
     wanted = full_chunks(token_prompts, CHUNK)
@@ -85,12 +85,7 @@ def test_a_hybrid_models_two_groups_come_from_redis(
     waited for, not taken for misses."""
     token_prompts = prompts(hybrid_model, [300, 319, 447, 500, 640], seed=23)
     expected = reference(hybrid_model, token_prompts)
-    extra = redis_extra(
-        redis_server.url,
-        prefix=f"hybrid-{time.monotonic_ns()}",
-        timeout_s=SERVED_TIMEOUT_S,
-        lookup_wait_s=0,
-    )
+    extra = redis_extra(redis_server.url, prefix=f"hybrid-{time.monotonic_ns()}", lookup_wait_s=0)
     a = run_job(tmp_path, "a", hybrid_model, token_prompts, extra)
     assert a["outputs"] == [expected]
     b = run_job(tmp_path, "b", hybrid_model, token_prompts, extra)
@@ -107,13 +102,7 @@ def test_two_engines_share_a_redis_cluster(
     token_prompts = prompts(tiny_model, LENGTHS, seed=22)
     expected = _expected(reference, tiny_model, token_prompts)
     url, *seeds = redis_cluster.urls
-    extra = redis_extra(
-        url,
-        cluster=True,
-        seeds=seeds,
-        prefix=f"cl-{time.monotonic_ns()}",
-        timeout_s=SERVED_TIMEOUT_S,
-    )
+    extra = redis_extra(url, cluster=True, seeds=seeds, prefix=f"cl-{time.monotonic_ns()}")
     a, b = (start_job(tmp_path, n, tiny_model, token_prompts, extra, rounds=2) for n in "ab")
     results = [finish_job(*a), finish_job(*b)]
     wanted = full_chunks(token_prompts, CHUNK)
@@ -134,7 +123,7 @@ def test_redis_killed_then_restarted_mid_run(
     expected = {
         s: _expected(reference, tiny_model, p) for s, p in ((1, first), (2, second), (3, third))
     }
-    transfer = kvtier_transfer(**redis_extra(fresh_redis.url))
+    transfer = kvtier_transfer(**redis_extra(fresh_redis.url, timeout_s=TIMEOUT_S))
     with engine(tiny_model, kv_transfer_config=transfer) as llm:
         assert generate(llm, first) == expected[1]
         settle(llm)
@@ -166,9 +155,7 @@ def test_two_cache_salts_never_share_a_chunk(
     tiny_model: Path, reference: Any, redis_server: Any
 ) -> None:
     token_prompts = prompts(tiny_model, [300, 450], seed=41)
-    extra = redis_extra(
-        redis_server.url, prefix=f"salt-{time.monotonic_ns()}", timeout_s=SERVED_TIMEOUT_S
-    )
+    extra = redis_extra(redis_server.url, prefix=f"salt-{time.monotonic_ns()}")
     with engine(tiny_model, kv_transfer_config=kvtier_transfer(**extra)) as llm:
         params = kvtier_greedy()
 
@@ -197,7 +184,8 @@ def kvtier_greedy() -> Any:
 def test_an_unreachable_redis_at_start_up_is_an_error_naming_the_setting(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    extra = redis_extra("redis://127.0.0.1:1/0")  # in a process of its own: vLLM fails to start
+    # in a process of its own: vLLM fails to start
+    extra = redis_extra("redis://127.0.0.1:1/0", timeout_s=TIMEOUT_S)
     with pytest.raises(AssertionError, match=r"kvtier: 'redis\.url'.*nothing listens"):
         run_job(tmp_path, "down", tiny_model, prompts(tiny_model, [300], seed=5), extra)
 
@@ -205,7 +193,7 @@ def test_an_unreachable_redis_at_start_up_is_an_error_naming_the_setting(
 def test_an_unreachable_optional_redis_is_a_warning(tiny_model: Path, reference: Any) -> None:
     token_prompts = prompts(tiny_model, [300], seed=5)
     expected = _expected(reference, tiny_model, token_prompts)  # before: one engine at a time
-    extra = redis_extra("redis://127.0.0.1:1/0", required=False)
+    extra = redis_extra("redis://127.0.0.1:1/0", timeout_s=TIMEOUT_S, required=False)
     with engine(tiny_model, kv_transfer_config=kvtier_transfer(**extra)) as llm:
         assert generate(llm, token_prompts) == expected
         assert "redis" not in kvtier.stats(llm).tiers
@@ -218,8 +206,8 @@ def test_corrupted_and_evicted_records_are_misses(
     Redis too small for the prompts (allkeys-lru evicting under load): misses, never errors."""
     token_prompts = prompts(tiny_model, LENGTHS, seed=51)
     expected = _expected(reference, tiny_model, token_prompts)
-    client = fresh_redis.client()  # no fault here stalls Redis: a timeout is only the load's
-    transfer = kvtier_transfer(**redis_extra(fresh_redis.url, timeout_s=SERVED_TIMEOUT_S))
+    client = fresh_redis.client()
+    transfer = kvtier_transfer(**redis_extra(fresh_redis.url))
     with engine(tiny_model, kv_transfer_config=transfer) as llm:
 
         def again() -> Any:

@@ -24,7 +24,7 @@ from harness import (
     prompts,
     settle,
 )
-from test_redis import LENGTHS, SERVED_TIMEOUT_S, redis_extra
+from test_redis import LENGTHS, redis_extra
 
 import kvtier
 
@@ -47,12 +47,7 @@ def test_a_next_engine_finds_in_redis_what_an_engine_shut_down_at_once_computed(
     token_prompts = prompts(tiny_model, ONE_BY_ONE, seed=61)
     one = greedy(1)
     expected = _expected(reference, tiny_model, token_prompts, max_tokens=1)
-    extra = redis_extra(
-        redis_server.url,
-        cpu=cpu,
-        prefix=f"drain-{time.monotonic_ns()}",
-        timeout_s=SERVED_TIMEOUT_S,
-    )
+    extra = redis_extra(redis_server.url, cpu=cpu, prefix=f"drain-{time.monotonic_ns()}")
     transfer = kvtier_transfer(**extra)
     with engine(tiny_model, kv_transfer_config=transfer) as llm:
         assert [generate(llm, [prompt], one)[0] for prompt in token_prompts] == expected
@@ -77,8 +72,7 @@ def test_chunks_a_restarted_redis_lost_are_written_again_under_traffic(
     finds is what the rewrite put there."""
     token_prompts = prompts(tiny_model, LENGTHS, seed=62)
     expected = _expected(reference, tiny_model, token_prompts)
-    # restarted, Redis refuses at once: a timeout would only be the machine's load
-    extra = {**redis_extra(fresh_redis.url, timeout_s=SERVED_TIMEOUT_S), "shutdown_flush_s": 0}
+    extra = {**redis_extra(fresh_redis.url), "shutdown_flush_s": 0}
     transfer = kvtier_transfer(**extra)
     with engine(tiny_model, kv_transfer_config=transfer) as llm:
         assert generate(llm, token_prompts) == expected
