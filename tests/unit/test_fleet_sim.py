@@ -16,7 +16,7 @@ from rich.console import Console
 from kvtier.apps.bench.fleet_sim import run_sim, simulate
 from kvtier.apps.bench.fleet_sim_engine import EngineSpec, Hit, SimEngine, SimRequest
 from kvtier.apps.bench.fleet_sim_loop import FleetSim
-from kvtier.apps.bench.fleet_sim_trace import Session, Workload
+from kvtier.apps.bench.fleet_sim_trace import TRACES, Arrival, Session, Trace, Workload
 from kvtier.apps.proxy.prefix_index import PrefixIndex, Run
 from kvtier.apps.proxy.scoring import Cached, Loads, choose
 
@@ -25,7 +25,8 @@ TINY = EngineSpec(gpu_blocks=4, cpu_blocks=6, prefill_per_ms=1.0, decode_ms=10.0
 ENGINES = 8
 SMALL = Workload(sessions_per_engine=64)  # the default load: about 800 requests measured
 SMALL_SPEC = EngineSpec()
-TIMED = ("decision_us_p50", "decision_us_p99", "decision_cpu_us_p99", "digest_us_p99", "sim_s")
+TIMED = ("decision_us_p50", "decision_us_p99", "decision_cpu_us_p99", "digest_us_p99",
+         "hash_us_p99", "sim_s")  # fmt: skip
 
 
 def _session(first_key: int) -> Session:
@@ -140,12 +141,37 @@ def test_run_sim_writes_json_and_png_and_judges_the_goals(tmp_path: Path) -> Non
     ]
     assert (tmp_path / "fleet-sim.png").stat().st_size > 0
     assert written["goals_at_engines"] == 8  # no 64 here: the largest
+    assert written["trace"] == "chat"
     goals = {goal["name"]: goal for goal in written["goals"]}
     assert set(goals) == {"hit rate / oracle's", "hit rate / round-robin's", "load imbalance",
                           "decision p99 (us)"}  # fmt: skip
     assert goals["load imbalance"]["passed"] == (goals["load imbalance"]["value"] <= 1.25)
     text = console.export_text()
     assert text.count("PASS") + text.count("FAIL") == 4
+    assert "tokens hashed once" in text
+    kv = next(row for row in written["rows"] if row["policy"] == "kv-aware")
+    assert 0 < kv["hash_us_p99"] and 0 < kv["digest_us_p99"]
+
+
+def test_the_mrqa_trace_is_lmcaches_multi_round_qa_and_writes_its_own_files(
+    tmp_path: Path,
+) -> None:
+    """One 1,000-token system prompt shared by every user, a 2,000-token history each, 5 rounds
+    of a 20-40-token question and a 100-token answer; its files beside the chat trace's."""
+    trace = Trace(TRACES["mrqa"], seed=0)
+    sessions = [trace.session(Arrival(0.0, number)) for number in range(3)]
+    assert len({tuple(session.tokens[1000:3000]) for session in sessions}) == 3  # each its own
+    for session in sessions:
+        assert session.tokens[:1000] == sessions[0].tokens[:1000]
+        assert session.rounds == 5 and 3020 <= session.prompt_ends[0] <= 3040
+        assert [a - p for p, a in zip(session.prompt_ends, session.answer_ends)] == [100] * 5
+    tiny = Workload(sessions_per_engine=2)
+    run_sim(tmp_path, engines=(4,), workload=tiny, console=Console(record=True), trace="mrqa")
+    assert json.loads((tmp_path / "fleet-sim-mrqa.json").read_text())["trace"] == "mrqa"
+    assert (tmp_path / "fleet-sim-mrqa.png").stat().st_size > 0
+    assert not (tmp_path / "fleet-sim.json").exists()
+    with pytest.raises(ValueError, match="'sharegpt'"):
+        run_sim(tmp_path, engines=(4,), trace="sharegpt")
 
 
 def test_kv_aware_passes_over_an_engine_past_the_load_bound() -> None:

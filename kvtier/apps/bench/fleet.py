@@ -1,6 +1,6 @@
 """``kvtier bench fleet``: where the proxy sends requests, and what that saves.
 
-    run(out, real=RealWork() | None, sim_engines=(16, 64, 256) | ())
+    run(out, real=RealWork() | None, sim_engines=(16, 64, 256) | (), sim_trace="chat" | "mrqa")
 
 Real (``fleet_real.py``): two engines and the proxy on this machine; each repeat runs every
 policy (in an order rotated per repeat) on two workloads, in tokens so that the random model's
@@ -39,7 +39,12 @@ GOAL_TTFT = 0.6  # kv-aware's chat TTFT p50 over round-robin's
 REAL = RealWork()  # the full run
 
 
-def run(out: Path, real: RealWork | None = REAL, sim_engines: tuple[int, ...] = ()) -> None:
+def run(
+    out: Path,
+    real: RealWork | None = REAL,
+    sim_engines: tuple[int, ...] = (),
+    sim_trace: str = "chat",
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if real is not None:
         with tempfile.TemporaryDirectory(prefix="kvtier-bench-fleet-") as logs:
@@ -53,7 +58,7 @@ def run(out: Path, real: RealWork | None = REAL, sim_engines: tuple[int, ...] = 
     if sim_engines:
         from kvtier.apps.bench.fleet_sim import run_sim
 
-        run_sim(out, engines=sim_engines)
+        run_sim(out, engines=sim_engines, trace=sim_trace)
 
 
 def _workloads(work: RealWork) -> dict[str, Ask]:

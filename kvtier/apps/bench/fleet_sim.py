@@ -1,7 +1,9 @@
 """``kvtier bench fleet``'s simulated half: the proxy's own index and scorer over large fleets.
 
-    run_sim(out, engines=(16, 64, 256), seed=0, ...) -> dict   every size and policy; prints a
-                                      table and the goals; writes fleet-sim.json, fleet-sim.png
+    run_sim(out, engines=(16, 64, 256), seed=0, trace="chat", ...) -> dict   every size and
+                                      policy; prints a table and the goals; writes
+                                      fleet-sim.json, fleet-sim.png (fleet-sim-<trace>.* for
+                                      another trace of ``fleet_sim_trace.TRACES``)
     simulate(engines, seed=0, ...)   -> [row]                  one fleet size, each policy
 
 No engine runs: ``fleet_sim_engine.SimEngine`` stands for one (a GPU prefix cache, kvtier's host
@@ -33,7 +35,7 @@ from rich.console import Console
 from kvtier.apps.bench import fleet_sim_report
 from kvtier.apps.bench.fleet_sim_engine import EngineSpec
 from kvtier.apps.bench.fleet_sim_loop import POLICIES, FleetSim
-from kvtier.apps.bench.fleet_sim_trace import Workload
+from kvtier.apps.bench.fleet_sim_trace import TRACES, Workload
 from kvtier.apps.bench.machine import cpu
 
 ENGINES = (16, 64, 256)
@@ -59,13 +61,17 @@ def run_sim(
     workload: Workload | None = None,
     spec: EngineSpec | None = None,
     console: Console | None = None,
+    trace: str = "chat",
 ) -> dict[str, Any]:
-    """Simulate every size in ``engines``, print the table and the goals (judged at 64 engines,
-    or the largest size below it), write ``fleet-sim.json`` and ``fleet-sim.png`` under ``out``;
-    the JSON document."""
+    """Simulate every size in ``engines`` on ``trace`` (``workload``: another shape under its
+    name), print the table and the goals (judged at 64 engines, or the largest size below it),
+    write ``fleet-sim.json`` and ``fleet-sim.png`` under ``out`` (``fleet-sim-<trace>.*`` for a
+    trace but the chat); the JSON document."""
     if not engines:
         raise ValueError("engines: at least one fleet size")
-    workload, spec = workload or Workload(), spec or EngineSpec()
+    if trace not in TRACES:
+        raise ValueError(f"trace must be one of {', '.join(TRACES)}; got {trace!r}")
+    workload, spec = workload or TRACES[trace], spec or EngineSpec()
     started = time.perf_counter()
     rows = [row for n in engines for row in simulate(n, seed, workload, spec)]
     judged_at = GOAL_ENGINES if GOAL_ENGINES in engines else max(engines)
@@ -75,6 +81,7 @@ def run_sim(
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "cpu": cpu()},
         "seed": seed,
+        "trace": trace,
         "workload": asdict(workload),
         "engine": asdict(spec),
         "runtime_s": round(time.perf_counter() - started, 1),
@@ -85,9 +92,10 @@ def run_sim(
         "rows": rows,
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "fleet-sim.json").write_text(json.dumps(document, indent=1) + "\n")
-    fleet_sim_report.plot(rows, out / "fleet-sim.png")
-    console = console or Console(width=max(170, Console().width))  # 14 columns: none elided
+    name = "fleet-sim" if trace == "chat" else f"fleet-sim-{trace}"
+    (out / f"{name}.json").write_text(json.dumps(document, indent=1) + "\n")
+    fleet_sim_report.plot(rows, out / f"{name}.png")
+    console = console or Console(width=max(180, Console().width))  # 15 columns: none elided
     fleet_sim_report.print_table(rows, judged, judged_at, console)
-    console.print(f"simulated in {document['runtime_s']} s")
+    console.print(f"simulated ({trace} trace) in {document['runtime_s']} s")
     return document

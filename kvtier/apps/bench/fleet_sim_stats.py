@@ -1,6 +1,6 @@
 """What ``kvtier bench fleet``'s simulation counts of one policy's run (``fleet_sim_loop.py``).
 
-Spent(wall_ns, cpu_ns, digest_ns)   one kv-aware decision's time
+Spent(wall_ns, cpu_ns, digest_ns, hash_ns)   one kv-aware decision's time, and its floors
 Stats                               the requests sent in the window: tokens, hits, TTFT,
                                     imbalance, decisions, the index's size
 percentile(ordered, q)              a nearest-rank quantile
@@ -19,6 +19,7 @@ class Spent(NamedTuple):
     wall_ns: int
     cpu_ns: int
     digest_ns: int  # the prompt's digests alone, every block (timed apart from ``wall_ns``)
+    hash_ns: int  # the prompt's tokens hashed once, as one tuple (apart): any router's least
 
 
 class Stats:
@@ -31,6 +32,7 @@ class Stats:
         self.decision_ns: list[int] = []  # wall time (perf_counter_ns)
         self.decision_cpu_ns: list[int] = []  # the thread's CPU time: without preemptions
         self.digest_ns: list[int] = []  # the prompt's digests alone (wall): the per-token floor
+        self.hash_ns: list[int] = []  # the prompt hashed once (wall): any router's floor
         self.index_blocks = self.index_hashes = self.index_bytes = 0
 
     def sent(self, n: int, hit: Hit, size: int, ttft: float, in_flight: list[int]) -> None:

@@ -1,8 +1,16 @@
 """The trace ``kvtier bench fleet``'s simulation plays: multi-round chats arriving over time.
 
     Workload(...)                              its shape (frozen; per engine, scaled with the fleet)
+    TRACES[name]                      -> Workload  the traces ``kvtier bench fleet --trace`` names
     arrivals(workload, engines, seed)  -> [Arrival]   when each session starts, in order
     Trace(workload, seed).session(arrival) -> Session  a session's tokens, rounds and block keys
+
+Two traces are named (``TRACES``): ``chat`` (the default: 4 system prompts of 512 tokens, a
+200-400-token context, 4-8 rounds) and ``mrqa``, LMCache's ``multi_round_qa`` in the proportions
+its own CI runs it (``--shared-system-prompt 1000 --user-history-prompt 2000 --answer-len 100
+--num-rounds 5``: one system prompt, a 2,000-token history per user, 5 rounds), at half the
+chat's session rate so that round-robin's engines, computing ~2,200 of each ~3,300-token prompt,
+stay below saturation (~2/3 busy) as they do on the chat trace (~1/2 busy).
 
 Sessions start as a Poisson process (``session_rate`` per engine), ``sessions_per_engine`` of
 them per engine. Each opens with one of ``systems`` shared system prompts, then a context of its
@@ -52,6 +60,18 @@ class Workload:
             raise ValueError("systems, sessions_per_engine and block_size must be >= 1")
         if not 0 <= self.warmup < 1:
             raise ValueError(f"warmup must be in [0, 1); got {self.warmup}")
+
+
+MULTI_ROUND_QA = Workload(
+    systems=1,
+    system_tokens=1000,
+    context_tokens=(2000, 2000),
+    rounds=(5, 5),
+    question_tokens=(20, 40),
+    answer_tokens=(100, 100),
+    session_rate=0.6e-3,
+)
+TRACES: dict[str, Workload] = {"chat": Workload(), "mrqa": MULTI_ROUND_QA}
 
 
 class Arrival(NamedTuple):

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
+from kvtier.apps.bench.fleet_sim_trace import TRACES
 from kvtier.apps.command import Command
 
 
@@ -15,6 +16,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", help="real part: its dtype (default float32)")
     parser.add_argument(
         "--engines", type=int, nargs="+", default=[16, 64, 256], help="simulated fleet sizes"
+    )
+    parser.add_argument(
+        "--trace",
+        choices=tuple(TRACES),
+        default="chat",
+        help="simulated part: the trace (mrqa: LMCache's multi_round_qa proportions)",
     )
     parser.add_argument("--no-real", action="store_true", help="skip the real part")
     parser.add_argument("--no-sim", action="store_true", help="skip the simulated part")
@@ -29,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, key) is not None:
             real = replace(real, **{key: getattr(args, key)})
     fleet.run(args.out, real=None if args.no_real else real,
-              sim_engines=() if args.no_sim else tuple(args.engines))  # fmt: skip
+              sim_engines=() if args.no_sim else tuple(args.engines),
+              sim_trace=args.trace)  # fmt: skip
     return 0
 
 
@@ -43,6 +51,7 @@ COMMAND = Command(
     "and a long-document QA (6 documents read 3 times) through round-robin, least-loaded and "
     "kv-aware: TTFT p50/p90, requests/s, prompt tokens computed (goal: the chat's TTFT p50 "
     "with kv-aware <= 0.6 x round-robin's). Then the proxy's own index and scorer over 16, 64 "
-    "and 256 simulated engines against an oracle. Writes fleet.json/.png and "
-    "fleet-sim.json/.png.",
+    "and 256 simulated engines against an oracle, on a chat trace (or --trace mrqa: LMCache's "
+    "multi_round_qa proportions). Writes fleet.json/.png and fleet-sim.json/.png "
+    "(fleet-sim-mrqa.json/.png).",
 )
