@@ -41,8 +41,12 @@ def _run_all(campaign: Campaign, setting: Setting, faults: list[Fault], rank: in
             share, passes = (1.0, 2) if n % 2 == 0 else (0.5, 3)
             case = run.case(fault, rng, share, rank, passes)
             assert case.wrong == 0, case
-            assert min(case.passes[1:]) >= 0.9, case
+            assert min(case.passes[1:]) >= 0.9, case  # a failure shows the case's counters
+            if fault in DAMAGED_BYTES and case.damaged:  # found bad, counted by the tier
+                assert case.counters.get(f"{setting.tier}.bad_chunks", 0) > 0, case
 
+
+DAMAGED_BYTES = (Fault.FLIP, Fault.TRUNCATE, Fault.SWAP, Fault.FOREIGN)  # records there, but bad
 
 # each host tier size and each read mode once (test_fault_scenario.py crosses all six pairs)
 DISK = [Setting("disk", "tiny", "sync"), Setting("disk", "roomy", "async")]

@@ -14,7 +14,9 @@ instead resets the connector after every engine step of the first pass, while th
 and stores run.
 
 ``served``: the share of the prompts' full chunks that kvtier loaded in a pass (hits, less the
-chunks found bad). The campaign's tests and ``kvtier bench faults`` share this module.
+chunks found bad). A case also records what the engine's counters rose by (``Case.counters``:
+chunks found bad, lookups and loads that failed, chunks lost on their way to a tier), so that a
+pass served less says why. The campaign's tests and ``kvtier bench faults`` share this module.
 
 Over 300 lines because a case's fault, passes and checks share one engine and its reference.
 """
@@ -47,6 +49,9 @@ DRAIN_S = 15.0  # the longest a pass waits for the tiers' writes to land after i
 # slowed by a loaded machine (0.5 s timed out once in CI, beside a two-rank engine), and it
 # would open the circuit breaker and make the healed passes' loads misses
 REDIS_TIMEOUT_S = 5.0
+COUNTED = ("failed_lookups", "failed_loads", "bad_chunks", "failed_stores", "skipped_stores",
+           "lost_evicted_dirty", "lost_no_room", "lost_tier_down", "lost_write_error",
+           "lost_reset")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,9 @@ class Case:
     wrong: int = 0  # outputs that differ from the engine without kvtier
     outputs: int = 0  # outputs compared
     seconds: float = 0.0
+    # what the engine's counters ("tier.counter": misses that failed, chunks lost on their way
+    # to a tier, ...) rose by over the case: why a pass was served less, when one is
+    counters: dict[str, int] = field(default_factory=dict)
 
 
 class Campaign:
@@ -289,19 +297,28 @@ class CampaignEngine:
         """``fault`` on ``share`` of the tier's records (of ``rank`` only: None, every rank),
         then ``passes`` passes (1 to 3)."""
         started = time.perf_counter()
+        before = self._counters()
         self.drop_host()
         damaged = 0
         if fault is not Fault.RESET:
             assert self.tier is not None, f"fault campaign: {fault.value} needs a tier"
             damaged = self.tier.inject(fault, rng, share, rank)
-        return self.passes(Case(self.setting, fault, damaged), passes, started)
+        return self.passes(Case(self.setting, fault, damaged), passes, started, before)
 
-    def passes(self, case: Case | None = None, count: int = 2, started: float = 0.0) -> Case:
+    def passes(
+        self,
+        case: Case | None = None,
+        count: int = 2,
+        started: float = 0.0,
+        before: dict[str, int] | None = None,
+    ) -> Case:
         """``count`` passes over the prompts (a ``RESET`` case's first resets at every step),
         the host tier emptied before the third; recorded in ``case`` (None: a case of no
-        fault of its own, e.g. over a tier damaged before the engine started)."""
+        fault of its own, e.g. over a tier damaged before the engine started), with what the
+        counters rose by since ``before`` (None: since now)."""
         started = started or time.perf_counter()
         case = case or Case(self.setting, None, 0)
+        before = self._counters() if before is None else before
         for n in range(count):
             if n == 2:
                 self.drop_host()  # the third pass reads the tier below: it healed
@@ -310,8 +327,19 @@ class CampaignEngine:
             case.wrong += wrong
             case.outputs += len(self.campaign.prompts)
         case.seconds = time.perf_counter() - started
+        after = self._counters()
+        case.counters = {name: value - before.get(name, 0) for name, value in after.items()
+                         if value != before.get(name, 0)}  # fmt: skip
         self.cases.append(case)
         return case
+
+    def _counters(self) -> dict[str, int]:
+        """The engine's counters of every tier (``COUNTED``), as ``"tier.counter"``."""
+        from kvtier.vllm import engine_connector
+
+        stats = engine_connector(self.llm).scheduler.stats
+        return {f"{name}.{counter}": getattr(tier, counter)
+                for name, tier in stats.tiers.items() for counter in COUNTED}  # fmt: skip
 
 
 def _address(setting: Setting, extra: dict[str, Any]) -> str | None:
