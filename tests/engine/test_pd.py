@@ -46,7 +46,9 @@ from kvtier.apps.models import make_prompt
 pytestmark = pytest.mark.engine
 
 SECRET = "pd-test-secret-of-32-bytes-or-so"
-HOLD_S = 8.0  # the prefill engine keeps an unpulled request's blocks this long
+# the prefill engine keeps an unpulled request's blocks this long; an offer released early must
+# be freed within half of it (8 s: on a loaded CI machine, 4 s was once too few)
+HOLD_S = 16.0
 MAX_TOKENS = 8
 
 
