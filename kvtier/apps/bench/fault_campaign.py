@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvtier.apps.bench.fault_tiers import DiskFaults, Fault, RedisFaults, TierFaults
+from kvtier.counters import LOST_CAUSES
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -50,8 +51,7 @@ DRAIN_S = 15.0  # the longest a pass waits for the tiers' writes to land after i
 # would open the circuit breaker and make the healed passes' loads misses
 REDIS_TIMEOUT_S = 5.0
 COUNTED = ("failed_lookups", "failed_loads", "bad_chunks", "failed_stores", "skipped_stores",
-           "lost_evicted_dirty", "lost_no_room", "lost_tier_down", "lost_write_error",
-           "lost_reset")  # fmt: skip
+           *(f"lost_{cause}" for cause in LOST_CAUSES))  # fmt: skip
 
 
 @dataclass(frozen=True)
