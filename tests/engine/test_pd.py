@@ -50,6 +50,11 @@ SECRET = "pd-test-secret-of-32-bytes-or-so"
 # be freed within half of it (8 s: on a loaded CI machine, 4 s was once too few)
 HOLD_S = 16.0
 MAX_TOKENS = 8
+# the TP test's hold. Twice (CI, and once locally in ~20 runs) a TP=2 pull failed; locally the
+# decode engine answered no step for 60 s, then pulled just after the 60 s hold had expired. The
+# cause was not found. 100 s (under the 120 s a request may take): a stall that ends on its own
+# after 60 s still pulls; one that lasts as long as the hold fails again, and _stalls says so
+TP_HOLD_S = 100.0
 
 
 @dataclass
@@ -129,6 +134,19 @@ def _decode(url: str, prompt: list[int], params: dict[str, Any] | None) -> tuple
     answer = post(url, "/v1/completions", body)
     choice = answer["choices"][0]
     return list(choice["token_ids"]), answer.get("kv_transfer_params")
+
+
+def _stalls(*servers: Server) -> str:
+    """What the engines' logs say went wrong: kvtier's warnings (a failed or expired pull) and
+    vLLM's report of a rank that did not answer a step for a minute."""
+    marks = ("WARNING", "ERROR", "No available shared memory", "refused")
+    lines = [
+        f"{server.log.name}: {line}"
+        for server in servers
+        for line in server.log.read_text(errors="replace").splitlines()
+        if any(mark in line for mark in marks) and ("kvtier" in line or marks[2] in line)
+    ]
+    return "\n".join(lines[-40:])
 
 
 def _idle(server: Server) -> bool:
@@ -469,11 +487,12 @@ def test_tensor_parallel_two_ranks_each_pull_their_own_shard(
     is the prefill engine alone (the same layout), the prompt computed there."""
     parallel = ["--tensor-parallel-size", "2", "--distributed-executor-backend", "mp"]
     env = {"KVTIER_TRANSFER_SECRET": SECRET, "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    extra = {"cpu_bytes_to_use": "64MiB", "transfer": {"hold_s": TP_HOLD_S}}
     servers = []
     try:
         for role in ("kv_producer", "kv_consumer"):
             port = free_port()
-            command = serve_command(tiny_model, port, {"cpu_bytes_to_use": "64MiB"}, parallel)
+            command = serve_command(tiny_model, port, extra, parallel)
             servers.append(launch([*command, "--kv-role", role], port, tmp_path / role, env))
         wait_healthy(*servers)
         prefill, decode = servers
@@ -486,7 +505,8 @@ def test_tensor_parallel_two_ranks_each_pull_their_own_shard(
             tokens, found = _decode(decode.url, prompt, params)
             assert tokens == want
             # a pull is done only when every rank pulled its shard, and failed if any failed
-            assert found["kvtier"]["failed_tokens"] == 0 and found["kvtier"]["computed"] <= 1
+            kv = found["kvtier"]
+            assert kv["failed_tokens"] == 0 and kv["computed"] <= 1, (kv, _stalls(*servers))
         wait(lambda: _idle(prefill) and _idle(decode), WAIT_S, "both engines idle")
     finally:
         for server in servers:
