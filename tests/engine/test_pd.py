@@ -136,16 +136,17 @@ def _decode(url: str, prompt: list[int], params: dict[str, Any] | None) -> tuple
     return list(choice["token_ids"]), answer.get("kv_transfer_params")
 
 
+def _log_lines(server: Server, *marks: str) -> list[str]:
+    """The lines of ``server``'s log that hold any of ``marks``."""
+    lines = server.log.read_text(errors="replace").splitlines()
+    return [line for line in lines if any(mark in line for mark in marks)]
+
+
 def _stalls(*servers: Server) -> str:
-    """What the engines' logs say went wrong: kvtier's warnings (a failed or expired pull) and
-    vLLM's report of a rank that did not answer a step for a minute."""
-    marks = ("WARNING", "ERROR", "No available shared memory", "refused")
-    lines = [
-        f"{server.log.name}: {line}"
-        for server in servers
-        for line in server.log.read_text(errors="replace").splitlines()
-        if any(mark in line for mark in marks) and ("kvtier" in line or marks[2] in line)
-    ]
+    """What the engines' logs say went wrong: failed, refused or expired pulls, and vLLM's report
+    of a rank that did not answer a step for a minute."""
+    marks = ("refused", "failed", "not pulled", "No available shared memory")
+    lines = [f"{s.log.name}: {line}" for s in servers for line in _log_lines(s, *marks)]
     return "\n".join(lines[-40:])
 
 
@@ -291,8 +292,7 @@ def test_a_failed_pull_fails_the_request_when_the_policy_says_fail(
 
 
 def _refusals(server: Server) -> str:
-    lines = server.log.read_text(errors="replace").splitlines()
-    return "\n".join(line for line in lines if "refused" in line or "failed" in line)
+    return "\n".join(_log_lines(server, "refused", "failed"))
 
 
 def test_the_proxy_streams_and_answers_32_concurrent_requests(pair: Pair, reference: Any) -> None:

@@ -335,11 +335,10 @@ class CampaignEngine:
 
     def _counters(self) -> dict[str, int]:
         """The engine's counters of every tier (``COUNTED``), as ``"tier.counter"``."""
-        from kvtier.vllm import engine_connector
+        from kvtier.vllm import stats
 
-        stats = engine_connector(self.llm).scheduler.stats
         return {f"{name}.{counter}": getattr(tier, counter)
-                for name, tier in stats.tiers.items() for counter in COUNTED}  # fmt: skip
+                for name, tier in stats(self.llm).tiers.items() for counter in COUNTED}  # fmt: skip
 
 
 def _address(setting: Setting, extra: dict[str, Any]) -> str | None:
