@@ -41,7 +41,7 @@ export VENV_CHECK
 .PHONY: help venv models test demo lint clean distclean
 
 help:
-	@echo "make venv       create $(VENV) and install kvtier[vllm,test] (only when pyproject.toml changed)"
+	@echo "make venv       create $(VENV) and install kvtier[vllm,test] (when pyproject.toml, setup.py or a .c changed)"
 	@echo "make models     build the local random models into $(MODELS)/"
 	@echo "make test       run the tests (PYTEST_ARGS='$(PYTEST_ARGS)')"
 	@echo "make demo       run 'kvtier demo'"
@@ -57,7 +57,7 @@ $(PY):
 # torchaudio and torchcodec are CUDA builds that break `import vllm` beside it; triton is unused.
 # pip compiles what it installs one file at a time (half the install); compileall uses every
 # core. Both skip files that do not compile (a package's templates), so its status is ignored.
-$(STAMP): pyproject.toml | $(PY)
+$(STAMP): pyproject.toml setup.py $(wildcard kvtier/apps/proxy/*.c) | $(PY)
 	$(PY) -m pip install -q --upgrade pip $(PIP_QUIET)
 	$(PY) -m pip install -q --no-compile -e '.[vllm,test]' $(PIP_QUIET)
 	$(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
@@ -80,7 +80,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis $(MODELS)
+	rm -rf build *.egg-info kvtier/apps/proxy/*.so .pytest_cache .mypy_cache .ruff_cache .hypothesis $(MODELS)
 	find kvtier tests -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import pytest
 
-from kvtier.apps.proxy import scoring
+from kvtier.apps.proxy import prefix_index, scoring
 from kvtier.apps.proxy.kv_events import Event, Kind
 from kvtier.apps.proxy.prefix_index import PrefixIndex, Run
 from kvtier.apps.proxy.scoring import Cached, Decision, Loads, choose
@@ -153,16 +153,29 @@ def random_prompt(rng: random.Random, fleet: Fleet) -> list[int]:
     return prompt[: len(prompt) - rng.randint(0, 1)]  # sometimes a partial last block
 
 
+@pytest.fixture(params=["compiled", "python"])
+def compiled(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """The proxy's compiled digests, table and pick (``_digests``, ``_scoring``), or the Python
+    a proxy installed without a C compiler runs."""
+    if request.param == "python":
+        monkeypatch.setattr(prefix_index, "_digests", None)
+        monkeypatch.setattr(scoring, "_scoring", None)
+    return request.param == "compiled"
+
+
 @pytest.mark.parametrize("seed", range(3))
-def test_the_choice_is_the_reference_rules_choice(seed: int) -> None:
+def test_the_choice_is_the_reference_rules_choice(seed: int, compiled: bool) -> None:
     rng = random.Random(seed)
     seen: Counter[str] = Counter()
     for _ in range(300):
         fleet = random_fleet(rng)
+        assert isinstance(fleet.index._holders, dict) is not compiled
         index, names, n = fleet.index, fleet.names, len(fleet.names)
         for _ in range(6):
             prompt = random_prompt(rng, fleet)
             runs = index.runs(index.digests(prompt), names) if index.block_size else None
+            if runs is not None:
+                assert index.prompt_runs(prompt, names) == runs
             expected = [reference_run(fleet.holds, name, prompt) for name in names]
             if runs is not None:
                 for name, run in zip(names, expected, strict=True):

@@ -14,6 +14,11 @@ from typing import Any, NamedTuple
 
 from kvtier.apps.bench.fleet_sim_engine import Hit
 
+try:  # the proxy index's compiled table, where built (setup.py)
+    from kvtier.apps.proxy._digests import DigestMap as _Table
+except ImportError:  # pragma: no cover - only where no C compiler was found at install
+    _Table = dict  # type: ignore[misc,assignment]
+
 
 class Spent(NamedTuple):
     wall_ns: int
@@ -67,6 +72,8 @@ def deep_size(root: object) -> int:
         total += sys.getsizeof(obj)
         if isinstance(obj, dict):
             stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, _Table):  # the index's compiled table: its keys are in its size
             stack.extend(obj.values())
         elif isinstance(obj, list | tuple | set | frozenset):
             stack.extend(obj)

@@ -38,6 +38,11 @@ from operator import add
 from kvtier.apps.proxy.kv_events import Event, Kind
 from kvtier.apps.proxy.prefix_runs import ENGINE, Holders, Run, Runs, runs_of
 
+try:  # the digests and lookups compiled (setup.py); the same in Python where not built
+    from kvtier.apps.proxy import _digests
+except ImportError:  # pragma: no cover - only where no C compiler was found at install
+    _digests = None  # type: ignore[assignment]
+
 __all__ = ["ENGINE", "MAX_BLOCKS", "PrefixIndex", "Run", "Runs"]
 
 _ROOT = 0  # the digest before a prompt's first block
@@ -50,9 +55,13 @@ class PrefixIndex:
         self.max_blocks = max_blocks
         self.block_size = 0  # tokens per block, from the first event that says (0: none yet)
         self._digest: dict[str, OrderedDict[int | bytes, int]] = {}  # engine -> hash -> digest
-        self._holders: dict[int, Holders] = {}  # digest -> who holds it (none: not there)
+        # digest -> who holds it (none: not there): compiled where ``_digests`` is built
+        self._holders: dict[int, Holders] | _digests.DigestMap[Holders] = (
+            {} if _digests is None else _digests.DigestMap()
+        )
         self._interned: dict[frozenset[tuple[str, str]], Holders] = {}  # each in use, once
         self.unplaced = 0  # blocks whose parent was never told
+        self._last_fleet: frozenset[str] = frozenset()  # the engines last asked about
 
     def __len__(self) -> int:
         """Blocks some engine holds."""
@@ -91,7 +100,7 @@ class PrefixIndex:
         digest = _ROOT if event.parent is None else known.get(event.parent)
         if digest is None:
             return len(event.block_hashes)
-        digests = _chained(digest, event.token_ids, size)
+        digests = chained(digest, event.token_ids, size)
         for block_hash, digest in zip(event.block_hashes, digests):
             known[block_hash] = digest
             known.move_to_end(block_hash)
@@ -156,19 +165,29 @@ class PrefixIndex:
         size = self.block_size
         if not size:
             return []
-        return list(_chained(_ROOT, tokens, size))
+        return list(chained(_ROOT, tokens, size))
 
     def prompt_runs(self, tokens: Sequence[int], engines: Collection[str]) -> Runs:
         """``runs(digests(tokens), engines)``, its digests made only as far as some engine
-        holds the prompt, each looked up as it is made (no list between)."""
-        size = self.block_size
-        return self.runs(_chained(_ROOT, tokens, size) if size else (), engines)
+        holds the prompt, each looked up as it is made (no list between): compiled, the
+        prompt's tokens read in place, where ``_digests`` is built."""
+        size, holders = self.block_size, self._holders
+        if isinstance(holders, dict) or not size:
+            return self.runs(_chained(_ROOT, tokens, size) if size else (), engines)
+        return runs_of(holders.stretches(tokens, size), self._fleet(engines))
 
     def runs(self, digests: Iterable[int], engines: Collection[str]) -> Runs:
         """The runs of ``engines`` (the fleet): per engine, its leading blocks of ``digests``
         that it holds or a shared tier holds."""
+        return runs_of(self._stretches(digests), self._fleet(engines))
+
+    def _fleet(self, engines: Collection[str]) -> frozenset[str]:
+        """``engines`` as a set: the same object as last time when they are the same (what
+        ``Holders.within`` keeps its split for)."""
         fleet = engines if isinstance(engines, frozenset) else frozenset(engines)
-        return runs_of(self._stretches(digests), fleet)
+        if fleet != self._last_fleet:
+            self._last_fleet = fleet
+        return self._last_fleet
 
     def _stretches(self, digests: Iterable[int]) -> list[tuple[Holders, int]]:
         """``digests``' leading blocks some engine holds, as stretches held alike: (who, how
@@ -182,6 +201,14 @@ class PrefixIndex:
         return stretches
 
 
+def chained(digest: int, tokens: Sequence[int], size: int) -> Iterable[int]:
+    """The digests of ``tokens``' whole blocks of ``size``, chained from ``digest``: compiled
+    where ``_digests`` is built (the same digests), else ``_chained``."""
+    if _digests is None:
+        return _chained(digest, tokens, size)
+    return _digests.chained(digest, tokens, size)
+
+
 def _chained(digest: int, tokens: Sequence[int], size: int) -> Iterator[int]:
     """The digests of ``tokens``' whole blocks of ``size``, chained from ``digest``, lazily.
 
@@ -191,7 +218,8 @@ def _chained(digest: int, tokens: Sequence[int], size: int) -> Iterator[int]:
     hashes are equal, and the position in each block's hash tells orders apart; the prefix's
     length in blocks is the digest rounded to a multiple of ``_BLOCK``. Every step runs in C
     (``zip`` cuts the blocks, ``map(hash)`` hashes them, ``accumulate`` chains them), and lazily:
-    ``runs`` hashes a prompt only as far as some engine holds it."""
+    ``runs`` hashes a prompt only as far as some engine holds it. ``_digests.c`` makes the same
+    digests (a sum kept in 128 bits: 2**31 blocks before it could wrap)."""
     start = (digest + _BLOCK // 2) // _BLOCK  # blocks before
     hashes = map(hash, zip(count(start), *[iter(tokens)] * size))
     sums = accumulate(map(add, hashes, repeat(_BLOCK)), initial=digest)

@@ -33,13 +33,18 @@ not, and the fleet's size costs only passes in C (the load bound, the shortest q
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
+from operator import add
 from typing import NamedTuple
 
 from kvtier.apps.proxy.prefix_runs import Run
+
+try:  # kv-aware's passes over the fleet compiled (setup.py); the same in Python where not built
+    from kvtier.apps.proxy import _scoring
+except ImportError:  # pragma: no cover - only where no C compiler was found at install
+    _scoring = None  # type: ignore[assignment]
 
 POLICIES = ("kv-aware", "least-loaded", "round-robin")
 # a token loaded from each tier, against one computed (1.0): the engine's own memory costs
@@ -100,18 +105,6 @@ def choose(
     return _kv_aware(loads, cached, blind, prompt_tokens, block_size, turn)
 
 
-class _Group(NamedTuple):
-    """Engines alike: holding as much of the prompt, so costing as much but for the queue."""
-
-    held: int  # the prompt tokens they need not compute
-    cost: float  # the prompt's cost there, but for the queue
-    at: list[int] | None  # their positions; None: every engine in no other group (the rest)
-
-
-_Found = tuple[tuple[float, int], int, int]  # ((cost, in flight), its turn, position)
-_NEVER = (math.inf, 0)  # a key no engine has
-
-
 def _kv_aware(
     loads: Loads,
     cached: Cached,
@@ -121,83 +114,44 @@ def _kv_aware(
     turn: int,
 ) -> Decision:
     in_flight = loads.in_flight
-    mean = (sum(in_flight) + 1) / len(in_flight)  # with this request
+    n = len(in_flight)
+    mean = (sum(in_flight) + 1) / n  # with this request
     bound = max(LOAD_BOUND * mean, mean + 1) - 1  # most in flight before it
-    groups = [
-        _Group(*_score(run, prompt_tokens, block_size),
-               list(at) if not blind else [i for i in at if i not in blind])
-        for run, at in cached.apart
-    ]  # fmt: skip
-    if blind:
-        groups.append(_Group(0, float(prompt_tokens), sorted(blind)))  # holding nothing
-    listed: set[int] = set()  # the engines in a group: the rest are the others
-    for group in groups:
-        listed.update(group.at or ())
-    groups.append(_Group(*_score(cached.common, prompt_tokens, block_size), None))
-    if len({group.held for group in groups}) > 1:  # an engine may be ahead
-        best, won = _cheapest(groups, listed, loads, bound, turn)
-        if any(g.held != won.held and _any_eligible(g, listed, in_flight, bound) for g in groups):
-            return Decision(best, "prefix" if won.held > 0 else "load", won.held)
-    # no eligible engine is ahead: spread the conversations
-    best = _first(list(zip(loads.recent, in_flight)), [f <= bound for f in in_flight], turn)
-    won = next(g for g in groups if (best in g.at if g.at is not None else best not in listed))
-    return Decision(best, "load", won.held)
+    # per engine, the prompt tokens it holds and the prompt's cost there: the run of most,
+    # then each group apart, then the engines without an exact index
+    held, cost = _score(cached.common, prompt_tokens, block_size)
+    helds, costs = [held] * n, [cost] * n
+    for run, at in cached.apart:
+        held, cost = _score(run, prompt_tokens, block_size)
+        for i in at:
+            helds[i], costs[i] = held, cost
+    for i in blind:
+        helds[i], costs[i] = 0, float(prompt_tokens)
+    if _scoring is not None:
+        best, ahead = _scoring.pick(list(in_flight), list(loads.queued), list(loads.recent),
+                                    helds, costs, bound, turn)  # fmt: skip
+    else:
+        best, ahead = _pick(loads, helds, costs, bound, turn)
+    if ahead:  # an eligible engine holds more of the prompt than another
+        won = helds[best]
+        return Decision(best, "prefix" if won > 0 else "load", won)
+    return Decision(best, "load", helds[best])  # none is ahead: the conversations spread
 
 
-def _any_eligible(group: _Group, listed: set[int], in_flight: Sequence[int], bound: float) -> bool:
-    if group.at is not None:
-        return any(in_flight[i] <= bound for i in group.at)
-    return any(f <= bound for i, f in enumerate(in_flight) if i not in listed)
-
-
-def _cheapest(
-    groups: list[_Group], listed: set[int], loads: Loads, bound: float, turn: int
-) -> tuple[int, _Group]:
-    """The eligible engine (in flight <= ``bound``) of least (cost, in flight), ties to the first
-    in round-robin order from ``turn``; and its group. Groups are searched cheapest first, until
-    one whose cost with the shortest queue of all is above the best found: no engine of it, nor
-    of any after it, can win. A group listed is searched engine by engine; the rest in C."""
-    floor = min(loads.queued)
-    best: _Found | None = None
-    won = groups[-1]
-    for group in sorted(groups, key=lambda g: g.cost):
-        if best is not None and best[0][0] < group.cost + floor:
-            break
-        if group.at is not None:
-            found = _cheapest_listed(group.at, group.cost, loads, bound, turn)
-        else:
-            found = _cheapest_rest(listed, group.cost, loads, bound, turn)
-        if found is not None and (best is None or found < best):
-            best, won = found, group
-    assert best is not None  # some engine is eligible: the least in flight is
-    return best[2], won
-
-
-def _cheapest_listed(
-    at: list[int], cost: float, loads: Loads, bound: float, turn: int
-) -> _Found | None:
-    in_flight, queued, n = loads.in_flight, loads.queued, len(loads.in_flight)
-    best = None
-    for i in at:
-        if in_flight[i] <= bound:
-            found = ((cost + queued[i], in_flight[i]), (i - turn) % n, i)
-            if best is None or found < best:
-                best = found
-    return best
-
-
-def _cheapest_rest(
-    listed: set[int], cost: float, loads: Loads, bound: float, turn: int
-) -> _Found | None:
+def _pick(
+    loads: Loads, helds: list[int], costs: list[float], bound: float, turn: int
+) -> tuple[int, bool]:
+    """Of the eligible engines (in flight <= ``bound``; one at least), the one of least (cost
+    and queue, in flight), and whether an eligible engine holds more or less of the prompt; if
+    none does, the one of least (recent, in flight) and False. Ties to the first in round-robin
+    order from ``turn``. (``_scoring.pick``, compiled, does the same in one loop.)"""
     in_flight = loads.in_flight
-    keys = list(zip(map(cost.__add__, loads.queued), in_flight))
-    for i in listed:
-        keys[i] = _NEVER
-    least = min(compress(keys, [f <= bound for f in in_flight]), default=_NEVER)
-    if least is _NEVER:
-        return None
-    i = _first_from(keys, least, turn)
-    return least, (i - turn) % len(keys), i
+    eligible = list(map(bound.__ge__, in_flight))
+    keys = list(zip(map(add, costs, loads.queued), in_flight))
+    best = _first_from(keys, min(compress(keys, eligible)), turn)
+    if any(compress(map(helds[best].__ne__, helds), eligible)):
+        return best, True
+    return _first(list(zip(loads.recent, in_flight)), eligible, turn), False
 
 
 def _score(run: Run, prompt_tokens: int, block_size: int) -> tuple[int, float]:

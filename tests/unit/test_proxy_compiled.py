@@ -1,0 +1,133 @@
+"""The proxy's compiled per-decision work (``_digests.c``, ``_scoring.c``, built by setup.py)
+against the Python it stands for: the same digests, a table that behaves as a dict, the same
+stretches, the same pick. The modules are optional for a user (no compiler: Python), but this
+install must have built them, or the proxy would be slow without a word."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import pytest
+
+from kvtier.apps.proxy import prefix_index, scoring
+from kvtier.apps.proxy.prefix_index import _chained
+from kvtier.apps.proxy.scoring import Loads
+
+_digests = prefix_index._digests
+_scoring = scoring._scoring
+
+
+def test_the_compiled_modules_were_built_and_are_used() -> None:
+    assert _digests is not None and _scoring is not None, "setup.py's extensions were not built"
+    assert isinstance(prefix_index.PrefixIndex()._holders, _digests.DigestMap)
+
+
+def _token(rng: random.Random) -> int:
+    """Mostly vocabulary ids; now and then what hashes unlike itself (negative, past 2**61, a
+    bool) or takes more than one 30-bit digit."""
+    return rng.choice((rng.randrange(1 << 17), rng.randrange(1 << 17), rng.randrange(1 << 31),
+                       -rng.randrange(3), 1 << 70, (1 << 61) - 1, True))  # fmt: skip
+
+
+def test_chained_digests_are_pythons() -> None:
+    rng = random.Random(0)
+    for _ in range(2_000):
+        size = rng.choice((1, 2, 3, 4, 16))
+        tokens = [_token(rng) for _ in range(rng.randrange(0, 120))]
+        start = rng.choice((0, (3 << 96) + 12345, (5 << 96) - (1 << 62)))
+        assert _digests.chained(start, tokens, size) == list(_chained(start, tokens, size))
+    assert _digests.chained(0, tuple(range(8)), 4) == list(_chained(0, range(8), 4))
+
+
+def test_chained_rejects_what_is_not_a_prompt() -> None:
+    with pytest.raises(ValueError, match="size must be > 0; got 0"):
+        _digests.chained(0, [1, 2], 0)
+    with pytest.raises(TypeError, match="tokens must be a sequence"):
+        _digests.chained(0, 5, 2)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="unhashable type: 'list'"):
+        _digests.chained(0, [[1], 2], 2)  # type: ignore[list-item]
+    with pytest.raises(OverflowError):
+        _digests.chained(1 << 130, [1, 2], 2)
+
+
+def test_digest_map_behaves_as_a_dict() -> None:
+    rng = random.Random(1)
+    table, model = _digests.DigestMap[object](), dict[int, object]()
+    values = [object() for _ in range(9)]
+    keys = [rng.randrange(-(1 << 100), 1 << 120) for _ in range(2_000)] + list(range(40))
+    for _ in range(60_000):  # growth, and deletions that shift probed entries back
+        key = rng.choice(keys)
+        if rng.random() < 0.55:
+            table[key] = model[key] = rng.choice(values)
+        elif key in model:
+            del table[key], model[key]
+        else:
+            with pytest.raises(KeyError):
+                del table[key]
+        assert len(table) == len(model)
+    for key in keys:
+        assert table.get(key) is model.get(key) and (key in table) == (key in model)
+        assert table.get(key, values[0]) is model.get(key, values[0])
+    assert sorted(map(id, table.values())) == sorted(map(id, model.values()))
+    with pytest.raises(KeyError):
+        table[1 << 110]
+    with pytest.raises(TypeError, match="digest must be an int, not str"):
+        table.get("x")  # type: ignore[arg-type]
+
+
+def test_digest_map_owns_its_references() -> None:
+    held = object()
+    before = sys.getrefcount(held)
+    table = _digests.DigestMap[object]()
+    table[1] = held
+    table[2] = held
+    table[2] = held  # replaced: one reference, not two
+    assert sys.getrefcount(held) == before + 2
+    del table[1]
+    assert sys.getrefcount(held) == before + 1
+    del table
+    assert sys.getrefcount(held) == before
+
+
+def test_stretches_are_the_lookups_in_python() -> None:
+    """A prompt's leading blocks found, grouped by the same holder, up to the first not found."""
+    rng = random.Random(2)
+    for _ in range(300):
+        size = rng.choice((1, 2, 4))
+        tokens = [rng.randrange(50) for _ in range(rng.randrange(0, 80))]
+        digests = list(_chained(0, tokens, size))
+        holders = [object() for _ in range(3)]
+        table, model = _digests.DigestMap[object](), {}
+        for digest in digests:
+            if rng.random() < 0.9:
+                table[digest] = model[digest] = rng.choice(holders[: rng.randint(1, 3)])
+        index = prefix_index.PrefixIndex()
+        index._holders = model  # type: ignore[assignment]
+        expected = index._stretches(iter(digests))
+        assert table.stretches(tokens, size) == expected
+        assert table.stretches(tokens + [1] * (size - 1), size) == expected  # a partial block
+
+
+def test_pick_is_the_python_passes() -> None:
+    rng = random.Random(3)
+    for _ in range(5_000):
+        n = rng.randint(1, 12)
+        in_flight = [rng.randint(0, 4) for _ in range(n)]
+        queued = [rng.choice((0, 2, 4, 8, -3)) for _ in range(n)]
+        recent = [rng.choice((0.0, 0.5, 1.0)) for _ in range(n)]
+        held = [rng.choice((0, 4, 8)) for _ in range(n)]
+        cost = [rng.choice((1.0, 2.5, 4.0)) for _ in range(n)]
+        bound = max(rng.choice((0.5, 1.0, 2.0, 3.5)), min(in_flight))
+        turn = rng.randint(-3, 30)
+        expected = scoring._pick(Loads(in_flight, queued, recent), held, cost, bound, turn)
+        assert _scoring.pick(in_flight, queued, recent, held, cost, bound, turn) == expected
+
+
+def test_pick_names_a_bad_argument() -> None:
+    with pytest.raises(ValueError, match="queued has 1 engines, in_flight 2"):
+        _scoring.pick([0, 0], [0], [0.0, 0.0], [0, 0], [1.0, 1.0], 1.0, 0)
+    with pytest.raises(ValueError, match="no engine is eligible"):
+        _scoring.pick([3], [0], [0.0], [0], [1.0], 1.0, 0)
+    with pytest.raises(TypeError, match="recent must be a list"):
+        _scoring.pick([0], [0], (0.0,), [0], [1.0], 1.0, 0)  # type: ignore[arg-type]
