@@ -10,7 +10,7 @@ from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStor
 
 from kvtier.apps.proxy.kv_events import Event, Kind, decode_batch
 from kvtier.apps.proxy.prefix_index import PrefixIndex, Run
-from kvtier.apps.proxy.scoring import Cached, Decision, Loads, choose
+from kvtier.apps.proxy.scoring import Cached, Decision, Loads, Positions, choose
 
 BS = 4  # tokens per block
 TOKENS = list(range(100, 132))  # eight blocks
@@ -164,3 +164,12 @@ def test_least_loaded_and_round_robin() -> None:
         choose("random", loads, 32, BS, 0)
     with pytest.raises(ValueError, match="no engine"):
         choose("kv-aware", _loads([]), 32, BS, 0)
+
+
+def test_a_groups_positions_are_made_once_while_the_fleet_stays_the_same() -> None:
+    positions, group = Positions(), frozenset({"c", "a"})
+    first = positions.of(["a", "b", "c"], group)
+    assert first == [0, 2] and positions.of(["a", "b", "c"], group) is first
+    assert positions.of(["b", "c", "a"], group) == [1, 2]  # another order: made again
+    with pytest.raises(KeyError):
+        positions.of(["b", "c"], group)  # "a" left the fleet: its groups are not asked

@@ -116,18 +116,23 @@ def test_pick_is_the_python_passes() -> None:
         in_flight = [rng.randint(0, 4) for _ in range(n)]
         queued = [rng.choice((0, 2, 4, 8, -3)) for _ in range(n)]
         recent = [rng.choice((0.0, 0.5, 1.0)) for _ in range(n)]
-        held = [rng.choice((0, 4, 8)) for _ in range(n)]
-        cost = [rng.choice((1.0, 2.5, 4.0)) for _ in range(n)]
+        loads = Loads(in_flight, queued, recent)
+        held, cost = rng.choice((0, 4, 8)), rng.choice((1.0, 2.5, 4.0))
+        apart = [(rng.choice((0, 4, 8)), rng.choice((1.0, 2.5, 4.0)),
+                  rng.sample(range(n), rng.randint(0, n)))
+                 for _ in range(rng.randint(0, 3))]  # fmt: skip
         bound = max(rng.choice((0.5, 1.0, 2.0, 3.5)), min(in_flight))
         turn = rng.randint(-3, 30)
-        expected = scoring._pick(Loads(in_flight, queued, recent), held, cost, bound, turn)
-        assert _scoring.pick(in_flight, queued, recent, held, cost, bound, turn) == expected
+        expected = scoring._pick(loads, held, cost, apart, bound, turn)
+        assert _scoring.pick(loads, held, cost, apart, bound, turn) == expected
 
 
 def test_pick_names_a_bad_argument() -> None:
     with pytest.raises(ValueError, match="queued has 1 engines, in_flight 2"):
-        _scoring.pick([0, 0], [0], [0.0, 0.0], [0, 0], [1.0, 1.0], 1.0, 0)
+        _scoring.pick(Loads([0, 0], [0], [0.0, 0.0]), 0, 1.0, [], 1.0, 0)
     with pytest.raises(ValueError, match="no engine is eligible"):
-        _scoring.pick([3], [0], [0.0], [0], [1.0], 1.0, 0)
-    with pytest.raises(TypeError, match="recent must be a list"):
-        _scoring.pick([0], [0], (0.0,), [0], [1.0], 1.0, 0)  # type: ignore[arg-type]
+        _scoring.pick(Loads([3], [0], [0.0]), 0, 1.0, [], 1.0, 0)
+    with pytest.raises(IndexError, match="position 2 of a fleet of 2"):
+        _scoring.pick(Loads([0, 0], [0, 0], [0.0, 0.0]), 0, 1.0, [(4, 1.0, [2])], 1.0, 0)
+    with pytest.raises(TypeError, match="recent"):
+        _scoring.pick(Loads([0], [0], 5), 0, 1.0, [], 1.0, 0)  # type: ignore[arg-type]

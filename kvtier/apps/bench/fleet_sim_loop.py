@@ -46,7 +46,7 @@ from kvtier.apps.proxy import scoring
 from kvtier.apps.proxy.kv_events import Event
 from kvtier.apps.proxy.placement import RECENT
 from kvtier.apps.proxy.prefix_index import PrefixIndex
-from kvtier.apps.proxy.scoring import LOAD_BOUND, Cached, Loads, choose
+from kvtier.apps.proxy.scoring import LOAD_BOUND, Cached, Loads, Positions, choose
 
 ORACLE = "oracle"
 POLICIES = (*scoring.POLICIES, ORACLE)
@@ -73,7 +73,7 @@ class FleetSim:
         self.seen: set[int] | None = set() if policy == "round-robin" else None
         self.names = [f"http://engine-{i}:8000" for i in range(engines)]
         self.fleet = frozenset(self.names)
-        self.position = {name: i for i, name in enumerate(self.names)}
+        self.positions = Positions()
         self.engines = [
             SimEngine(i, spec, self.holders, self._publisher(i)) for i in range(engines)
         ]
@@ -189,8 +189,8 @@ class FleetSim:
         cached = None  # no event yet: no index
         if block_size:
             runs = index.prompt_runs(tokens, self.fleet)
-            at = self.position.__getitem__
-            cached = Cached(runs.common, [(run, map(at, apart)) for run, apart in runs.apart])
+            at = partial(self.positions.of, self.names)
+            cached = Cached(runs.common, [(run, at(apart)) for run, apart in runs.apart])
         loads = Loads(self.in_flight, self.queued, self.recent)
         decision = choose("kv-aware", loads, len(tokens), block_size or 1, self.turn, cached)
         wall, cpu_ns = time.perf_counter_ns() - started, time.thread_time_ns() - cpu

@@ -1,11 +1,13 @@
 """kv-aware's passes over the fleet, compiled (``_scoring.c``; see ``scoring._pick``)."""
 
+from collections.abc import Iterable, Sequence
+from typing import Any
+
 def pick(
-    in_flight: list[int],
-    queued: list[int],
-    recent: list[float],
-    held: list[int],
-    cost: list[float],
+    loads: tuple[Sequence[Any], Sequence[Any], Sequence[Any]],
+    held: int,
+    cost: float,
+    apart: Sequence[tuple[int, float, Iterable[int]]],
     bound: float,
     turn: int,
-) -> tuple[int, bool]: ...
+) -> tuple[int, int, bool]: ...

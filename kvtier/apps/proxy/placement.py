@@ -37,7 +37,7 @@ from kvtier.apps.proxy.balancer import Engine, Pool
 from kvtier.apps.proxy.errors import EnginesDown
 from kvtier.apps.proxy.event_stream import EventStream, Mode, sources, unreachable
 from kvtier.apps.proxy.prefix_index import PrefixIndex
-from kvtier.apps.proxy.scoring import Cached, Loads, choose
+from kvtier.apps.proxy.scoring import Cached, Loads, Positions, choose
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ class Placement:
         self.no_events: dict[str, str] = dict.fromkeys(urls, "not asked yet")
         self.queued = dict.fromkeys(urls, 0)  # prompt tokens sent, not yet answered
         self.recent = dict.fromkeys(urls, 0.0)  # requests sent lately, decaying
+        self.positions = Positions()  # the engines of the index's groups, by position in `up`
         self._turn = 0
 
     def mode(self, url: str) -> Mode:
@@ -101,8 +102,7 @@ class Placement:
         cached = None
         if runs is not None:  # the engines whose index is not exact count as holding nothing
             blind = [i for i, url in enumerate(urls) if self.mode(url) is not Mode.EXACT]
-            at = {url: i for i, url in enumerate(urls)}.__getitem__
-            apart = [(run, map(at, engines)) for run, engines in runs.apart]
+            apart = [(run, self.positions.of(urls, engines)) for run, engines in runs.apart]
             cached = Cached(runs.common, apart, blind)
         loads = Loads([engine.in_flight for engine in up], [self.queued[url] for url in urls],
                       [self.recent[url] for url in urls])  # fmt: skip

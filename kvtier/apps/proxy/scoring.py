@@ -24,11 +24,10 @@ turn.
 
 Cost of a kv-aware decision: the engines come in a few groups alike (``PrefixIndex.runs``: the
 most, sharing one run, and the others with the engines that have each run; ``blind``), and each
-group is scored once. The groups are searched cheapest first, one Python step per engine of a
-group listed, and stop at the first group that cannot beat the best found; the most (the rest)
-are searched, when they must be, with passes in C over the fleet's counts. No Python object is
-made per engine: the work grows with the engines holding part of the prompt that the most do
-not, and the fleet's size costs only passes in C (the load bound, the shortest queue).
+group is scored once in Python; then one loop over the engines, compiled (``_scoring.pick``),
+gives each engine its group's cost and finds the cheapest eligible one. No Python step is taken
+per engine (where ``_scoring`` is not built, ``_pick`` does the same in Python: a step per
+engine listed apart, the rest in passes in C over the fleet's counts).
 """
 
 from __future__ import annotations
@@ -70,6 +69,30 @@ class Cached(NamedTuple):
     common: Run
     apart: Sequence[tuple[Run, Iterable[int]]] = ()
     blind: Collection[int] = ()
+
+
+class Positions:
+    """Engines' positions in a fleet (names, in order), for ``Cached.apart``: a group's list is
+    made once and kept while the fleet is the same (the index's groups recur: the engines
+    without a system prompt, decision after decision, are one set)."""
+
+    KEPT = 4096  # groups kept; past that, forgotten at once
+
+    def __init__(self) -> None:
+        self._fleet: list[str] = []
+        self._at: dict[str, int] = {}
+        self._kept: dict[frozenset[str], list[int]] = {}
+
+    def of(self, fleet: list[str], engines: frozenset[str]) -> list[int]:
+        """The positions in ``fleet`` of ``engines`` (each one of it), ascending."""
+        if fleet != self._fleet:
+            self._fleet, self._at, self._kept = list(fleet), {e: i for i, e in enumerate(fleet)}, {}
+        kept = self._kept.get(engines)
+        if kept is None:
+            if len(self._kept) >= self.KEPT:
+                self._kept.clear()
+            kept = self._kept[engines] = sorted(map(self._at.__getitem__, engines))
+        return kept
 
 
 @dataclass(frozen=True)
@@ -114,44 +137,46 @@ def _kv_aware(
     turn: int,
 ) -> Decision:
     in_flight = loads.in_flight
-    n = len(in_flight)
-    mean = (sum(in_flight) + 1) / n  # with this request
+    mean = (sum(in_flight) + 1) / len(in_flight)  # with this request
     bound = max(LOAD_BOUND * mean, mean + 1) - 1  # most in flight before it
-    # per engine, the prompt tokens it holds and the prompt's cost there: the run of most,
-    # then each group apart, then the engines without an exact index
+    # the prompt tokens held and the prompt's cost: of most engines, then of each group apart,
+    # then of the engines without an exact index (each group's engines take the last said)
     held, cost = _score(cached.common, prompt_tokens, block_size)
-    helds, costs = [held] * n, [cost] * n
-    for run, at in cached.apart:
-        held, cost = _score(run, prompt_tokens, block_size)
-        for i in at:
-            helds[i], costs[i] = held, cost
-    for i in blind:
-        helds[i], costs[i] = 0, float(prompt_tokens)
-    if _scoring is not None:
-        best, ahead = _scoring.pick(list(in_flight), list(loads.queued), list(loads.recent),
-                                    helds, costs, bound, turn)  # fmt: skip
-    else:
-        best, ahead = _pick(loads, helds, costs, bound, turn)
+    apart = [(*_score(run, prompt_tokens, block_size), at) for run, at in cached.apart]
+    if blind:
+        apart.append((0, float(prompt_tokens), blind))
+    pick = _pick if _scoring is None else _scoring.pick
+    best, won, ahead = pick(loads, held, cost, apart, bound, turn)
     if ahead:  # an eligible engine holds more of the prompt than another
-        won = helds[best]
         return Decision(best, "prefix" if won > 0 else "load", won)
-    return Decision(best, "load", helds[best])  # none is ahead: the conversations spread
+    return Decision(best, "load", won)  # none is ahead: the conversations spread
+
+
+_Apart = Sequence[tuple[int, float, Iterable[int]]]  # (held, cost, the engines' positions)
 
 
 def _pick(
-    loads: Loads, helds: list[int], costs: list[float], bound: float, turn: int
-) -> tuple[int, bool]:
-    """Of the eligible engines (in flight <= ``bound``; one at least), the one of least (cost
-    and queue, in flight), and whether an eligible engine holds more or less of the prompt; if
-    none does, the one of least (recent, in flight) and False. Ties to the first in round-robin
-    order from ``turn``. (``_scoring.pick``, compiled, does the same in one loop.)"""
+    loads: Loads, held: int, cost: float, apart: _Apart, bound: float, turn: int
+) -> tuple[int, int, bool]:
+    """Each engine holding ``held`` prompt tokens at ``cost``, but those of each group of
+    ``apart`` (in order: a later group overrides); of the eligible engines (in flight <=
+    ``bound``; one at least), the one of least (cost and queue, in flight), what it holds, and
+    whether an eligible engine holds more or less of the prompt; if none does, the one of least
+    (recent, in flight), what it holds, and False. Ties to the first in round-robin order from
+    ``turn``. (``_scoring.pick``, compiled, does the same in one loop over the engines.)"""
     in_flight = loads.in_flight
+    n = len(in_flight)
+    helds, costs = [held] * n, [cost] * n
+    for group_held, group_cost, at in apart:
+        for i in at:
+            helds[i], costs[i] = group_held, group_cost
     eligible = list(map(bound.__ge__, in_flight))
     keys = list(zip(map(add, costs, loads.queued), in_flight))
     best = _first_from(keys, min(compress(keys, eligible)), turn)
     if any(compress(map(helds[best].__ne__, helds), eligible)):
-        return best, True
-    return _first(list(zip(loads.recent, in_flight)), eligible, turn), False
+        return best, helds[best], True
+    best = _first(list(zip(loads.recent, in_flight)), eligible, turn)
+    return best, helds[best], False
 
 
 def _score(run: Run, prompt_tokens: int, block_size: int) -> tuple[int, float]:
