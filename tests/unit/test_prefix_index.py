@@ -9,8 +9,9 @@ import pytest
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 from kvtier.apps.proxy.kv_events import Event, Kind, decode_batch
+from kvtier.apps.proxy.positions import Positions
 from kvtier.apps.proxy.prefix_index import PrefixIndex, Run
-from kvtier.apps.proxy.scoring import Cached, Decision, Loads, Positions, choose
+from kvtier.apps.proxy.scoring import Cached, Decision, Loads, choose
 
 BS = 4  # tokens per block
 TOKENS = list(range(100, 132))  # eight blocks
@@ -166,10 +167,10 @@ def test_least_loaded_and_round_robin() -> None:
         choose("kv-aware", _loads([]), 32, BS, 0)
 
 
-def test_a_groups_positions_are_made_once_while_the_fleet_stays_the_same() -> None:
-    positions, group = Positions(), frozenset({"c", "a"})
-    first = positions.of(["a", "b", "c"], group)
-    assert first == [0, 2] and positions.of(["a", "b", "c"], group) is first
-    assert positions.of(["b", "c", "a"], group) == [1, 2]  # another order: made again
+def test_a_groups_positions_are_made_once_for_a_fleet() -> None:
+    fleet, group = Positions(["a", "b", "c"]), frozenset({"c", "a"})
+    first = fleet.of(group)
+    assert first == [0, 2] and fleet.of(frozenset({"a", "c"})) is first
+    assert Positions(["b", "c", "a"]).of(group) == [1, 2]  # another fleet, its own order
     with pytest.raises(KeyError):
-        positions.of(["b", "c"], group)  # "a" left the fleet: its groups are not asked
+        Positions(["b", "c"]).of(group)  # "a" is not of it: its groups are not asked

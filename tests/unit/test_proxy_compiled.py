@@ -11,7 +11,9 @@ import sys
 import pytest
 
 from kvtier.apps.proxy import prefix_index, scoring
+from kvtier.apps.proxy.positions import Positions
 from kvtier.apps.proxy.prefix_index import _chained
+from kvtier.apps.proxy.prefix_runs import Holders
 from kvtier.apps.proxy.scoring import Loads
 
 _digests = prefix_index._digests
@@ -110,29 +112,50 @@ def test_stretches_are_the_lookups_in_python() -> None:
 
 
 def test_pick_is_the_python_passes() -> None:
+    """What ``decide`` does after the runs (each engine's group, the cheapest eligible one),
+    against ``_pick``: the fleet's engines in groups by mask, no stretch to follow."""
     rng = random.Random(3)
-    for _ in range(5_000):
-        n = rng.randint(1, 12)
+    for _ in range(3_000):
+        n = rng.randint(1, 70)
+        names = [f"e{i}" for i in range(n)]
         in_flight = [rng.randint(0, 4) for _ in range(n)]
         queued = [rng.choice((0, 2, 4, 8, -3)) for _ in range(n)]
         recent = [rng.choice((0.0, 0.5, 1.0)) for _ in range(n)]
         loads = Loads(in_flight, queued, recent)
-        held, cost = rng.choice((0, 4, 8)), rng.choice((1.0, 2.5, 4.0))
-        apart = [(rng.choice((0, 4, 8)), rng.choice((1.0, 2.5, 4.0)),
-                  rng.sample(range(n), rng.randint(0, n)))
-                 for _ in range(rng.randint(0, 3))]  # fmt: skip
+        # one stretch: some engines hold it in CPU; the others' runs end
+        holding = [i for i in range(n) if rng.random() < 0.5]
+        blocks, prompt = rng.randint(1, 5), rng.randint(1, 30)
+        holders = Holders(frozenset((names[i], "CPU") for i in holding))
+        blind = [i for i in range(n) if rng.random() < 0.1]
         bound = max(rng.choice((0.5, 1.0, 2.0, 3.5)), min(in_flight))
         turn = rng.randint(-3, 30)
-        expected = scoring._pick(loads, held, cost, apart, bound, turn)
-        assert _scoring.pick(loads, held, cost, apart, bound, turn) == expected
+        fleet = Positions(names)
+        stretches = [(holders, blocks)] if holding else []
+        decided = _scoring.decide(stretches, fleet, loads, blind, prompt, 2, bound, turn,
+                                  scoring.WEIGHTS, scoring.OTHER_WEIGHT)  # fmt: skip
+        run = scoring.Run({"CPU": blocks})
+        held, cost = scoring._score(run, prompt, 2)
+        empty_held, empty_cost = scoring._score(scoring.Run(), prompt, 2)
+        apart = [(held, cost, holding), (0, float(prompt), blind)]
+        assert decided == scoring._pick(loads, empty_held, empty_cost, apart, bound, turn)
 
 
-def test_pick_names_a_bad_argument() -> None:
+def test_decide_names_a_bad_argument() -> None:
+    fleet, held = Positions(["a", "b"]), Holders(frozenset({("a", "GPU")}))
+    loads = Loads([0, 0], [0, 0], [0.0, 0.0])
+
+    def decide(loads: Loads = loads, stretches: object = ((held, 1),), blind: object = ()) -> None:
+        _scoring.decide(stretches, fleet, loads, blind, 8, 2, 1.0, 0, {}, 0.5)  # type: ignore[arg-type]
+
+    decide()
     with pytest.raises(ValueError, match="queued has 1 engines, in_flight 2"):
-        _scoring.pick(Loads([0, 0], [0], [0.0, 0.0]), 0, 1.0, [], 1.0, 0)
+        decide(Loads([0, 0], [0], [0.0, 0.0]))
     with pytest.raises(ValueError, match="no engine is eligible"):
-        _scoring.pick(Loads([3], [0], [0.0]), 0, 1.0, [], 1.0, 0)
-    with pytest.raises(IndexError, match="position 2 of a fleet of 2"):
-        _scoring.pick(Loads([0, 0], [0, 0], [0.0, 0.0]), 0, 1.0, [(4, 1.0, [2])], 1.0, 0)
-    with pytest.raises(TypeError, match="recent"):
-        _scoring.pick(Loads([0], [0], 5), 0, 1.0, [], 1.0, 0)  # type: ignore[arg-type]
+        decide(Loads([3, 3], [0, 0], [0.0, 0.0]))
+    with pytest.raises(IndexError, match="blind position 2 of a fleet of 2"):
+        decide(blind=[2])
+    with pytest.raises(TypeError, match="a stretch must be"):
+        decide(stretches=[held])
+    with pytest.raises(ValueError, match="a mask past the fleet"):
+        b_holds = Holders(frozenset({("b", "GPU")}))  # "b": bit 1, past a fleet of one
+        _scoring.decide([(b_holds, 1)], fleet, Loads([0], [0], [0.0]), (), 8, 2, 1.0, 0, {}, 0.5)

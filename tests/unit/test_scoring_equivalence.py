@@ -14,8 +14,9 @@ import pytest
 
 from kvtier.apps.proxy import prefix_index, scoring
 from kvtier.apps.proxy.kv_events import Event, Kind
+from kvtier.apps.proxy.positions import Positions
 from kvtier.apps.proxy.prefix_index import PrefixIndex, Run
-from kvtier.apps.proxy.scoring import Cached, Decision, Loads, choose
+from kvtier.apps.proxy.scoring import Cached, Decision, Held, Loads, choose
 
 BS = 2  # tokens per block
 TIERS = ("GPU", "CPU", "DISK", "REDIS", "NVME")  # REDIS: shared; NVME: a tier not weighed
@@ -195,9 +196,12 @@ def test_the_choice_is_the_reference_rules_choice(seed: int, compiled: bool) -> 
                 apart = [(run, [names.index(e) for e in members]) for run, members in runs.apart]
                 cached = Cached(runs.common, apart, blind)
             loads = Loads(in_flight, queued, recent)
+            held = Held(index.prompt_stretches(prompt), Positions(names), blind)
             for policy in scoring.POLICIES:
                 decision = choose(policy, loads, len(prompt), BS, turn, cached)
                 assert decision == reference_choose(policy, engines, len(prompt), turn)
+                if runs is not None:  # the index's stretches, decided in one call
+                    assert choose(policy, loads, len(prompt), BS, turn, held) == decision
                 seen[f"{policy} {decision.reason}"] += 1
             mean = (sum(in_flight) + 1) / n
             past = max(in_flight) > max(scoring.LOAD_BOUND * mean, mean + 1) - 1

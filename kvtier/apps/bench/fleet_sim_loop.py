@@ -15,18 +15,17 @@ prefix among the engines the same load bound lets take the request (``scoring.LO
 without it, every new session piles onto the engines that first held its system prompt), ties to
 the fewest requests in flight (then round-robin).
 
-Measured over the requests sent in the window (after the first ``workload.warmup`` of the
-arrivals' span, until the last session starts; the simulation stops there): the hit rate
-(prompt tokens the chosen engine held at dispatch, in GPU or host memory, less the last token,
-over prompt tokens), the load imbalance (max / mean requests in flight over the engines, taken
-just after each dispatch, the request sent included, and averaged over those dispatches), TTFT
-(queue wait and own prefill: known at dispatch), and for ``kv-aware`` the time of each decision
-(``perf_counter_ns`` around the runs with their digests, their engines put by position and
-``choose``; also the thread's CPU time, which a busy machine's preemptions do not inflate; and,
-timed apart, the prompt's digests alone, every block, and its tokens hashed once, as one tuple:
-the least work of any router in Python that keys a prompt by its tokens) and, at the window's
-end, the index's size: its objects' ``sys.getsizeof`` summed over a walk of its containers (each
-object once), per block it holds.
+Measured over the requests sent in the window (after the first ``workload.warmup`` of the arrivals'
+span, until the last session starts; the simulation stops there): the hit rate (prompt tokens the
+chosen engine held at dispatch, in GPU or host memory, less the last token, over prompt tokens), the
+load imbalance (max / mean requests in flight over the engines, taken just after each dispatch, the
+request sent included, and averaged over those dispatches), TTFT (queue wait and own prefill: known
+at dispatch), and for ``kv-aware`` the time of each decision (``perf_counter_ns`` around the
+prompt's stretches with their digests and ``choose``; also the thread's CPU time, which a busy
+machine's preemptions do not inflate; and, timed apart, the prompt's digests alone, every block, and
+its tokens hashed once, as one tuple: the least work of any router in Python that keys a prompt by
+its tokens) and, at the window's end, the index's size: its objects' ``sys.getsizeof`` summed over a
+walk of its containers (each object once), per block it holds.
 """
 
 from __future__ import annotations
@@ -45,8 +44,9 @@ from kvtier.apps.bench.fleet_sim_trace import Arrival, Session, Trace, Workload,
 from kvtier.apps.proxy import scoring
 from kvtier.apps.proxy.kv_events import Event
 from kvtier.apps.proxy.placement import RECENT
+from kvtier.apps.proxy.positions import Positions
 from kvtier.apps.proxy.prefix_index import PrefixIndex
-from kvtier.apps.proxy.scoring import LOAD_BOUND, Cached, Loads, Positions, choose
+from kvtier.apps.proxy.scoring import LOAD_BOUND, Held, Loads, choose
 
 ORACLE = "oracle"
 POLICIES = (*scoring.POLICIES, ORACLE)
@@ -72,8 +72,7 @@ class FleetSim:
         # every block computed so far, anywhere (round-robin's run only): the ceiling's
         self.seen: set[int] | None = set() if policy == "round-robin" else None
         self.names = [f"http://engine-{i}:8000" for i in range(engines)]
-        self.fleet = frozenset(self.names)
-        self.positions = Positions()
+        self.positions = Positions(self.names)
         self.engines = [
             SimEngine(i, spec, self.holders, self._publisher(i)) for i in range(engines)
         ]
@@ -188,9 +187,7 @@ class FleetSim:
         block_size = index.block_size
         cached = None  # no event yet: no index
         if block_size:
-            runs = index.prompt_runs(tokens, self.fleet)
-            at = partial(self.positions.of, self.names)
-            cached = Cached(runs.common, [(run, at(apart)) for run, apart in runs.apart])
+            cached = Held(index.prompt_stretches(tokens), self.positions)
         loads = Loads(self.in_flight, self.queued, self.recent)
         decision = choose("kv-aware", loads, len(tokens), block_size or 1, self.turn, cached)
         wall, cpu_ns = time.perf_counter_ns() - started, time.thread_time_ns() - cpu

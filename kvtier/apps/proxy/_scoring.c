@@ -1,27 +1,87 @@
-/* kv-aware's passes over the fleet, compiled: one loop over the engines, no Python step each.
+/* kv-aware's decision, compiled: from the index's stretches to the engine, no Python step per
+   engine or per group.
 
-    pick(loads, held, cost, apart, bound, turn) -> (int, held, bool)
+    decide(stretches, fleet, loads, blind, prompt_tokens, block_size, bound, turn, weights,
+           other_weight) -> (int, int, bool)
 
-loads is (in_flight, queued, recent), sequences with one number per engine (by position). Every
-engine holds held prompt tokens at cost, but those of each group of apart, a sequence of
-(held, cost, positions) (in order: a later group overrides). Of the engines with in_flight <=
-bound (eligible; at least one must be), it returns the one of least (cost + queued, in_flight),
-what it holds, and whether an eligible engine holds a different count of the prompt (a cached
-prefix can win); when none does, the one of least (recent, in_flight) instead, what it holds,
-and False. Ties go to the first in round-robin order from turn. It is scoring._pick, the same
-comparisons on the same doubles (this module is optional: scoring falls back to _pick where it
-is not built).
+stretches: a prompt's leading blocks as the index found them, (holders, blocks) each, in order;
+holders.masks(fleet) -> (ways, holding, shared) says who holds them over fleet's positions:
+ways, (tier, mask) each, cheapest tier first (an engine in the mask of the tier it loads them
+from); holding, the mask of them all; shared, the tier every other engine loads them from, or
+None. loads is (in_flight, queued, recent), one number per engine by position; blind, the
+positions whose index is not exact (holding nothing); weights, a tier's cost per token loaded
+against one computed (other_weight: a tier not in it).
+
+The runs are followed as prefix_runs.runs_of follows them (groups of engines with the same run
+so far, split at each stretch by tier, here as bit masks), each group scored as scoring._score
+scores a run, and the engine picked as scoring._pick picks it, the same comparisons on the same
+doubles: of the engines with in_flight <= bound (at least one must be), the one of least
+(cost + queued, in_flight), what it holds, and True if an eligible engine holds a different
+count of the prompt; else the one of least (recent, in_flight), what it holds, and False. Ties
+go to the first in round-robin order from turn. This module is optional: scoring does the same
+in Python where it is not built.
 */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-/* items[i] as a double; -1 with an error set when it is not a number */
+#include <stdint.h>
+#include <string.h>
+
+#if PY_BIG_ENDIAN
+#error "masks are read as little-endian words"
+#endif
+
+#define MAX_TIERS 8 /* tiers in one run (GPU, CPU, DISK, REDIS and a few more) */
+
+typedef struct {
+    PyObject *tier; /* borrowed from a masks tuple, which the caller's holders keep */
+    Py_ssize_t blocks;
+} count_t;
+
+typedef struct {
+    uint64_t *mask; /* words of the group's engines */
+    count_t counts[MAX_TIERS]; /* its run so far, tiers in the order first met (a dict's) */
+    int tiers;
+} group_t;
+
+typedef struct { /* groups of engines, each with its mask words in the list's own region */
+    group_t *groups;
+    uint64_t *masks;
+    Py_ssize_t count;
+} list_t;
+
+typedef struct {
+    Py_ssize_t n, words; /* engines; words per mask */
+    list_t going, next, ended; /* each holds at most n groups: they are disjoint, not empty */
+    uint64_t *scratch; /* two masks read from Python */
+} runs_t;
+
+/* items[i] as a double; -1 with an error set when it is not a number. A float's or a small
+   int's value is read from the object itself (no call). */
 static inline int
 number(PyObject **items, Py_ssize_t i, double *out)
 {
     PyObject *item = items[i];
-    *out = PyFloat_CheckExact(item) ? PyFloat_AS_DOUBLE(item) : PyFloat_AsDouble(item);
+    if (PyFloat_CheckExact(item)) {
+        *out = PyFloat_AS_DOUBLE(item);
+        return 0;
+    }
+    if (PyLong_CheckExact(item)) {
+#if PY_VERSION_HEX >= 0x030C0000
+        if (PyUnstable_Long_IsCompact((PyLongObject *)item)) {
+            *out = (double)PyUnstable_Long_CompactValue((PyLongObject *)item);
+            return 0;
+        }
+#else
+        Py_ssize_t digits = Py_SIZE(item);
+        if (digits >= -1 && digits <= 1) { /* |v| < 2**30 */
+            *out = (double)digits * (double)((PyLongObject *)item)->ob_digit[0];
+            return 0;
+        }
+#endif
+    }
+    *out = PyFloat_AsDouble(item);
     return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
 }
 
@@ -38,9 +98,9 @@ less(double a1, double a2, Py_ssize_t a_rr, double b1, double b2, Py_ssize_t b_r
     return a_rr < b_rr;
 }
 
-/* the engines' counts: loads[k] as a fast sequence of n items (n: that of the first) */
+/* loads as three fast sequences of n items */
 static int
-counts(PyObject *loads, PyObject *seqs[3], Py_ssize_t *n)
+read_loads(PyObject *loads, PyObject *seqs[3], Py_ssize_t *n)
 {
     static const char *names[] = {"in_flight", "queued", "recent"};
     if (!PyTuple_Check(loads) || PyTuple_GET_SIZE(loads) < 3) {
@@ -64,96 +124,313 @@ counts(PyObject *loads, PyObject *seqs[3], Py_ssize_t *n)
     return 0;
 }
 
-/* group[i] = g for each position i of each group g of apart (later groups override); the
-   groups' held objects and costs into held[g], cost[g] */
+/* a Python int mask of the fleet's positions into words (an error past the fleet) */
 static int
-groups(PyObject *apart, Py_ssize_t n, int *group, PyObject **held, double *cost)
+read_mask(runs_t *runs, PyObject *mask, uint64_t *words)
 {
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(apart);
-    for (Py_ssize_t g = 0; g < count; g++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(apart, g);
-        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 3) {
-            PyErr_SetString(PyExc_TypeError, "apart: (held, cost, positions) each");
-            return -1;
-        }
-        held[g] = PyTuple_GET_ITEM(item, 0);
-        cost[g] = PyFloat_AsDouble(PyTuple_GET_ITEM(item, 1));
-        if (cost[g] == -1.0 && PyErr_Occurred()) {
-            return -1;
-        }
-        PyObject *at = PySequence_Fast(PyTuple_GET_ITEM(item, 2), "positions must be iterable");
-        if (at == NULL) {
-            return -1;
-        }
-        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(at); k++) {
-            Py_ssize_t i = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(at, k));
-            if (i == -1 && PyErr_Occurred()) {
-                Py_DECREF(at);
-                return -1;
-            }
-            if (i < 0 || i >= n) {
-                PyErr_Format(PyExc_IndexError, "position %zd of a fleet of %zd", i, n);
-                Py_DECREF(at);
-                return -1;
-            }
-            group[i] = (int)g;
-        }
-        Py_DECREF(at);
+    if (!PyLong_Check(mask)) {
+        PyErr_SetString(PyExc_TypeError, "a mask must be an int");
+        return -1;
+    }
+    size_t bytes = (size_t)runs->words * 8;
+#if PY_VERSION_HEX >= 0x030D0000
+    Py_ssize_t need = PyLong_AsNativeBytes(
+        mask, words, (Py_ssize_t)bytes,
+        Py_ASNATIVEBYTES_LITTLE_ENDIAN | Py_ASNATIVEBYTES_UNSIGNED_BUFFER |
+            Py_ASNATIVEBYTES_REJECT_NEGATIVE);
+    if (need < 0) {
+        return -1;
+    }
+    if ((size_t)need > bytes) {
+        PyErr_SetString(PyExc_OverflowError, "a mask past the fleet");
+        return -1;
+    }
+#else
+    if (_PyLong_AsByteArray((PyLongObject *)mask, (unsigned char *)words, bytes, 1, 0) < 0) {
+        return -1;
+    }
+#endif
+    if (runs->n % 64 && words[runs->words - 1] >> (runs->n % 64)) {
+        PyErr_SetString(PyExc_ValueError, "a mask past the fleet");
+        return -1;
     }
     return 0;
 }
 
-static PyObject *
-pick(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+static int
+any_bit(const uint64_t *mask, Py_ssize_t words)
 {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "pick(loads, held, cost, apart, bound, turn)");
+    for (Py_ssize_t w = 0; w < words; w++) {
+        if (mask[w]) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* a new group at the end of list; its run is run's plus blocks in tier (none: as run's) */
+static group_t *
+add_group(runs_t *runs, list_t *list, const group_t *run, PyObject *tier, Py_ssize_t blocks)
+{
+    group_t *group = &list->groups[list->count];
+    *group = *run;
+    group->mask = list->masks + list->count * runs->words;
+    list->count++;
+    if (tier == NULL) {
+        return group;
+    }
+    for (int t = 0; t < group->tiers; t++) {
+        PyObject *had = group->counts[t].tier;
+        if (had == tier || PyUnicode_Compare(had, tier) == 0) {
+            group->counts[t].blocks += blocks;
+            return group;
+        }
+    }
+    if (PyErr_Occurred()) {
         return NULL;
     }
-    PyObject *seqs[3] = {NULL, NULL, NULL}, *apart = NULL, *result = NULL;
-    int *group = NULL;
-    PyObject **helds = NULL;
-    double *costs = NULL, *held_values = NULL;
-    Py_ssize_t n = 0;
-    double common_cost = PyFloat_AsDouble(args[2]);
-    double bound = PyFloat_AsDouble(args[4]);
-    Py_ssize_t turn = PyLong_AsSsize_t(args[5]);
-    if (PyErr_Occurred() || counts(args[0], seqs, &n) < 0) {
+    if (group->tiers == MAX_TIERS) {
+        PyErr_SetString(PyExc_ValueError, "more tiers in one run than kv-aware scores");
+        return NULL;
+    }
+    group->counts[group->tiers++] = (count_t){tier, blocks};
+    return group;
+}
+
+/* one stretch: each going group splits by the tier its engines load it from (next), the others
+   load it from the shared tier (next) or their runs end (ended) */
+static int
+split(runs_t *runs, PyObject *masks, Py_ssize_t blocks)
+{
+    PyObject *ways, *holding, *shared;
+    if (!PyTuple_Check(masks) || PyTuple_GET_SIZE(masks) != 3) {
+        PyErr_SetString(PyExc_TypeError, "masks() must return (ways, holding, shared)");
+        return -1;
+    }
+    ways = PyTuple_GET_ITEM(masks, 0);
+    holding = PyTuple_GET_ITEM(masks, 1);
+    shared = PyTuple_GET_ITEM(masks, 2);
+    if (!PyTuple_Check(ways)) {
+        PyErr_SetString(PyExc_TypeError, "masks()'s ways must be a tuple");
+        return -1;
+    }
+    Py_ssize_t words = runs->words;
+    uint64_t *held = runs->scratch, *part = runs->scratch + words;
+    if (read_mask(runs, holding, held) < 0) {
+        return -1;
+    }
+    runs->next.count = 0;
+    for (Py_ssize_t g = 0; g < runs->going.count; g++) {
+        group_t *group = &runs->going.groups[g];
+        for (Py_ssize_t w = 0; w < PyTuple_GET_SIZE(ways); w++) {
+            PyObject *way = PyTuple_GET_ITEM(ways, w);
+            if (!PyTuple_Check(way) || PyTuple_GET_SIZE(way) != 2) {
+                PyErr_SetString(PyExc_TypeError, "a way must be (tier, mask)");
+                return -1;
+            }
+            if (read_mask(runs, PyTuple_GET_ITEM(way, 1), part) < 0) {
+                return -1;
+            }
+            for (Py_ssize_t k = 0; k < words; k++) {
+                part[k] &= group->mask[k];
+            }
+            if (any_bit(part, words)) {
+                group_t *into =
+                    add_group(runs, &runs->next, group, PyTuple_GET_ITEM(way, 0), blocks);
+                if (into == NULL) {
+                    return -1;
+                }
+                memcpy(into->mask, part, (size_t)words * 8);
+            }
+        }
+        for (Py_ssize_t k = 0; k < words; k++) {
+            part[k] = group->mask[k] & ~held[k];
+        }
+        if (!any_bit(part, words)) {
+            continue;
+        }
+        group_t *into = shared == Py_None ? add_group(runs, &runs->ended, group, NULL, 0)
+                                          : add_group(runs, &runs->next, group, shared, blocks);
+        if (into == NULL) {
+            return -1;
+        }
+        memcpy(into->mask, part, (size_t)words * 8);
+    }
+    list_t going = runs->going; /* next becomes going */
+    runs->going = runs->next;
+    runs->next = going;
+    return 0;
+}
+
+/* scoring._score: the prompt tokens a run holds, and the prompt's cost there */
+static int
+score(const group_t *group, Py_ssize_t prompt, Py_ssize_t block_size, PyObject *weights,
+      double other, Py_ssize_t *cached_out, double *cost_out)
+{
+    Py_ssize_t blocks = 0;
+    for (int t = 0; t < group->tiers; t++) {
+        blocks += group->counts[t].blocks;
+    }
+    Py_ssize_t total = blocks * block_size, last = prompt - 1;
+    Py_ssize_t cached = total < last ? total : last > 0 ? last : 0;
+    double loaded = 0.0;
+    if (total) {
+        double scale = (double)cached / (double)total;
+        for (int t = 0; t < group->tiers; t++) {
+            PyObject *weight = PyDict_GetItemWithError(weights, group->counts[t].tier);
+            double w = other;
+            if (weight != NULL) {
+                w = PyFloat_AsDouble(weight);
+                if (w == -1.0 && PyErr_Occurred()) {
+                    return -1;
+                }
+            } else if (PyErr_Occurred()) {
+                return -1;
+            }
+            loaded += w * (double)group->counts[t].blocks * (double)block_size * scale;
+        }
+    }
+    *cached_out = cached;
+    *cost_out = (double)(prompt - cached) + loaded;
+    return 0;
+}
+
+/* holders.masks(fleet) (a new reference): read from what the holders keep for the last fleet
+   (their _masks: (fleet, masks)) when it is this one, with no Python call */
+static PyObject *
+kept_masks(PyObject *holders, PyObject *fleet)
+{
+    static PyObject *kept_name = NULL, *masks_name = NULL;
+    if (kept_name == NULL) {
+        kept_name = PyUnicode_InternFromString("_masks");
+        masks_name = PyUnicode_InternFromString("masks");
+        if (kept_name == NULL || masks_name == NULL) {
+            return NULL;
+        }
+    }
+    PyObject *kept = PyObject_GetAttr(holders, kept_name);
+    if (kept == NULL) {
+        return NULL;
+    }
+    if (PyTuple_Check(kept) && PyTuple_GET_SIZE(kept) == 2 && PyTuple_GET_ITEM(kept, 0) == fleet) {
+        PyObject *masks = Py_NewRef(PyTuple_GET_ITEM(kept, 1));
+        Py_DECREF(kept);
+        return masks;
+    }
+    Py_DECREF(kept);
+    return PyObject_CallMethodOneArg(holders, masks_name, fleet);
+}
+
+static PyObject *
+decide(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError,
+                        "decide(stretches, fleet, loads, blind, prompt_tokens, block_size, "
+                        "bound, turn, weights, other_weight)");
+        return NULL;
+    }
+    PyObject *fleet = args[1], *weights = args[8];
+    PyObject *seqs[3] = {NULL, NULL, NULL}, *stretches = NULL, *blind = NULL, *result = NULL;
+    PyObject *keep = PyList_New(0);
+    runs_t runs = {0};
+    group_t *pool = NULL;
+    uint64_t *masks = NULL;
+    int *group_of = NULL;
+    Py_ssize_t *helds = NULL;
+    double *costs = NULL;
+    Py_ssize_t prompt = PyLong_AsSsize_t(args[4]);
+    Py_ssize_t block_size = PyLong_AsSsize_t(args[5]);
+    double bound = PyFloat_AsDouble(args[6]);
+    Py_ssize_t turn = PyLong_AsSsize_t(args[7]);
+    double other = PyFloat_AsDouble(args[9]);
+    if (keep == NULL || PyErr_Occurred() || read_loads(args[2], seqs, &runs.n) < 0) {
         goto done;
     }
-    apart = PySequence_Fast(args[3], "apart must be a sequence");
-    if (apart == NULL) {
+    if (!PyDict_Check(weights)) {
+        PyErr_SetString(PyExc_TypeError, "weights must be a dict");
         goto done;
     }
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(apart);
-    group = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int));
-    helds = PyMem_Malloc((size_t)(count + 1) * sizeof(PyObject *));
-    costs = PyMem_Malloc((size_t)(count + 1) * sizeof(double));
-    held_values = PyMem_Malloc((size_t)(count + 1) * sizeof(double));
-    if (group == NULL || helds == NULL || costs == NULL || held_values == NULL) {
+    stretches = PySequence_Fast(args[0], "stretches must be a sequence");
+    blind = PySequence_Fast(args[3], "blind must be iterable");
+    if (stretches == NULL || blind == NULL) {
+        goto done;
+    }
+    Py_ssize_t n = runs.n, words = (n + 63) / 64;
+    runs.words = words ? words : 1;
+    pool = PyMem_Malloc((size_t)(3 * n + 3) * sizeof(group_t)); /* set as each is added */
+    masks = PyMem_Malloc((size_t)((3 * n + 5) * runs.words) * 8);
+    group_of = PyMem_Malloc((size_t)(n + 1) * sizeof(int));
+    helds = PyMem_Malloc((size_t)(n + 2) * sizeof(Py_ssize_t));
+    costs = PyMem_Malloc((size_t)(n + 2) * sizeof(double));
+    if (pool == NULL || masks == NULL || group_of == NULL || helds == NULL || costs == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        group[i] = (int)count; /* the last slot: the common one */
+    runs.going = (list_t){pool, masks, 0};
+    runs.next = (list_t){pool + n + 1, masks + (n + 1) * runs.words, 0};
+    runs.ended = (list_t){pool + 2 * n + 2, masks + (2 * n + 2) * runs.words, 0};
+    runs.scratch = masks + (3 * n + 3) * runs.words;
+    if (n) { /* the whole fleet, with an empty run */
+        group_t empty = {0};
+        group_t *all = add_group(&runs, &runs.going, &empty, NULL, 0);
+        memset(all->mask, 0, (size_t)runs.words * 8);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            all->mask[i / 64] |= (uint64_t)1 << (i % 64);
+        }
     }
-    helds[count] = args[1];
-    costs[count] = common_cost;
-    if (groups(apart, n, group, helds, costs) < 0) {
-        goto done;
-    }
-    for (Py_ssize_t g = 0; g <= count; g++) {
-        held_values[g] = PyFloat_AsDouble(helds[g]);
-        if (held_values[g] == -1.0 && PyErr_Occurred()) {
+    for (Py_ssize_t s = 0; s < PySequence_Fast_GET_SIZE(stretches) && runs.going.count; s++) {
+        PyObject *stretch = PySequence_Fast_GET_ITEM(stretches, s);
+        if (!PyTuple_Check(stretch) || PyTuple_GET_SIZE(stretch) != 2) {
+            PyErr_SetString(PyExc_TypeError, "a stretch must be (holders, blocks)");
             goto done;
         }
+        Py_ssize_t blocks = PyLong_AsSsize_t(PyTuple_GET_ITEM(stretch, 1));
+        if (blocks == -1 && PyErr_Occurred()) {
+            goto done;
+        }
+        PyObject *masks = kept_masks(PyTuple_GET_ITEM(stretch, 0), fleet);
+        if (masks == NULL) {
+            goto done;
+        }
+        int failed = PyList_Append(keep, masks); /* its tiers are read until the end */
+        Py_DECREF(masks);
+        if (failed < 0 || split(&runs, masks, blocks) < 0) {
+            goto done;
+        }
+    }
+    /* every engine's group: the going ones, then the ended; then the blind */
+    Py_ssize_t groups = runs.going.count + runs.ended.count;
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        group_t *group = g < runs.going.count ? &runs.going.groups[g]
+                                              : &runs.ended.groups[g - runs.going.count];
+        if (score(group, prompt, block_size, weights, other, &helds[g], &costs[g]) < 0) {
+            goto done;
+        }
+        for (Py_ssize_t w = 0; w < words; w++) {
+            for (uint64_t bits = group->mask[w]; bits; bits &= bits - 1) {
+                group_of[w * 64 + __builtin_ctzll(bits)] = (int)g;
+            }
+        }
+    }
+    helds[groups] = 0, costs[groups] = (double)prompt;
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(blind); k++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(blind, k));
+        if (i == -1 && PyErr_Occurred()) {
+            goto done;
+        }
+        if (i < 0 || i >= n) {
+            PyErr_Format(PyExc_IndexError, "blind position %zd of a fleet of %zd", i, n);
+            goto done;
+        }
+        group_of[i] = (int)groups;
     }
     PyObject **in_flight = PySequence_Fast_ITEMS(seqs[0]);
     PyObject **queued = PySequence_Fast_ITEMS(seqs[1]);
     PyObject **recent = PySequence_Fast_ITEMS(seqs[2]);
     Py_ssize_t start = n ? ((turn % n) + n) % n : 0;
-    Py_ssize_t best = -1, spread = -1, best_rr = 0, spread_rr = 0;
-    double best1 = 0, best2 = 0, spread1 = 0, spread2 = 0, first_held = 0;
+    Py_ssize_t best = -1, spread = -1, best_rr = 0, spread_rr = 0, first_held = 0;
+    double best1 = 0, best2 = 0, spread1 = 0, spread2 = 0;
     int differ = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         double flight, queue, lately;
@@ -166,12 +443,12 @@ pick(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         if (number(queued, i, &queue) < 0 || number(recent, i, &lately) < 0) {
             goto done;
         }
-        int g = group[i];
+        int g = group_of[i];
         Py_ssize_t rr = i >= start ? i - start : i - start + n;
         double key = costs[g] + queue;
         if (best < 0) {
-            first_held = held_values[g];
-        } else if (held_values[g] != first_held) {
+            first_held = helds[g];
+        } else if (helds[g] != first_held) {
             differ = 1;
         }
         if (best < 0 || less(key, flight, rr, best1, best2, best_rr)) {
@@ -186,29 +463,33 @@ pick(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     Py_ssize_t chosen = differ ? best : spread;
-    result = Py_BuildValue("(nOO)", chosen, helds[group[chosen]], differ ? Py_True : Py_False);
+    result = Py_BuildValue("(nnO)", chosen, helds[group_of[chosen]], differ ? Py_True : Py_False);
 done:
     for (int k = 0; k < 3; k++) {
         Py_XDECREF(seqs[k]);
     }
-    Py_XDECREF(apart);
-    PyMem_Free(group);
+    Py_XDECREF(stretches);
+    Py_XDECREF(blind);
+    Py_XDECREF(keep);
+    PyMem_Free(pool);
+    PyMem_Free(masks);
+    PyMem_Free(group_of);
     PyMem_Free(helds);
     PyMem_Free(costs);
-    PyMem_Free(held_values);
     return result;
 }
 
 static PyMethodDef methods[] = {
-    {"pick", (PyCFunction)(void (*)(void))pick, METH_FASTCALL,
-     "pick(loads, held, cost, apart, bound, turn) -> (engine, its held, a prefix won)"},
+    {"decide", (PyCFunction)(void (*)(void))decide, METH_FASTCALL,
+     "decide(stretches, fleet, loads, blind, prompt_tokens, block_size, bound, turn, weights, "
+     "other_weight) -> (engine, the prompt tokens it holds, a prefix won)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     .m_base = PyModuleDef_HEAD_INIT,
     .m_name = "_scoring",
-    .m_doc = "kv-aware's passes over the fleet, compiled.",
+    .m_doc = "kv-aware's decision, compiled.",
     .m_size = -1,
     .m_methods = methods,
 };

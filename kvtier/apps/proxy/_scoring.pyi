@@ -1,13 +1,20 @@
-"""kv-aware's passes over the fleet, compiled (``_scoring.c``; see ``scoring._pick``)."""
+"""kv-aware's decision, compiled (``_scoring.c``; see ``scoring.choose`` given ``Held``)."""
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-def pick(
+from kvtier.apps.proxy.positions import Positions
+from kvtier.apps.proxy.prefix_runs import Holders
+
+def decide(
+    stretches: Sequence[tuple[Holders, int]],
+    fleet: Positions,
     loads: tuple[Sequence[Any], Sequence[Any], Sequence[Any]],
-    held: int,
-    cost: float,
-    apart: Sequence[tuple[int, float, Iterable[int]]],
+    blind: Collection[int],
+    prompt_tokens: int,
+    block_size: int,
     bound: float,
     turn: int,
+    weights: Mapping[str, float],
+    other_weight: float,
 ) -> tuple[int, int, bool]: ...

@@ -36,8 +36,9 @@ import httpx
 from kvtier.apps.proxy.balancer import Engine, Pool
 from kvtier.apps.proxy.errors import EnginesDown
 from kvtier.apps.proxy.event_stream import EventStream, Mode, sources, unreachable
+from kvtier.apps.proxy.positions import Positions
 from kvtier.apps.proxy.prefix_index import PrefixIndex
-from kvtier.apps.proxy.scoring import Cached, Loads, Positions, choose
+from kvtier.apps.proxy.scoring import Held, Loads, choose
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class Placement:
         self.no_events: dict[str, str] = dict.fromkeys(urls, "not asked yet")
         self.queued = dict.fromkeys(urls, 0)  # prompt tokens sent, not yet answered
         self.recent = dict.fromkeys(urls, 0.0)  # requests sent lately, decaying
-        self.positions = Positions()  # the engines of the index's groups, by position in `up`
+        self.positions = Positions(urls)  # the engines up, by position (a new one as they change)
         self._turn = 0
 
     def mode(self, url: str) -> Mode:
@@ -94,16 +95,17 @@ class Placement:
         urls = [engine.url for engine in up]
         with self.lock:
             block_size = self.index.block_size
-            runs = (
-                self.index.prompt_runs(tokens, urls)
+            stretches = (
+                self.index.prompt_stretches(tokens)
                 if tokens is not None and block_size and self.policy == "kv-aware"
                 else None
             )
         cached = None
-        if runs is not None:  # the engines whose index is not exact count as holding nothing
+        if stretches is not None:  # engines whose index is not exact count as holding nothing
+            if self.positions.names != urls:  # an engine went down or came back
+                self.positions = Positions(urls)
             blind = [i for i, url in enumerate(urls) if self.mode(url) is not Mode.EXACT]
-            apart = [(run, self.positions.of(urls, engines)) for run, engines in runs.apart]
-            cached = Cached(runs.common, apart, blind)
+            cached = Held(stretches, self.positions, blind)
         loads = Loads([engine.in_flight for engine in up], [self.queued[url] for url in urls],
                       [self.recent[url] for url in urls])  # fmt: skip
         decision = choose(self.policy, loads, n, block_size or 1, self._turn, cached)

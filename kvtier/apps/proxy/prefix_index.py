@@ -168,13 +168,20 @@ class PrefixIndex:
         return list(chained(_ROOT, tokens, size))
 
     def prompt_runs(self, tokens: Sequence[int], engines: Collection[str]) -> Runs:
-        """``runs(digests(tokens), engines)``, its digests made only as far as some engine
-        holds the prompt, each looked up as it is made (no list between): compiled, the
-        prompt's tokens read in place, where ``_digests`` is built."""
+        """``runs(digests(tokens), engines)``, from ``prompt_stretches``."""
+        return runs_of(self.prompt_stretches(tokens), self._fleet(engines))
+
+    def prompt_stretches(self, tokens: Sequence[int]) -> list[tuple[Holders, int]]:
+        """The prompt's leading blocks some engine holds, as stretches held alike: (who, how
+        many blocks). Its digests are made only as far as some engine holds it, each looked
+        up as it is made (no list between): compiled, the tokens read in place, where
+        ``_digests`` is built."""
         size, holders = self.block_size, self._holders
-        if isinstance(holders, dict) or not size:
-            return self.runs(_chained(_ROOT, tokens, size) if size else (), engines)
-        return runs_of(holders.stretches(tokens, size), self._fleet(engines))
+        if not size:
+            return []
+        if isinstance(holders, dict):
+            return self._stretches(_chained(_ROOT, tokens, size))
+        return holders.stretches(tokens, size)
 
     def runs(self, digests: Iterable[int], engines: Collection[str]) -> Runs:
         """The runs of ``engines`` (the fleet): per engine, its leading blocks of ``digests``

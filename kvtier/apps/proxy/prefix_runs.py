@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from kvtier.apps.proxy.positions import Positions
+
 ENGINE = "GPU"  # the engine's own memory
 SHARED = frozenset({"REDIS"})  # tiers every engine of the fleet loads from
 _ORDER = {ENGINE: 0, "CPU": 1, "DISK": 2}  # cheapest first; other tiers after these
@@ -61,14 +63,16 @@ class Holders:
     """The engines holding a block, and in which tiers: one object per way of holding, shared
     by every block held that way (``pairs``: (engine, tier) each)."""
 
-    __slots__ = ("pairs", "uses", "_cheapest", "_ways", "_within")
+    __slots__ = ("pairs", "uses", "_cheapest", "_ways", "_within", "_masks")
 
     def __init__(self, pairs: frozenset[tuple[str, str]]) -> None:
         self.pairs = pairs
         self.uses = 0  # blocks held this way
-        self._cheapest: dict[str, str] | None = None  # per engine, its cheapest tier (lazily)
-        self._ways: _Ways | None = None  # (lazily)
+        self._cheapest: dict[str, str] | None = None  # per engine, its cheapest tier
+        self._ways: _Ways | None = None
         self._within: _Within | None = None  # (lazily, for the last fleet asked)
+        self._masks: tuple[Positions, _Masks] | None = None  # (lazily, for the last fleet)
+        self.ways()  # made as the index places blocks, not when a request is routed
 
     def holds(self, engine: str) -> bool:
         """``engine`` holds the blocks held this way (in some tier of its own)."""
@@ -112,8 +116,25 @@ class Holders:
             within = self._within = (fleet, parts, fleet - holding)
         return within[1], within[2]
 
+    def masks(self, fleet: Positions) -> _Masks:
+        """``ways()`` over ``fleet``'s positions, as bit masks (bit i: the engine at i): the
+        tiers some engine of it loads these blocks from, cheapest first, each with the mask of
+        its engines; the mask of them all; the tier every other engine loads them from (a
+        shared one) or None. Kept for the last fleet asked (the same object)."""
+        masks = self._masks
+        if masks is None or masks[0] is not fleet:
+            by_tier, _, shared = self.ways()
+            bit, ways, holding = fleet.bit.__getitem__, [], 0
+            for tier, those in by_tier:
+                if mask := sum(map(bit, those & fleet.engines)):  # no Python step per engine
+                    ways.append((tier, mask))
+                    holding |= mask
+            masks = self._masks = (fleet, (tuple(ways), holding, shared))
+        return masks[1]
+
 
 _Ways = tuple[tuple[tuple[str, frozenset[str]], ...], frozenset[str], str | None]
+_Masks = tuple[tuple[tuple[str, int], ...], int, str | None]
 _Within = tuple[frozenset[str], tuple[tuple[str, frozenset[str]], ...], frozenset[str]]
 
 

@@ -22,12 +22,13 @@ and every new conversation saves that prompt elsewhere), while the others overfl
 ``least-loaded``: fewest requests in flight (ties round-robin); ``round-robin``: each engine in
 turn.
 
-Cost of a kv-aware decision: the engines come in a few groups alike (``PrefixIndex.runs``: the
-most, sharing one run, and the others with the engines that have each run; ``blind``), and each
-group is scored once in Python; then one loop over the engines, compiled (``_scoring.pick``),
-gives each engine its group's cost and finds the cheapest eligible one. No Python step is taken
-per engine (where ``_scoring`` is not built, ``_pick`` does the same in Python: a step per
-engine listed apart, the rest in passes in C over the fleet's counts).
+Cost of a kv-aware decision: given ``Held`` (the index's stretches of the prompt), one compiled
+call (``_scoring.decide``) follows the engines' runs through the stretches in groups alike (bit
+masks over the fleet's positions, each ``Holders``' kept per fleet), scores each group once and
+finds the cheapest eligible engine in one loop over the fleet's counts: no Python step per
+stretch, group or engine. Where ``_scoring`` is not built, or given ``Cached`` (runs already
+made), the same in Python: ``runs_of`` (set operations per stretch and group), each group scored,
+a step per engine listed apart (``_pick``), the rest in passes in C over the fleet's counts.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from itertools import compress
 from operator import add
 from typing import NamedTuple
 
-from kvtier.apps.proxy.prefix_runs import Run
+from kvtier.apps.proxy.positions import Positions
+from kvtier.apps.proxy.prefix_runs import Holders, Run, runs_of
 
 try:  # kv-aware's passes over the fleet compiled (setup.py); the same in Python where not built
     from kvtier.apps.proxy import _scoring
@@ -71,28 +73,20 @@ class Cached(NamedTuple):
     blind: Collection[int] = ()
 
 
-class Positions:
-    """Engines' positions in a fleet (names, in order), for ``Cached.apart``: a group's list is
-    made once and kept while the fleet is the same (the index's groups recur: the engines
-    without a system prompt, decision after decision, are one set)."""
+class Held(NamedTuple):
+    """What the engines hold of the prompt, as the index found it: the prompt's leading
+    ``stretches`` of blocks held alike (``PrefixIndex.prompt_stretches``), over ``fleet`` (the
+    engines of the loads, in their order); ``blind`` as ``Cached``'s. Decided in one compiled
+    call where ``_scoring`` is built, else made a ``Cached`` (``cached``)."""
 
-    KEPT = 4096  # groups kept; past that, forgotten at once
+    stretches: Sequence[tuple[Holders, int]]
+    fleet: Positions
+    blind: Collection[int] = ()
 
-    def __init__(self) -> None:
-        self._fleet: list[str] = []
-        self._at: dict[str, int] = {}
-        self._kept: dict[frozenset[str], list[int]] = {}
-
-    def of(self, fleet: list[str], engines: frozenset[str]) -> list[int]:
-        """The positions in ``fleet`` of ``engines`` (each one of it), ascending."""
-        if fleet != self._fleet:
-            self._fleet, self._at, self._kept = list(fleet), {e: i for i, e in enumerate(fleet)}, {}
-        kept = self._kept.get(engines)
-        if kept is None:
-            if len(self._kept) >= self.KEPT:
-                self._kept.clear()
-            kept = self._kept[engines] = sorted(map(self._at.__getitem__, engines))
-        return kept
+    def cached(self) -> Cached:
+        runs = runs_of(self.stretches, self.fleet.engines)
+        apart = [(run, self.fleet.of(engines)) for run, engines in runs.apart]
+        return Cached(runs.common, apart, self.blind)
 
 
 @dataclass(frozen=True)
@@ -108,7 +102,7 @@ def choose(
     prompt_tokens: int,
     block_size: int,
     turn: int,
-    cached: Cached | None = None,
+    cached: Cached | Held | None = None,
 ) -> Decision:
     """The engine ``policy`` picks among those of ``loads`` (not none: every one is up);
     ``cached``: what they hold of the prompt (None: no engine's index is exact)."""
@@ -125,7 +119,29 @@ def choose(
     if blind is None or cached is None or len(blind) == n:  # no engine's index is exact
         keys = list(zip(loads.in_flight, loads.recent))
         return Decision(_first(keys, None, turn), "no-index", 0)
+    if isinstance(cached, Held):
+        if len(cached.fleet) != n:
+            raise ValueError(f"the fleet has {len(cached.fleet)} engines, the loads {n}")
+        if _scoring is not None:
+            bound = _bound(loads.in_flight)
+            best, won, ahead = _scoring.decide(cached.stretches, cached.fleet, loads, blind,
+                                               prompt_tokens, block_size, bound, turn, WEIGHTS,
+                                               OTHER_WEIGHT)  # fmt: skip
+            return _decision(best, won, ahead)
+        cached = cached.cached()
     return _kv_aware(loads, cached, blind, prompt_tokens, block_size, turn)
+
+
+def _bound(in_flight: Sequence[int]) -> float:
+    """The most requests in flight an engine may have before this one (``LOAD_BOUND``)."""
+    mean = (sum(in_flight) + 1) / len(in_flight)  # with this request
+    return max(LOAD_BOUND * mean, mean + 1) - 1
+
+
+def _decision(best: int, won: int, ahead: bool) -> Decision:
+    if ahead:  # an eligible engine holds more of the prompt than another
+        return Decision(best, "prefix" if won > 0 else "load", won)
+    return Decision(best, "load", won)  # none is ahead: the conversations spread
 
 
 def _kv_aware(
@@ -136,20 +152,14 @@ def _kv_aware(
     block_size: int,
     turn: int,
 ) -> Decision:
-    in_flight = loads.in_flight
-    mean = (sum(in_flight) + 1) / len(in_flight)  # with this request
-    bound = max(LOAD_BOUND * mean, mean + 1) - 1  # most in flight before it
+    bound = _bound(loads.in_flight)
     # the prompt tokens held and the prompt's cost: of most engines, then of each group apart,
     # then of the engines without an exact index (each group's engines take the last said)
     held, cost = _score(cached.common, prompt_tokens, block_size)
     apart = [(*_score(run, prompt_tokens, block_size), at) for run, at in cached.apart]
     if blind:
         apart.append((0, float(prompt_tokens), blind))
-    pick = _pick if _scoring is None else _scoring.pick
-    best, won, ahead = pick(loads, held, cost, apart, bound, turn)
-    if ahead:  # an eligible engine holds more of the prompt than another
-        return Decision(best, "prefix" if won > 0 else "load", won)
-    return Decision(best, "load", won)  # none is ahead: the conversations spread
+    return _decision(*_pick(loads, held, cost, apart, bound, turn))
 
 
 _Apart = Sequence[tuple[int, float, Iterable[int]]]  # (held, cost, the engines' positions)
@@ -163,7 +173,7 @@ def _pick(
     ``bound``; one at least), the one of least (cost and queue, in flight), what it holds, and
     whether an eligible engine holds more or less of the prompt; if none does, the one of least
     (recent, in flight), what it holds, and False. Ties to the first in round-robin order from
-    ``turn``. (``_scoring.pick``, compiled, does the same in one loop over the engines.)"""
+    ``turn``. (``_scoring.decide``, compiled, does the same in one loop over the engines.)"""
     in_flight = loads.in_flight
     n = len(in_flight)
     helds, costs = [held] * n, [cost] * n
