@@ -560,6 +560,11 @@ map_stretches(DigestMap *map, PyObject *const *args, Py_ssize_t nargs)
            lookup's cache miss overlaps the others'); a prompt held no further is hashed no
            further than its batch */
         Py_ssize_t n = blocks - b < BATCH ? blocks - b : BATCH;
+        Py_ssize_t ahead = (b + BATCH) * size, end = (b + 2 * BATCH) * size;
+        for (Py_ssize_t t = ahead; t < end && t < blocks * size; t++) {
+            __builtin_prefetch(items[t]); /* the next batch's token objects, while this one's
+                                             are hashed */
+        }
         if (hash_blocks(b, items + b * size, size, n, hashes) < 0) {
             goto fail;
         }
