@@ -105,7 +105,7 @@ def test_the_index_told_every_event_agrees_with_the_engines_caches() -> None:
     assert sim.index is not None
     for arrival in sim.arrivals:
         session = sim.trace.session(arrival)
-        runs = sim.index.runs(sim.index.digests(session.tokens), sim.fleet)
+        runs = sim.index.runs(sim.index.digests(session.tokens), sim.names)
         for name, engine in zip(sim.names, sim.engines, strict=True):
             hit = engine.cached(session.keys)
             assert runs[name].blocks.get("GPU", 0) == hit.gpu
