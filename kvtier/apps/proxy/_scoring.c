@@ -181,13 +181,14 @@ add_group(runs_t *runs, list_t *list, const group_t *run, PyObject *tier, Py_ssi
     }
     for (int t = 0; t < group->tiers; t++) {
         PyObject *had = group->counts[t].tier;
-        if (had == tier || PyUnicode_Compare(had, tier) == 0) {
+        int same = had == tier ? 1 : PyObject_RichCompareBool(had, tier, Py_EQ);
+        if (same < 0) {
+            return NULL;
+        }
+        if (same) {
             group->counts[t].blocks += blocks;
             return group;
         }
-    }
-    if (PyErr_Occurred()) {
-        return NULL;
     }
     if (group->tiers == MAX_TIERS) {
         PyErr_SetString(PyExc_ValueError, "more tiers in one run than kv-aware scores");
@@ -399,8 +400,12 @@ decide(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
     }
-    /* every engine's group: the going ones, then the ended; then the blind */
+    /* every engine's group: the going ones, then the ended (between them, every engine);
+       then the blind, in the slot after them */
     Py_ssize_t groups = runs.going.count + runs.ended.count;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        group_of[i] = (int)groups;
+    }
     for (Py_ssize_t g = 0; g < groups; g++) {
         group_t *group = g < runs.going.count ? &runs.going.groups[g]
                                               : &runs.ended.groups[g - runs.going.count];
