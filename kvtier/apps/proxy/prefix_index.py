@@ -9,8 +9,10 @@ event's block hashes are mapped to digests per engine, through the hash of the b
     apply(engine, events) -> int         place the engine's events; how many blocks could not be
     drop(engine)                         forget what the engine holds (it died, or is rebuilt)
     digests(tokens)       -> [int]       a request's full blocks
-    prompt_runs(tokens, engines) -> Runs runs(digests(tokens), engines), digesting only as far
-                                         as some engine holds the prompt
+    prompt_stretches(tokens)             the prompt's leading blocks some engine holds, as
+              -> [(Holders, int)]        stretches held alike, digesting only as far as that
+                                         (what ``scoring.Held`` decides from)
+    prompt_runs(tokens, engines) -> Runs runs(digests(tokens), engines), from the stretches
     runs(digests, engines) -> Runs       per engine, the leading blocks it can load, by tier: in
                                          groups of engines alike (the most: one run)
 
@@ -25,7 +27,8 @@ Who holds a block is one ``Holders`` object (``prefix_runs.py``) shared by every
 holds, share one), so ``runs`` works once per stretch of blocks held alike, not per block, and
 there once per group of engines with the same run so far (set operations, in C, split a group),
 not per engine: its Python work grows with the prompt's blocks and the few groups, not with the
-fleet.
+fleet. Where ``_digests`` is built (setup.py), the digests and the table of holders are
+compiled (``DigestMap``: no Python step per block either).
 """
 
 from __future__ import annotations
