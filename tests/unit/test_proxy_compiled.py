@@ -156,6 +156,11 @@ def test_decide_names_a_bad_argument() -> None:
         decide(blind=[2])
     with pytest.raises(TypeError, match="a stretch must be"):
         decide(stretches=[held])
+    overlapping = Holders(frozenset({("a", "GPU")}))
+    ways = tuple((tier, 0b11) for tier in ("GPU", "CPU", "DISK", "NVME"))  # 4 groups of 2 engines
+    overlapping._masks = (fleet, (ways, 0b11, None))
+    with pytest.raises(ValueError, match="an engine in two tiers' masks"):  # never past its room
+        decide(stretches=[(overlapping, 1)])
     with pytest.raises(ValueError, match="a mask past the fleet"):
         b_holds = Holders(frozenset({("b", "GPU")}))  # "b": bit 1, past a fleet of one
         _scoring.decide([(b_holds, 1)], fleet, Loads([0], [0], [0.0]), (), 8, 2, 1.0, 0, {}, 0.5)

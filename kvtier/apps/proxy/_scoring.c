@@ -172,6 +172,10 @@ any_bit(const uint64_t *mask, Py_ssize_t words)
 static group_t *
 add_group(runs_t *runs, list_t *list, const group_t *run, PyObject *tier, Py_ssize_t blocks)
 {
+    if (list->count > runs->n) { /* more groups than engines: two overlap */
+        PyErr_SetString(PyExc_ValueError, "masks() put an engine in two tiers' masks");
+        return NULL;
+    }
     group_t *group = &list->groups[list->count];
     *group = *run;
     group->mask = list->masks + list->count * runs->words;
