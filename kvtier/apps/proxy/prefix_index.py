@@ -64,7 +64,6 @@ class PrefixIndex:
         )
         self._interned: dict[frozenset[tuple[str, str]], Holders] = {}  # each in use, once
         self.unplaced = 0  # blocks whose parent was never told
-        self._last_fleet: frozenset[str] = frozenset()  # the engines last asked about
 
     def __len__(self) -> int:
         """Blocks some engine holds."""
@@ -172,7 +171,7 @@ class PrefixIndex:
 
     def prompt_runs(self, tokens: Sequence[int], engines: Collection[str]) -> Runs:
         """``runs(digests(tokens), engines)``, from ``prompt_stretches``."""
-        return runs_of(self.prompt_stretches(tokens), self._fleet(engines))
+        return runs_of(self.prompt_stretches(tokens), _fleet(engines))
 
     def prompt_stretches(self, tokens: Sequence[int]) -> list[tuple[Holders, int]]:
         """The prompt's leading blocks some engine holds, as stretches held alike: (who, how
@@ -189,15 +188,7 @@ class PrefixIndex:
     def runs(self, digests: Iterable[int], engines: Collection[str]) -> Runs:
         """The runs of ``engines`` (the fleet): per engine, its leading blocks of ``digests``
         that it holds or a shared tier holds."""
-        return runs_of(self._stretches(digests), self._fleet(engines))
-
-    def _fleet(self, engines: Collection[str]) -> frozenset[str]:
-        """``engines`` as a set: the same object as last time when they are the same (what
-        ``Holders.within`` keeps its split for)."""
-        fleet = engines if isinstance(engines, frozenset) else frozenset(engines)
-        if fleet != self._last_fleet:
-            self._last_fleet = fleet
-        return self._last_fleet
+        return runs_of(self._stretches(digests), _fleet(engines))
 
     def _stretches(self, digests: Iterable[int]) -> list[tuple[Holders, int]]:
         """``digests``' leading blocks some engine holds, as stretches held alike: (who, how
@@ -209,6 +200,10 @@ class PrefixIndex:
                 break
             stretches.append((holders, len(list(blocks))))
         return stretches
+
+
+def _fleet(engines: Collection[str]) -> frozenset[str]:
+    return engines if isinstance(engines, frozenset) else frozenset(engines)
 
 
 def chained(digest: int, tokens: Sequence[int], size: int) -> Iterable[int]:

@@ -63,14 +63,13 @@ class Holders:
     """The engines holding a block, and in which tiers: one object per way of holding, shared
     by every block held that way (``pairs``: (engine, tier) each)."""
 
-    __slots__ = ("pairs", "uses", "_cheapest", "_ways", "_within", "_masks")
+    __slots__ = ("pairs", "uses", "_cheapest", "_ways", "_masks")
 
     def __init__(self, pairs: frozenset[tuple[str, str]]) -> None:
         self.pairs = pairs
         self.uses = 0  # blocks held this way
         self._cheapest: dict[str, str] | None = None  # per engine, its cheapest tier
         self._ways: _Ways | None = None
-        self._within: _Within | None = None  # (lazily, for the last fleet asked)
         self._masks: tuple[Positions, _Masks] | None = None  # (lazily, for the last fleet)
         self.ways()  # made as the index places blocks, not when a request is routed
 
@@ -103,19 +102,6 @@ class Holders:
             ways = self._ways = (by_tier, engines, shared[0] if shared else None)
         return ways
 
-    def within(
-        self, fleet: frozenset[str]
-    ) -> tuple[tuple[tuple[str, frozenset[str]], ...], frozenset[str]]:
-        """``ways()`` cut to ``fleet``: its engines by the tier each loads these blocks from
-        (cheapest first, only tiers some engine of it loads from), and its engines holding
-        none. Kept for the last fleet asked (the same object: a fleet's runs start with it)."""
-        within = self._within
-        if within is None or within[0] is not fleet:
-            by_tier, holding, _ = self.ways()
-            parts = tuple((tier, part) for tier, those in by_tier if (part := fleet & those))
-            within = self._within = (fleet, parts, fleet - holding)
-        return within[1], within[2]
-
     def masks(self, fleet: Positions) -> _Masks:
         """``ways()`` over ``fleet``'s positions, as bit masks (bit i: the engine at i): the
         tiers some engine of it loads these blocks from, cheapest first, each with the mask of
@@ -135,7 +121,6 @@ class Holders:
 
 _Ways = tuple[tuple[tuple[str, frozenset[str]], ...], frozenset[str], str | None]
 _Masks = tuple[tuple[tuple[str, int], ...], int, str | None]
-_Within = tuple[frozenset[str], tuple[tuple[str, frozenset[str]], ...], frozenset[str]]
 
 
 def runs_of(stretches: Iterable[tuple[Holders, int]], fleet: frozenset[str]) -> Runs:
@@ -144,19 +129,11 @@ def runs_of(stretches: Iterable[tuple[Holders, int]], fleet: frozenset[str]) -> 
     going: list[tuple[frozenset[str], dict[str, int]]] = [(fleet, {})] if fleet else []
     # the groups whose runs ended: (how many, their engines: those of a group less the holders
     # of a stretch, taken only if needed: the most are the rest, never listed; their run)
-    ended: list[tuple[int, frozenset[str], frozenset[str] | None, dict[str, int]]] = []
+    ended: list[tuple[int, frozenset[str], frozenset[str], dict[str, int]]] = []
     for holders, count in stretches:
         by_tier, holding, shared = holders.ways()
         groups, going = going, []
         for engines, blocks in groups:  # each group splits by the tier its engines load from
-            if engines is fleet:  # the first stretch: its split is kept with the holders
-                parts, others = holders.within(fleet)
-                going.extend((part, _plus(blocks, tier, count)) for tier, part in parts)
-                if others and shared is not None:
-                    going.append((others, _plus(blocks, shared, count)))
-                elif others:
-                    ended.append((len(others), others, None, blocks))
-                continue
             left = len(engines)
             for tier, those in by_tier:
                 part = engines & those
