@@ -174,3 +174,17 @@ def test_a_groups_positions_are_made_once_for_a_fleet() -> None:
     assert Positions(["b", "c", "a"]).of(group) == [1, 2]  # another fleet, its own order
     with pytest.raises(KeyError):
         Positions(["b", "c"]).of(group)  # "a" is not of it: its groups are not asked
+
+
+def test_holders_made_after_a_decision_have_their_masks_for_its_fleet_at_once() -> None:
+    """A way of holding that events make once a fleet was decided over has its masks made as
+    the events are applied, not when a request meets it (a Python call in the decision)."""
+    index, fleet = PrefixIndex(), Positions(["a", "b"])
+    index.apply("a", [_stored([1, 2], 0)])
+    ((before, _),) = index.prompt_stretches(TOKENS, fleet)
+    assert before._masks is None  # made before any fleet was known: made when first asked
+    index.apply("b", [_stored([7, 8, 9], 0, medium="CPU")])  # a new way: a in GPU, b in CPU
+    both, only_b = (held for held, _ in index.prompt_stretches(TOKENS))
+    assert both._masks == (fleet, ((("GPU", 0b01), ("CPU", 0b10)), 0b11, None))
+    assert only_b._masks == (fleet, ((("CPU", 0b10),), 0b10, None))
+    assert both.masks(fleet) is both._masks[1]  # what the decision reads

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import sys
+from array import array
 
 import pytest
 
@@ -138,6 +139,9 @@ def test_pick_is_the_python_passes() -> None:
         empty_held, empty_cost = scoring._score(scoring.Run(), prompt, 2)
         apart = [(held, cost, holding), (0, float(prompt), blind)]
         assert decided == scoring._pick(loads, empty_held, empty_cost, apart, bound, turn)
+        arrays = Loads(array("q", in_flight), array("q", queued), array("d", recent))
+        assert _scoring.decide(stretches, fleet, arrays, blind, prompt, 2, bound, turn,
+                               scoring.WEIGHTS, scoring.OTHER_WEIGHT) == decided  # fmt: skip
 
 
 def test_decide_names_a_bad_argument() -> None:
@@ -150,6 +154,11 @@ def test_decide_names_a_bad_argument() -> None:
     decide()
     with pytest.raises(ValueError, match="queued has 1 engines, in_flight 2"):
         decide(Loads([0, 0], [0], [0.0, 0.0]))
+    with pytest.raises(ValueError, match="recent has 1 engines, in_flight 2"):
+        decide(Loads(array("q", [0, 0]), array("q", [0, 0]), array("d", [0.0])))
+    decide(Loads(array("i", [0, 0]), bytes(2), array("f", [0.0, 0.0])))  # read as sequences
+    with pytest.raises(TypeError, match="recent"):
+        decide(Loads([0, 0], [0, 0], 0.5))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no engine is eligible"):
         decide(Loads([3, 3], [0, 0], [0.0, 0.0]))
     with pytest.raises(IndexError, match="blind position 2 of a fleet of 2"):

@@ -10,6 +10,7 @@ deep_size(root)                     the bytes an object and all it holds take
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from kvtier.apps.bench.fleet_sim_engine import Hit
@@ -40,7 +41,7 @@ class Stats:
         self.hash_ns: list[int] = []  # the prompt hashed once (wall): any router's floor
         self.index_blocks = self.index_hashes = self.index_bytes = 0
 
-    def sent(self, n: int, hit: Hit, size: int, ttft: float, in_flight: list[int]) -> None:
+    def sent(self, n: int, hit: Hit, size: int, ttft: float, in_flight: Sequence[int]) -> None:
         cached = min((hit.gpu + hit.cpu) * size, n - 1)
         self.prompt_tokens += n
         self.cached_tokens += cached

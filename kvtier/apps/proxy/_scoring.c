@@ -8,7 +8,8 @@ stretches: a prompt's leading blocks as the index found them, (holders, blocks) 
 holders.masks(fleet) -> (ways, holding, shared) says who holds them over fleet's positions:
 ways, (tier, mask) each, cheapest tier first (an engine in the mask of the tier it loads them
 from); holding, the mask of them all; shared, the tier every other engine loads them from, or
-None. loads is (in_flight, queued, recent), one number per engine by position; blind, the
+None. loads is (in_flight, queued, recent), one number per engine by position: each an array
+of 8-byte C numbers (array 'q' or 'd', read in place) or a sequence of numbers; blind, the
 positions whose index is not exact (holding nothing); weights, a tier's cost per token loaded
 against one computed (other_weight: a tier not in it).
 
@@ -57,12 +58,32 @@ typedef struct {
     uint64_t *scratch; /* two masks read from Python */
 } runs_t;
 
-/* items[i] as a double; -1 with an error set when it is not a number. A float's or a small
+/* one engine count of loads, by position: an array of C numbers (array.array 'q' or 'd', read
+   in place by the buffer protocol: one cache line per 8 engines) or a list or tuple of Python
+   numbers */
+typedef struct {
+    PyObject *seq; /* a list or tuple (PySequence_Fast), or NULL when view is held */
+    Py_buffer view;
+    char format; /* the view's: 'q', 'l' or 'd' */
+} counts_t;
+
+/* counts[i] as a double; -1 with an error set when it is not a number. A float's or a small
    int's value is read from the object itself (no call). */
 static inline int
-number(PyObject **items, Py_ssize_t i, double *out)
+count_at(const counts_t *counts, Py_ssize_t i, double *out)
 {
-    PyObject *item = items[i];
+    if (counts->seq == NULL) {
+        const char *at = (const char *)counts->view.buf + i * counts->view.itemsize;
+        if (counts->format == 'd') {
+            memcpy(out, at, sizeof(double));
+        } else {
+            int64_t v;
+            memcpy(&v, at, sizeof(v));
+            *out = (double)v;
+        }
+        return 0;
+    }
+    PyObject *item = PySequence_Fast_ITEMS(counts->seq)[i];
     if (PyFloat_CheckExact(item)) {
         *out = PyFloat_AS_DOUBLE(item);
         return 0;
@@ -85,6 +106,44 @@ number(PyObject **items, Py_ssize_t i, double *out)
     return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
 }
 
+/* counts from obj: read in place when it is an array of 8-byte C numbers ('q', 'l', 'd'), else
+   as its items (a list or tuple, or any iterable made one); its length in *n */
+static int
+read_counts(PyObject *obj, const char *name, counts_t *counts, Py_ssize_t *n)
+{
+    if (PyObject_CheckBuffer(obj)) {
+        if (PyObject_GetBuffer(obj, &counts->view, PyBUF_FORMAT | PyBUF_ND) == 0) {
+            const char *format = counts->view.format;
+            char code = format[0] == '@' ? format[1] : format[0];
+            if (counts->view.ndim == 1 && counts->view.itemsize == 8 &&
+                (code == 'q' || code == 'l' || code == 'd') &&
+                format[format[0] == '@' ? 2 : 1] == '\0') {
+                counts->format = code;
+                *n = counts->view.shape[0];
+                return 0;
+            }
+            PyBuffer_Release(&counts->view);
+        }
+        PyErr_Clear(); /* another buffer: read as a sequence */
+    }
+    counts->seq = PySequence_Fast(obj, name);
+    if (counts->seq == NULL) {
+        return -1;
+    }
+    *n = PySequence_Fast_GET_SIZE(counts->seq);
+    return 0;
+}
+
+static void
+release_counts(counts_t *counts)
+{
+    if (counts->seq != NULL) {
+        Py_CLEAR(counts->seq);
+    } else if (counts->view.obj != NULL) {
+        PyBuffer_Release(&counts->view);
+    }
+}
+
 /* (a1, a2, a_rr) < (b1, b2, b_rr) */
 static inline int
 less(double a1, double a2, Py_ssize_t a_rr, double b1, double b2, Py_ssize_t b_rr)
@@ -98,9 +157,9 @@ less(double a1, double a2, Py_ssize_t a_rr, double b1, double b2, Py_ssize_t b_r
     return a_rr < b_rr;
 }
 
-/* loads as three fast sequences of n items */
+/* loads as three counts of n engines each */
 static int
-read_loads(PyObject *loads, PyObject *seqs[3], Py_ssize_t *n)
+read_loads(PyObject *loads, counts_t counts[3], Py_ssize_t *n)
 {
     static const char *names[] = {"in_flight", "queued", "recent"};
     if (!PyTuple_Check(loads) || PyTuple_GET_SIZE(loads) < 3) {
@@ -108,11 +167,10 @@ read_loads(PyObject *loads, PyObject *seqs[3], Py_ssize_t *n)
         return -1;
     }
     for (int k = 0; k < 3; k++) {
-        seqs[k] = PySequence_Fast(PyTuple_GET_ITEM(loads, k), names[k]);
-        if (seqs[k] == NULL) {
+        Py_ssize_t size;
+        if (read_counts(PyTuple_GET_ITEM(loads, k), names[k], &counts[k], &size) < 0) {
             return -1;
         }
-        Py_ssize_t size = PySequence_Fast_GET_SIZE(seqs[k]);
         if (k == 0) {
             *n = size;
         } else if (size != *n) {
@@ -326,6 +384,17 @@ kept_masks(PyObject *holders, PyObject *fleet)
     return PyObject_CallMethodOneArg(holders, masks_name, fleet);
 }
 
+/* decide's room for a fleet of up to SMALL_FLEET engines, on the stack (about 31 KB): a
+   fleet's groups and masks allocated each call cost as much as the rest of the decision */
+#define SMALL_FLEET 64
+typedef struct {
+    group_t pool[3 * SMALL_FLEET + 3]; /* going, next and ended: n + 1 groups each */
+    uint64_t masks[3 * SMALL_FLEET + 5]; /* one word per mask, and two of scratch */
+    int group_of[SMALL_FLEET + 1];
+    Py_ssize_t helds[SMALL_FLEET + 2];
+    double costs[SMALL_FLEET + 2];
+} small_t;
+
 static PyObject *
 decide(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -336,20 +405,24 @@ decide(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *fleet = args[1], *weights = args[8];
-    PyObject *seqs[3] = {NULL, NULL, NULL}, *stretches = NULL, *blind = NULL, *result = NULL;
+    counts_t counts[3];
+    PyObject *stretches = NULL, *blind = NULL, *result = NULL;
     PyObject *keep = PyList_New(0);
+    memset(counts, 0, sizeof(counts));
     runs_t runs = {0};
     group_t *pool = NULL;
     uint64_t *masks = NULL;
     int *group_of = NULL;
     Py_ssize_t *helds = NULL;
     double *costs = NULL;
+    small_t small; /* a fleet of SMALL_FLEET engines or fewer: no allocation */
+    int allocated = 0;
     Py_ssize_t prompt = PyLong_AsSsize_t(args[4]);
     Py_ssize_t block_size = PyLong_AsSsize_t(args[5]);
     double bound = PyFloat_AsDouble(args[6]);
     Py_ssize_t turn = PyLong_AsSsize_t(args[7]);
     double other = PyFloat_AsDouble(args[9]);
-    if (keep == NULL || PyErr_Occurred() || read_loads(args[2], seqs, &runs.n) < 0) {
+    if (keep == NULL || PyErr_Occurred() || read_loads(args[2], counts, &runs.n) < 0) {
         goto done;
     }
     if (!PyDict_Check(weights)) {
@@ -363,11 +436,17 @@ decide(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t n = runs.n, words = (n + 63) / 64;
     runs.words = words ? words : 1;
-    pool = PyMem_Malloc((size_t)(3 * n + 3) * sizeof(group_t)); /* set as each is added */
-    masks = PyMem_Malloc((size_t)((3 * n + 5) * runs.words) * 8);
-    group_of = PyMem_Malloc((size_t)(n + 1) * sizeof(int));
-    helds = PyMem_Malloc((size_t)(n + 2) * sizeof(Py_ssize_t));
-    costs = PyMem_Malloc((size_t)(n + 2) * sizeof(double));
+    if (n <= SMALL_FLEET) { /* set as each is added */
+        pool = small.pool, masks = small.masks, group_of = small.group_of;
+        helds = small.helds, costs = small.costs;
+    } else {
+        allocated = 1;
+        pool = PyMem_Malloc((size_t)(3 * n + 3) * sizeof(group_t));
+        masks = PyMem_Malloc((size_t)((3 * n + 5) * runs.words) * 8);
+        group_of = PyMem_Malloc((size_t)(n + 1) * sizeof(int));
+        helds = PyMem_Malloc((size_t)(n + 2) * sizeof(Py_ssize_t));
+        costs = PyMem_Malloc((size_t)(n + 2) * sizeof(double));
+    }
     if (pool == NULL || masks == NULL || group_of == NULL || helds == NULL || costs == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -434,22 +513,19 @@ decide(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         }
         group_of[i] = (int)groups;
     }
-    PyObject **in_flight = PySequence_Fast_ITEMS(seqs[0]);
-    PyObject **queued = PySequence_Fast_ITEMS(seqs[1]);
-    PyObject **recent = PySequence_Fast_ITEMS(seqs[2]);
     Py_ssize_t start = n ? ((turn % n) + n) % n : 0;
     Py_ssize_t best = -1, spread = -1, best_rr = 0, spread_rr = 0, first_held = 0;
     double best1 = 0, best2 = 0, spread1 = 0, spread2 = 0;
     int differ = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         double flight, queue, lately;
-        if (number(in_flight, i, &flight) < 0) {
+        if (count_at(&counts[0], i, &flight) < 0) {
             goto done;
         }
         if (!(flight <= bound)) {
             continue;
         }
-        if (number(queued, i, &queue) < 0 || number(recent, i, &lately) < 0) {
+        if (count_at(&counts[1], i, &queue) < 0 || count_at(&counts[2], i, &lately) < 0) {
             goto done;
         }
         int g = group_of[i];
@@ -475,16 +551,18 @@ decide(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     result = Py_BuildValue("(nnO)", chosen, helds[group_of[chosen]], differ ? Py_True : Py_False);
 done:
     for (int k = 0; k < 3; k++) {
-        Py_XDECREF(seqs[k]);
+        release_counts(&counts[k]);
     }
     Py_XDECREF(stretches);
     Py_XDECREF(blind);
     Py_XDECREF(keep);
-    PyMem_Free(pool);
-    PyMem_Free(masks);
-    PyMem_Free(group_of);
-    PyMem_Free(helds);
-    PyMem_Free(costs);
+    if (allocated) {
+        PyMem_Free(pool);
+        PyMem_Free(masks);
+        PyMem_Free(group_of);
+        PyMem_Free(helds);
+        PyMem_Free(costs);
+    }
     return result;
 }
 

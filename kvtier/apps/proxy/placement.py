@@ -93,17 +93,17 @@ class Placement:
             raise EnginesDown(self.pool.side, self.pool.down_reasons())
         n = len(tokens) if tokens is not None else 0
         urls = [engine.url for engine in up]
+        if self.positions.names != urls:  # an engine went down or came back
+            self.positions = Positions(urls)
         with self.lock:
             block_size = self.index.block_size
             stretches = (
-                self.index.prompt_stretches(tokens)
+                self.index.prompt_stretches(tokens, self.positions)
                 if tokens is not None and block_size and self.policy == "kv-aware"
                 else None
             )
         cached = None
         if stretches is not None:  # engines whose index is not exact count as holding nothing
-            if self.positions.names != urls:  # an engine went down or came back
-                self.positions = Positions(urls)
             blind = [i for i, url in enumerate(urls) if self.mode(url) is not Mode.EXACT]
             cached = Held(stretches, self.positions, blind)
         loads = Loads([engine.in_flight for engine in up], [self.queued[url] for url in urls],

@@ -9,9 +9,9 @@ event's block hashes are mapped to digests per engine, through the hash of the b
     apply(engine, events) -> int         place the engine's events; how many blocks could not be
     drop(engine)                         forget what the engine holds (it died, or is rebuilt)
     digests(tokens)       -> [int]       a request's full blocks
-    prompt_stretches(tokens)             the prompt's leading blocks some engine holds, as
+    prompt_stretches(tokens, fleet)      the prompt's leading blocks some engine holds, as
               -> [(Holders, int)]        stretches held alike, digesting only as far as that
-                                         (what ``scoring.Held`` decides from)
+                                         (what ``scoring.Held`` decides from over ``fleet``)
     prompt_runs(tokens, engines) -> Runs runs(digests(tokens), engines), from the stretches
     runs(digests, engines) -> Runs       per engine, the leading blocks it can load, by tier: in
                                          groups of engines alike (the most: one run)
@@ -39,6 +39,7 @@ from itertools import accumulate, count, groupby, repeat
 from operator import add
 
 from kvtier.apps.proxy.kv_events import Event, Kind
+from kvtier.apps.proxy.positions import Positions
 from kvtier.apps.proxy.prefix_runs import ENGINE, Holders, Run, Runs, runs_of
 
 try:  # the digests and lookups compiled (setup.py); the same in Python where not built
@@ -64,6 +65,9 @@ class PrefixIndex:
         )
         self._interned: dict[frozenset[tuple[str, str]], Holders] = {}  # each in use, once
         self.unplaced = 0  # blocks whose parent was never told
+        # the fleet last decided over: each holder the index makes has its masks made for it
+        # then, as events come, not when a request is routed (``prompt_stretches``)
+        self._fleet: Positions | None = None
 
     def __len__(self) -> int:
         """Blocks some engine holds."""
@@ -143,6 +147,8 @@ class PrefixIndex:
         held = self._interned.get(pairs)
         if held is None:
             held = self._interned[pairs] = Holders(pairs)
+            if self._fleet is not None:
+                held.masks(self._fleet)
         held.uses += 1
         self._holders[digest] = held
 
@@ -173,11 +179,16 @@ class PrefixIndex:
         """``runs(digests(tokens), engines)``, from ``prompt_stretches``."""
         return runs_of(self.prompt_stretches(tokens), _fleet(engines))
 
-    def prompt_stretches(self, tokens: Sequence[int]) -> list[tuple[Holders, int]]:
+    def prompt_stretches(
+        self, tokens: Sequence[int], fleet: Positions | None = None
+    ) -> list[tuple[Holders, int]]:
         """The prompt's leading blocks some engine holds, as stretches held alike: (who, how
         many blocks). Its digests are made only as far as some engine holds it, each looked
         up as it is made (no list between): compiled, the tokens read in place, where
-        ``_digests`` is built."""
+        ``_digests`` is built. ``fleet``: the engines they will be decided over; holders made
+        from now on have their masks for it made at once (``Holders.masks``)."""
+        if fleet is not None:
+            self._fleet = fleet
         size, holders = self.block_size, self._holders
         if not size:
             return []

@@ -106,7 +106,8 @@ class Holders:
         """``ways()`` over ``fleet``'s positions, as bit masks (bit i: the engine at i): the
         tiers some engine of it loads these blocks from, cheapest first, each with the mask of
         its engines; the mask of them all; the tier every other engine loads them from (a
-        shared one) or None. Kept for the last fleet asked (the same object)."""
+        shared one) or None. Kept for the last fleet asked (the same object); the index asks
+        as it makes a holder, once a fleet was decided over (``prompt_stretches``)."""
         masks = self._masks
         if masks is None or masks[0] is not fleet:
             by_tier, _, shared = self.ways()

@@ -56,7 +56,9 @@ LOAD_BOUND = 1.25  # kv-aware: most requests in flight on an engine, against the
 
 
 class Loads(NamedTuple):
-    """What the proxy counts of the engines it may choose from, by position (one each)."""
+    """What the proxy counts of the engines it may choose from, by position (one each): lists,
+    or arrays of C numbers (``array('q')``, ``array('d')``), which the compiled decision reads
+    in place."""
 
     in_flight: Sequence[int]  # requests sent to it, not yet answered
     queued: Sequence[int]  # prompt tokens still to compute for requests sent to it
