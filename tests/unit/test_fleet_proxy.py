@@ -18,7 +18,10 @@ from vllm.distributed.kv_events import BlockStored, KVEventBatch, ZmqEventPublis
 
 from kvtier.apps.bench.servers import free_port
 from kvtier.apps.proxy.app import build_app, build_fleet_app
+from kvtier.apps.proxy.balancer import Engine, Pool
 from kvtier.apps.proxy.config import FleetConfig
+from kvtier.apps.proxy.event_stream import Mode, Source
+from kvtier.apps.proxy.kv_events import Event, Kind
 from kvtier.apps.proxy.placement import Placement
 
 BS = 16
@@ -182,3 +185,28 @@ def test_a_fleet_config_names_its_bad_value() -> None:
     with pytest.raises(ValueError, match="engine: http://127.0.0.1:1 is given twice"):
         FleetConfig(("127.0.0.1:1", "http://127.0.0.1:1/"))
     assert FleetConfig(("h:1",)).engines == ("http://h:1",)
+
+
+def test_an_engine_whose_stream_degrades_is_blind_from_the_next_choice() -> None:
+    """Which engines' indexes are not exact is kept between choices (not asked of every engine
+    for every request), and worked out again as soon as a stream's mode changes: its thread
+    tells the placement."""
+    urls = ["http://a:1", "http://b:1"]
+    clients = [httpx.AsyncClient() for _ in urls]
+    pool = Pool("fleet", [Engine(url, client) for url, client in zip(urls, clients)], 1.0)
+    placement = Placement(pool, "kv-aware", 1.0)
+    streams = [placement._stream(url, Source("tcp://127.0.0.1:9", None, "")) for url in urls]
+    for url, stream in zip(urls, streams):  # not started: their modes set as their threads do
+        placement.streams[url] = [stream]
+        stream.mode = Mode.EXACT
+    tokens = list(range(100, 164))
+    placement.index.apply(
+        urls[1], [Event(Kind.STORED, (1, 2, 3, 4), None, tuple(tokens), 16, "GPU")]
+    )
+    assert placement.choose(tokens)[:3] == (urls[1], "prefix", 63)
+    streams[1].mode = Mode.DEGRADED  # a gap: b's index counts as holding nothing
+    assert placement.choose(tokens)[1:3] == ("load", 0)
+    streams[1].mode = Mode.EXACT  # rebuilt
+    assert placement.choose(tokens)[:3] == (urls[1], "prefix", 63)
+    for client in clients:
+        run(client.aclose())

@@ -10,6 +10,7 @@
     Pool.set_health     record an engine's /health probe: one that failed skips the engine
                         until one passes
     Pool.down_reasons   the engines skipped now, with why
+    Pool.up             the engines up now
     Pool.is_up, named   one engine's state; the engine at a URL
 
 An engine is down while either holds: its backoff has not ended, or its last probe failed.
@@ -94,6 +95,11 @@ class Pool:
         changed = bool(engine.unhealthy) != bool(probed)
         engine.unhealthy = probed
         return changed
+
+    def up(self) -> list[Engine]:
+        """The engines ``acquire`` may return now, in order (one look at the clock)."""
+        now = self._clock()
+        return [engine for engine in self.engines if _up(engine, now)]
 
     def is_up(self, engine: Engine) -> bool:
         """Whether ``acquire`` may return ``engine`` now."""

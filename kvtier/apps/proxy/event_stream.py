@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from enum import Enum
 from typing import NamedTuple
 from urllib.parse import urlsplit
@@ -109,14 +110,16 @@ class EventStream:
         lock: threading.Lock,
         timeout_s: float = 5.0,
         check_s: float = CHECK_S,
+        changed: Callable[[], None] | None = None,
     ) -> None:
+        self.changed = changed  # called (from the stream's thread) when its mode changes
         self.engine = engine
         self.check_s = check_s
         self.source = source
         self.index = index
         self.lock = lock
         self.timeout_s = timeout_s
-        self.mode = Mode.DOWN
+        self._mode = Mode.DOWN
         self.reason = "not started"
         self.last = -1  # the last batch placed
         self.gaps = 0  # batch numbers skipped, since start
@@ -125,6 +128,17 @@ class EventStream:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"kvtier-events {engine}",
                                         daemon=True)  # fmt: skip
+
+    @property
+    def mode(self) -> Mode:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: Mode) -> None:
+        if mode is not self._mode:
+            self._mode = mode
+            if self.changed is not None:
+                self.changed()
 
     def start(self) -> None:
         self._thread.start()

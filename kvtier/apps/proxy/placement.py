@@ -13,10 +13,11 @@ engine will, by the engine's own ``/tokenize`` (its tokenizer and, for a chat re
 template): never a silent miss from a tokenizer or template that differs; a request that cannot
 be tokenized is routed by load. ``choose`` scores the engines up with ``scoring.choose``: the
 runs the index finds (the run of most engines, the others with the engines that have them) and
-each engine's counts, with no object per engine (the Python work grows with the engines holding
-part of the prompt that the most do not, not with the fleet). An
-engine that goes down is forgotten (a restarted engine comes back empty); once it is up again
-its events are followed anew. Nothing here is kept that the events cannot rebuild but counts of
+each engine's counts, with no object per engine and no look at every engine's streams per
+request (which engines' indexes are not exact is kept, worked out again only when a stream's
+mode or the engines up change: each stream tells the placement). An engine that goes down is
+forgotten (a restarted engine comes back empty); once it is up again its events are followed
+anew. Nothing here is kept that the events cannot rebuild but counts of
 this proxy's own traffic: several proxies behind one address hold the same index and send a
 cached prefix to the same engine, each balancing the load it sees (docs/DESIGN.md §9).
 
@@ -29,13 +30,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import httpx
 
 from kvtier.apps.proxy.balancer import Engine, Pool
 from kvtier.apps.proxy.errors import EnginesDown
-from kvtier.apps.proxy.event_stream import EventStream, Mode, sources, unreachable
+from kvtier.apps.proxy.event_stream import EventStream, Mode, Source, sources, unreachable
 from kvtier.apps.proxy.positions import Positions
 from kvtier.apps.proxy.prefix_index import PrefixIndex
 from kvtier.apps.proxy.scoring import Held, Loads, choose
@@ -43,6 +45,8 @@ from kvtier.apps.proxy.scoring import Held, Loads, choose
 logger = logging.getLogger(__name__)
 
 RECENT = 64  # requests over which "sent lately" is counted (a new conversation's tie-break)
+_DECAY = 1.0 - 1.0 / RECENT
+_URL, _IN_FLIGHT = attrgetter("url"), attrgetter("in_flight")
 
 # what /tokenize takes of a chat request, to apply the chat template as the completion will
 CHAT_KEYS = (
@@ -77,6 +81,8 @@ class Placement:
         self.recent = dict.fromkeys(urls, 0.0)  # requests sent lately, decaying
         self.positions = Positions(urls)  # the engines up, by position (a new one as they change)
         self._turn = 0
+        self._modes = 0  # bumped when an engine's streams or their modes change
+        self._blind: tuple[Positions, int, list[int]] = (self.positions, -1, [])
 
     def mode(self, url: str) -> Mode:
         """``url``'s index: exact when every stream of it is, else degraded, or down."""
@@ -88,11 +94,11 @@ class Placement:
     def choose(self, tokens: list[int] | None) -> Choice:
         """The engine up that takes a prompt of ``tokens`` (None: not known); raises
         ``EnginesDown`` (from the pool) when none is up."""
-        up = [engine for engine in self.pool.engines if self.pool.is_up(engine)]
+        up = self.pool.up()
         if not up:
             raise EnginesDown(self.pool.side, self.pool.down_reasons())
         n = len(tokens) if tokens is not None else 0
-        urls = [engine.url for engine in up]
+        urls = list(map(_URL, up))
         if self.positions.names != urls:  # an engine went down or came back
             self.positions = Positions(urls)
         with self.lock:
@@ -104,19 +110,37 @@ class Placement:
             )
         cached = None
         if stretches is not None:  # engines whose index is not exact count as holding nothing
-            blind = [i for i, url in enumerate(urls) if self.mode(url) is not Mode.EXACT]
-            cached = Held(stretches, self.positions, blind)
-        loads = Loads([engine.in_flight for engine in up], [self.queued[url] for url in urls],
-                      [self.recent[url] for url in urls])  # fmt: skip
+            cached = Held(stretches, self.positions, self._blind_now(urls))
+        loads = Loads(list(map(_IN_FLIGHT, up)), list(map(self.queued.__getitem__, urls)),
+                      list(map(self.recent.__getitem__, urls)))  # fmt: skip
         decision = choose(self.policy, loads, n, block_size or 1, self._turn, cached)
         self._turn += 1
-        for url in self.recent:  # a count over about the last RECENT requests
-            self.recent[url] *= 1.0 - 1.0 / RECENT
+        # a count over about the last RECENT requests
+        self.recent = dict(zip(self.recent, map(_DECAY.__mul__, self.recent.values())))
         url = up[decision.index].url
         self.recent[url] += 1.0
         unknown = tokens is None and self.policy == "kv-aware" and decision.reason != "no-index"
         reason = "no-tokens" if unknown else decision.reason
         return Choice(url, reason, decision.cached_tokens, n - decision.cached_tokens)
+
+    def _blind_now(self, urls: list[str]) -> list[int]:
+        """The positions of ``urls`` (the engines up: ``self.positions``) whose index is not
+        exact: worked out again only when the engines up, their streams or a stream's mode
+        changed since (not an engine at a time for every request)."""
+        positions, modes, blind = self._blind
+        if positions is not self.positions or modes != self._modes:
+            modes = self._modes  # read first: a change while reading is seen next time
+            blind = [i for i, url in enumerate(urls) if self.mode(url) is not Mode.EXACT]
+            self._blind = (self.positions, modes, blind)
+        return blind
+
+    def _stream(self, url: str, source: Source) -> EventStream:
+        """A stream of ``url``'s events into the index (not started), telling of its mode."""
+        return EventStream(url, source, self.index, self.lock, changed=self._changed)
+
+    def _changed(self) -> None:
+        """An engine's streams, or a stream's mode, changed (from any thread)."""
+        self._modes += 1
 
     def sending(self, choice: Choice) -> _Queued:
         """``with placement.sending(choice):`` while the request computes its prompt there."""
@@ -173,13 +197,15 @@ class Placement:
                 logger.warning("kvtier proxy: %s: %s; routed by load", url, why)
             self.no_events[url] = why
             return
-        self.streams[url] = [EventStream(url, source, self.index, self.lock) for source in found]
+        self.streams[url] = [self._stream(url, source) for source in found]
+        self._changed()
         for stream in self.streams[url]:
             stream.start()
         self.no_events[url] = ""
 
     def _unfollow(self, url: str) -> None:
         streams, self.streams[url] = self.streams[url], []
+        self._changed()
         for stream in streams:
             stream.stop()
         with self.lock:
