@@ -110,7 +110,7 @@ class Placement:
             )
         cached = None
         if stretches is not None:  # engines whose index is not exact count as holding nothing
-            cached = Held(stretches, self.positions, self._blind_now(urls))
+            cached = Held(stretches, self.positions, self._blind_now())
         loads = Loads(list(map(_IN_FLIGHT, up)), list(map(self.queued.__getitem__, urls)),
                       list(map(self.recent.__getitem__, urls)))  # fmt: skip
         decision = choose(self.policy, loads, n, block_size or 1, self._turn, cached)
@@ -123,14 +123,15 @@ class Placement:
         reason = "no-tokens" if unknown else decision.reason
         return Choice(url, reason, decision.cached_tokens, n - decision.cached_tokens)
 
-    def _blind_now(self, urls: list[str]) -> list[int]:
-        """The positions of ``urls`` (the engines up: ``self.positions``) whose index is not
-        exact: worked out again only when the engines up, their streams or a stream's mode
-        changed since (not an engine at a time for every request)."""
+    def _blind_now(self) -> list[int]:
+        """The positions of the engines up (``self.positions``) whose index is not exact:
+        worked out again only when the engines up, their streams or a stream's mode changed
+        since (not an engine at a time for every request)."""
         positions, modes, blind = self._blind
         if positions is not self.positions or modes != self._modes:
             modes = self._modes  # read first: a change while reading is seen next time
-            blind = [i for i, url in enumerate(urls) if self.mode(url) is not Mode.EXACT]
+            names = enumerate(self.positions.names)
+            blind = [i for i, url in names if self.mode(url) is not Mode.EXACT]
             self._blind = (self.positions, modes, blind)
         return blind
 
