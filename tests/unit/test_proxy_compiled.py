@@ -5,6 +5,7 @@ install must have built them, or the proxy would be slow without a word."""
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 from array import array
@@ -43,6 +44,20 @@ def test_chained_digests_are_pythons() -> None:
     assert _digests.chained(0, tuple(range(8)), 4) == list(_chained(0, range(8), 4))
 
 
+@pytest.mark.parametrize("size", [300, 1500])
+def test_large_blocks_are_digested_as_in_python(size: int) -> None:
+    """Blocks read a few at a time (300 tokens: 3 of the 1,024 read ahead) or one at a time
+    (1,500: more than are read ahead)."""
+    rng = random.Random(size)
+    tokens = [_token(rng) for _ in range(11 * size + 7)]
+    digests = list(_chained(0, tokens, size))
+    assert _digests.chained(0, tokens, size) == digests
+    table = _digests.DigestMap[str]()
+    for digest in digests[:9]:
+        table[digest] = "held"
+    assert table.stretches(tokens, size) == [("held", 9)]
+
+
 def test_chained_rejects_what_is_not_a_prompt() -> None:
     with pytest.raises(ValueError, match="size must be > 0; got 0"):
         _digests.chained(0, [1, 2], 0)
@@ -77,6 +92,23 @@ def test_digest_map_behaves_as_a_dict() -> None:
         table[1 << 110]
     with pytest.raises(TypeError, match="digest must be an int, not str"):
         table.get("x")  # type: ignore[arg-type]
+
+
+def test_a_digest_map_past_a_huge_page_keeps_every_key() -> None:
+    """A table of 2 MB or more is mapped apart (on huge pages where the kernel has them):
+    grown into, rehashed from, emptied and freed as the small one."""
+    rng = random.Random(2)
+    keys = list({rng.getrandbits(100) for _ in range(150_000)})  # 2**18 slots of 32 B: 8 MB
+    table = _digests.DigestMap[int]()
+    for i, key in enumerate(keys):
+        table[key] = i
+    assert len(table) == len(keys) and table.__sizeof__() > 8 << 20
+    assert all(table[key] == i for i, key in enumerate(keys))
+    for key in keys[::2]:
+        del table[key]
+    assert len(table) == len(keys) // 2
+    assert all(table.get(key) == (None if i % 2 == 0 else i) for i, key in enumerate(keys))
+    del table
 
 
 def test_digest_map_owns_its_references() -> None:
@@ -128,11 +160,12 @@ def test_pick_is_the_python_passes() -> None:
         blocks, prompt = rng.randint(1, 5), rng.randint(1, 30)
         holders = Holders(frozenset((names[i], "CPU") for i in holding))
         blind = [i for i in range(n) if rng.random() < 0.1]
-        bound = max(rng.choice((0.5, 1.0, 2.0, 3.5)), min(in_flight))
+        load_bound = rng.choice((0.5, 1.0, 1.25, 2.0, 3.5))
+        bound = scoring._bound(in_flight, load_bound)
         turn = rng.randint(-3, 30)
         fleet = Positions(names)
         stretches = [(holders, blocks)] if holding else []
-        decided = _scoring.decide(stretches, fleet, loads, blind, prompt, 2, bound, turn,
+        decided = _scoring.decide(stretches, fleet, loads, blind, prompt, 2, load_bound, turn,
                                   scoring.WEIGHTS, scoring.OTHER_WEIGHT)  # fmt: skip
         run = scoring.Run({"CPU": blocks})
         held, cost = scoring._score(run, prompt, 2)
@@ -140,7 +173,7 @@ def test_pick_is_the_python_passes() -> None:
         apart = [(held, cost, holding), (0, float(prompt), blind)]
         assert decided == scoring._pick(loads, empty_held, empty_cost, apart, bound, turn)
         arrays = Loads(array("q", in_flight), array("q", queued), array("d", recent))
-        assert _scoring.decide(stretches, fleet, arrays, blind, prompt, 2, bound, turn,
+        assert _scoring.decide(stretches, fleet, arrays, blind, prompt, 2, load_bound, turn,
                                scoring.WEIGHTS, scoring.OTHER_WEIGHT) == decided  # fmt: skip
 
 
@@ -160,7 +193,7 @@ def test_decide_names_a_bad_argument() -> None:
     with pytest.raises(TypeError, match="recent"):
         decide(Loads([0, 0], [0, 0], 0.5))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no engine is eligible"):
-        decide(Loads([3, 3], [0, 0], [0.0, 0.0]))
+        decide(Loads([math.nan, math.nan], [0, 0], [0.0, 0.0]))
     with pytest.raises(IndexError, match="blind position 2 of a fleet of 2"):
         decide(blind=[2])
     with pytest.raises(TypeError, match="a stretch must be"):

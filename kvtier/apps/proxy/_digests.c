@@ -13,13 +13,18 @@ hash((position, *block_tokens)), the tuple hashed as CPython hashes a tuple (its
 tuplehash over each item's hash). A digest is kept as a 128-bit int (its blocks' count times
 2**96 plus a sum of 64-bit hashes: far inside 127 bits) and made a Python int only to be
 returned. stretches reads the token list in place (no copy, no tuple per block, no int per
-digest) and fetches a batch of blocks' slots at once, so their cache misses overlap.
+digest) and fetches a batch of blocks' slots at once, so their cache misses overlap. A table of
+2 MiB or more is mapped apart, on huge pages where the kernel has them: a lookup lands on a
+random page, and with small pages nearly each one is also a TLB miss.
 */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <stdint.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 #include <string.h>
 
 typedef __int128 digest_t;
@@ -111,11 +116,13 @@ tuple_end(Py_uhash_t acc, Py_ssize_t length)
 
 #define LANES 4 /* blocks hashed at once: each block's hash is a chain of multiplies, and
                    LANES chains in step keep the multiplier busy */
+#define READ_AHEAD 1024 /* tokens whose lanes are read before they are hashed (8 KB) */
 
-/* out[k] = hash((position + k, *items[k * size:(k + 1) * size])) for k < count */
+/* out[k] = hash((position + k, *lanes[k * size:(k + 1) * size])) for k < count, each token's
+   lane already read */
 static int
-hash_blocks(long long position, PyObject **items, Py_ssize_t size, Py_ssize_t count,
-            Py_hash_t *out)
+hash_lanes(long long position, const Py_uhash_t *lanes, Py_ssize_t size, Py_ssize_t count,
+           Py_hash_t *out)
 {
     Py_ssize_t k = 0;
     Py_uhash_t lane[LANES];
@@ -127,15 +134,10 @@ hash_blocks(long long position, PyObject **items, Py_ssize_t size, Py_ssize_t co
             }
             acc[j] = tuple_step(XXPRIME_5, lane[j]);
         }
-        PyObject **block = items + k * size;
+        const Py_uhash_t *block = lanes + k * size;
         for (Py_ssize_t i = 0; i < size; i++) {
             for (int j = 0; j < LANES; j++) {
-                if (lane_of(block[j * size + i], &lane[j]) < 0) {
-                    return -1;
-                }
-            }
-            for (int j = 0; j < LANES; j++) {
-                acc[j] = tuple_step(acc[j], lane[j]);
+                acc[j] = tuple_step(acc[j], block[j * size + i]);
             }
         }
         for (int j = 0; j < LANES; j++) {
@@ -147,14 +149,51 @@ hash_blocks(long long position, PyObject **items, Py_ssize_t size, Py_ssize_t co
             return -1;
         }
         Py_uhash_t acc = tuple_step(XXPRIME_5, lane[0]);
-        PyObject **block = items + k * size;
         for (Py_ssize_t i = 0; i < size; i++) {
-            if (lane_of(block[i], &lane[0]) < 0) {
-                return -1;
-            }
-            acc = tuple_step(acc, lane[0]);
+            acc = tuple_step(acc, lanes[k * size + i]);
         }
         out[k] = tuple_end(acc, size + 1);
+    }
+    return 0;
+}
+
+/* out[k] = hash((position + k, *items[k * size:(k + 1) * size])) for k < count: the tokens'
+   lanes read first, in a loop whose steps do not wait on each other (a token object's cache
+   miss overlaps the next ones'), then hashed from those, READ_AHEAD tokens at a time */
+static int
+hash_blocks(long long position, PyObject **items, Py_ssize_t size, Py_ssize_t count,
+            Py_hash_t *out)
+{
+    Py_uhash_t lanes[READ_AHEAD];
+    Py_ssize_t step = size <= READ_AHEAD ? READ_AHEAD / size : 0; /* blocks read at once */
+    for (Py_ssize_t k = 0; k < count;) {
+        Py_ssize_t n = step == 0 ? 1 : count - k < step ? count - k : step;
+        if (step == 0) { /* a block of more than READ_AHEAD tokens: one at a time */
+            Py_uhash_t acc;
+            if (position_lane(position + k, &acc) < 0) {
+                return -1;
+            }
+            acc = tuple_step(XXPRIME_5, acc);
+            for (Py_ssize_t i = 0; i < size; i++) {
+                Py_uhash_t lane;
+                if (lane_of(items[k * size + i], &lane) < 0) {
+                    return -1;
+                }
+                acc = tuple_step(acc, lane);
+            }
+            out[k] = tuple_end(acc, size + 1);
+        } else {
+            PyObject **block = items + k * size;
+            for (Py_ssize_t t = 0; t < n * size; t++) {
+                if (lane_of(block[t], &lanes[t]) < 0) {
+                    return -1;
+                }
+            }
+            if (hash_lanes(position + k, lanes, size, n, out + k) < 0) {
+                return -1;
+            }
+        }
+        k += n;
     }
     return 0;
 }
@@ -284,6 +323,7 @@ typedef struct {
     slot_t *slots;
     Py_ssize_t mask; /* capacity - 1 (a power of two) */
     Py_ssize_t used;
+    size_t mapped; /* the table's bytes when mapped apart on huge pages (else 0: PyMem) */
 } DigestMap;
 
 #define MIN_CAPACITY 8
@@ -310,24 +350,73 @@ find(const DigestMap *map, digest_t key)
     }
 }
 
+#define HUGE_PAGE ((size_t)2 << 20)
+
+/* a zeroed table of capacity slots; *mapped: its bytes if mapped apart (free_slots) */
+static slot_t *
+alloc_slots(Py_ssize_t capacity, size_t *mapped)
+{
+    size_t bytes = (size_t)capacity * sizeof(slot_t);
+    *mapped = 0;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (bytes >= HUGE_PAGE) {
+        /* a large table on huge pages, aligned to one: a lookup lands on a random page, and
+           with small pages nearly each is a TLB miss whose page walk waits on memory too */
+        char *raw = mmap(NULL, bytes + HUGE_PAGE, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (raw != MAP_FAILED) {
+            char *at = (char *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+            if (at > raw) {
+                munmap(raw, (size_t)(at - raw));
+            }
+            size_t tail = (size_t)(raw + bytes + HUGE_PAGE - (at + bytes));
+            if (tail) {
+                munmap(at + bytes, tail);
+            }
+            madvise(at, bytes, MADV_HUGEPAGE); /* advice: small pages if none are free */
+            *mapped = bytes;
+            return (slot_t *)at;
+        }
+    }
+#endif
+    return PyMem_Calloc((size_t)capacity, sizeof(slot_t));
+}
+
+static void
+free_slots(slot_t *slots, size_t mapped)
+{
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (mapped) {
+        munmap(slots, mapped);
+        return;
+    }
+#endif
+    PyMem_Free(slots);
+}
+
 static int
 resize(DigestMap *map, Py_ssize_t capacity)
 {
     slot_t *old = map->slots;
+    size_t old_mapped = map->mapped;
     Py_ssize_t old_capacity = old ? map->mask + 1 : 0;
-    slot_t *slots = PyMem_Calloc((size_t)capacity, sizeof(slot_t));
+    size_t mapped;
+    slot_t *slots = alloc_slots(capacity, &mapped);
     if (slots == NULL) {
         PyErr_NoMemory();
         return -1;
     }
     map->slots = slots;
+    map->mapped = mapped;
     map->mask = capacity - 1;
     for (Py_ssize_t i = 0; i < old_capacity; i++) {
         if (old[i].value != NULL) {
             *find(map, old[i].key) = old[i];
         }
     }
-    PyMem_Free(old);
+    if (old != NULL) {
+        free_slots(old, old_mapped);
+    }
     return 0;
 }
 
@@ -377,7 +466,7 @@ map_dealloc(DigestMap *map)
 {
     PyObject_GC_UnTrack(map);
     map_clear(map);
-    PyMem_Free(map->slots);
+    free_slots(map->slots, map->mapped);
     Py_TYPE(map)->tp_free((PyObject *)map);
 }
 
@@ -528,6 +617,8 @@ append_stretch(PyObject *out, PyObject *holder, Py_ssize_t count)
     return failed;
 }
 
+/* hash the batch of blocks from block b (at most BATCH) into out, chaining *digest, and fetch
+   their slots; the token objects of the batch after it are fetched meanwhile */
 static PyObject *
 map_stretches(DigestMap *map, PyObject *const *args, Py_ssize_t nargs)
 {

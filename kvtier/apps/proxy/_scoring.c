@@ -1,8 +1,8 @@
 /* kv-aware's decision, compiled: from the index's stretches to the engine, no Python step per
    engine or per group.
 
-    decide(stretches, fleet, loads, blind, prompt_tokens, block_size, bound, turn, weights,
-           other_weight) -> (int, int, bool)
+    decide(stretches, fleet, loads, blind, prompt_tokens, block_size, load_bound, turn,
+           weights, other_weight) -> (int, int, bool)
 
 stretches: a prompt's leading blocks as the index found them, (holders, blocks) each, in order;
 holders.masks(fleet) -> (ways, holding, shared) says who holds them over fleet's positions:
@@ -16,10 +16,11 @@ against one computed (other_weight: a tier not in it).
 The runs are followed as prefix_runs.runs_of follows them (groups of engines with the same run
 so far, split at each stretch by tier, here as bit masks), each group scored as scoring._score
 scores a run, and the engine picked as scoring._pick picks it, the same comparisons on the same
-doubles: of the engines with in_flight <= bound (at least one must be), the one of least
-(cost + queued, in_flight), what it holds, and True if an eligible engine holds a different
-count of the prompt; else the one of least (recent, in_flight), what it holds, and False. Ties
-go to the first in round-robin order from turn. This module is optional: scoring does the same
+doubles: of the engines with in_flight <= bound (scoring._bound(in_flight, load_bound): one
+is, unless a count is NaN), the one of least (cost + queued, in_flight), what it holds, and
+True if an eligible engine holds a different count of the prompt; else the one of least
+(recent, in_flight), what it holds, and False. Ties go to the first in round-robin order from
+turn. This module is optional: scoring does the same
 in Python where it is not built.
 */
 
@@ -401,7 +402,7 @@ decide(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     if (nargs != 10) {
         PyErr_SetString(PyExc_TypeError,
                         "decide(stretches, fleet, loads, blind, prompt_tokens, block_size, "
-                        "bound, turn, weights, other_weight)");
+                        "load_bound, turn, weights, other_weight)");
         return NULL;
     }
     PyObject *fleet = args[1], *weights = args[8];
@@ -419,7 +420,7 @@ decide(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     int allocated = 0;
     Py_ssize_t prompt = PyLong_AsSsize_t(args[4]);
     Py_ssize_t block_size = PyLong_AsSsize_t(args[5]);
-    double bound = PyFloat_AsDouble(args[6]);
+    double load_bound = PyFloat_AsDouble(args[6]);
     Py_ssize_t turn = PyLong_AsSsize_t(args[7]);
     double other = PyFloat_AsDouble(args[9]);
     if (keep == NULL || PyErr_Occurred() || read_loads(args[2], counts, &runs.n) < 0) {
@@ -513,6 +514,17 @@ decide(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         }
         group_of[i] = (int)groups;
     }
+    /* scoring._bound: the most in flight an engine may have before this request */
+    double total = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double flight;
+        if (count_at(&counts[0], i, &flight) < 0) {
+            goto done;
+        }
+        total += flight;
+    }
+    double mean = (total + 1.0) / (double)n; /* with this request */
+    double bound = (load_bound * mean > mean + 1.0 ? load_bound * mean : mean + 1.0) - 1.0;
     Py_ssize_t start = n ? ((turn % n) + n) % n : 0;
     Py_ssize_t best = -1, spread = -1, best_rr = 0, spread_rr = 0, first_held = 0;
     double best1 = 0, best2 = 0, spread1 = 0, spread2 = 0;
@@ -568,8 +580,8 @@ done:
 
 static PyMethodDef methods[] = {
     {"decide", (PyCFunction)(void (*)(void))decide, METH_FASTCALL,
-     "decide(stretches, fleet, loads, blind, prompt_tokens, block_size, bound, turn, weights, "
-     "other_weight) -> (engine, the prompt tokens it holds, a prefix won)"},
+     "decide(stretches, fleet, loads, blind, prompt_tokens, block_size, load_bound, turn, "
+     "weights, other_weight) -> (engine, the prompt tokens it holds, a prefix won)"},
     {NULL, NULL, 0, NULL},
 };
 

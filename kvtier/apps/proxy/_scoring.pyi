@@ -13,7 +13,7 @@ def decide(
     blind: Collection[int],
     prompt_tokens: int,
     block_size: int,
-    bound: float,
+    load_bound: float,
     turn: int,
     weights: Mapping[str, float],
     other_weight: float,

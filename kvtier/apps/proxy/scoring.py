@@ -91,7 +91,7 @@ class Held(NamedTuple):
         return Cached(runs.common, apart, self.blind)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: its __init__ sets three slots, no call per field
 class Decision:
     index: int  # the engine's position
     reason: str  # "prefix" (a cached prefix won), "load", "round-robin", "no-index"
@@ -111,6 +111,17 @@ def choose(
     n = len(loads.in_flight)
     if not n:
         raise ValueError("no engine to choose from")
+    if policy == "kv-aware" and type(cached) is Held and _scoring is not None:
+        # compiled, the bound too: no Python step but this function's (each one, between
+        # requests, meets its code and objects gone cold)
+        if len(cached.fleet.names) != n:
+            raise ValueError(f"the fleet has {len(cached.fleet.names)} engines, the loads {n}")
+        if not cached.blind or len(frozenset(cached.blind)) < n:  # some engine's index is exact
+            best, won, ahead = _scoring.decide(
+                cached.stretches, cached.fleet, loads, cached.blind, prompt_tokens, block_size,
+                LOAD_BOUND, turn, WEIGHTS, OTHER_WEIGHT,
+            )  # fmt: skip
+            return Decision(best, "prefix" if ahead and won > 0 else "load", won)
     if policy == "round-robin":
         return Decision(turn % n, "round-robin", 0)
     if policy == "least-loaded":
@@ -124,20 +135,15 @@ def choose(
     if isinstance(cached, Held):
         if len(cached.fleet) != n:
             raise ValueError(f"the fleet has {len(cached.fleet)} engines, the loads {n}")
-        if _scoring is not None:
-            bound = _bound(loads.in_flight)
-            best, won, ahead = _scoring.decide(cached.stretches, cached.fleet, loads, blind,
-                                               prompt_tokens, block_size, bound, turn, WEIGHTS,
-                                               OTHER_WEIGHT)  # fmt: skip
-            return _decision(best, won, ahead)
         cached = cached.cached()
     return _kv_aware(loads, cached, blind, prompt_tokens, block_size, turn)
 
 
-def _bound(in_flight: Sequence[int]) -> float:
-    """The most requests in flight an engine may have before this one (``LOAD_BOUND``)."""
+def _bound(in_flight: Sequence[int], load_bound: float = LOAD_BOUND) -> float:
+    """The most requests in flight an engine may have before this one (``load_bound`` times
+    the mean, this request counted, or the mean + 1)."""
     mean = (sum(in_flight) + 1) / len(in_flight)  # with this request
-    return max(LOAD_BOUND * mean, mean + 1) - 1
+    return max(load_bound * mean, mean + 1) - 1
 
 
 def _decision(best: int, won: int, ahead: bool) -> Decision:
