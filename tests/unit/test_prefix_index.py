@@ -8,6 +8,7 @@ import msgspec
 import pytest
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
+from kvtier.apps.proxy import scoring
 from kvtier.apps.proxy.kv_events import Event, Kind, decode_batch
 from kvtier.apps.proxy.positions import Positions
 from kvtier.apps.proxy.prefix_index import PrefixIndex, Run
@@ -185,6 +186,9 @@ def test_holders_made_after_a_decision_have_their_masks_for_its_fleet_at_once() 
     assert before._masks is None  # made before any fleet was known: made when first asked
     index.apply("b", [_stored([7, 8, 9], 0, medium="CPU")])  # a new way: a in GPU, b in CPU
     both, only_b = (held for held, _ in index.prompt_stretches(TOKENS))
-    assert both._masks == (fleet, ((("GPU", 0b01), ("CPU", 0b10)), 0b11, None))
-    assert only_b._masks == (fleet, ((("CPU", 0b10),), 0b10, None))
-    assert both.masks(fleet) is both._masks[1]  # what the decision reads
+    assert both._masks is not None and only_b._masks is not None
+    assert both._masks[:2] == (fleet, ((("GPU", 0b01), ("CPU", 0b10)), 0b11, None))
+    assert only_b._masks[:2] == (fleet, ((("CPU", 0b10),), 0b10, None))
+    assert both.masks(fleet) is both._masks[1]
+    if scoring._scoring is not None:  # and packed, as the compiled decision reads them
+        assert both._masks[2] == scoring._scoring.pack(both._masks[1], len(fleet))

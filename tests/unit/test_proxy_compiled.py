@@ -172,6 +172,10 @@ def test_pick_is_the_python_passes() -> None:
         empty_held, empty_cost = scoring._score(scoring.Run(), prompt, 2)
         apart = [(held, cost, holding), (0, float(prompt), blind)]
         assert decided == scoring._pick(loads, empty_held, empty_cost, apart, bound, turn)
+        if holding:  # the masks packed by decide, not kept packed: the same
+            holders._masks = (fleet, holders.masks(fleet), None)
+            assert _scoring.decide(stretches, fleet, loads, blind, prompt, 2, load_bound, turn,
+                                   scoring.WEIGHTS, scoring.OTHER_WEIGHT) == decided  # fmt: skip
         arrays = Loads(array("q", in_flight), array("q", queued), array("d", recent))
         assert _scoring.decide(stretches, fleet, arrays, blind, prompt, 2, load_bound, turn,
                                scoring.WEIGHTS, scoring.OTHER_WEIGHT) == decided  # fmt: skip
@@ -200,9 +204,42 @@ def test_decide_names_a_bad_argument() -> None:
         decide(stretches=[held])
     overlapping = Holders(frozenset({("a", "GPU")}))
     ways = tuple((tier, 0b11) for tier in ("GPU", "CPU", "DISK", "NVME"))  # 4 groups of 2 engines
-    overlapping._masks = (fleet, (ways, 0b11, None))
+    overlapping._masks = (fleet, (ways, 0b11, None), None)  # not packed: packed by decide
     with pytest.raises(ValueError, match="an engine in two tiers' masks"):  # never past its room
         decide(stretches=[(overlapping, 1)])
-    with pytest.raises(ValueError, match="a mask past the fleet"):
-        b_holds = Holders(frozenset({("b", "GPU")}))  # "b": bit 1, past a fleet of one
+    b_holds = Holders(frozenset({("b", "GPU")}))  # "b": bit 1, past a fleet of one
+    with pytest.raises(ValueError, match="masks packed for a fleet of 2 engines, not 1"):
         _scoring.decide([(b_holds, 1)], fleet, Loads([0], [0], [0.0]), (), 8, 2, 1.0, 0, {}, 0.5)
+    b_holds._masks = (fleet, b_holds.masks(fleet), None)  # packed by decide: the mask is past
+    with pytest.raises(ValueError, match="a mask past the fleet"):
+        _scoring.decide([(b_holds, 1)], fleet, Loads([0], [0], [0.0]), (), 8, 2, 1.0, 0, {}, 0.5)
+    with pytest.raises(ValueError, match="a mask past the fleet"):
+        _scoring.pack(((("GPU", 0b100),), 0b100, None), 2)
+    with pytest.raises(TypeError, match="a way must be"):
+        _scoring.pack((("GPU",), 0, None), 2)
+
+
+def test_a_holder_that_keeps_no_masks_is_asked_for_them() -> None:
+    """``decide`` reads a holder's masks packed where it kept them, else asks ``masks(fleet)``
+    and packs what it answers: the same decision either way."""
+    fleet = Positions(["a", "b", "c"])
+    kept = Holders(frozenset({("b", "GPU"), ("c", "CPU")}))
+
+    class Asked:
+        _masks = None
+
+        def __init__(self) -> None:
+            self.asked = 0
+
+        def masks(self, fleet: Positions) -> object:
+            self.asked += 1
+            return Holders(kept.pairs).masks(fleet)
+
+    asked = Asked()
+    loads = Loads([0, 0, 0], [0, 0, 0], [0.0, 0.0, 0.0])
+    args = (fleet, loads, (), 40, 4, scoring.LOAD_BOUND, 0, scoring.WEIGHTS, scoring.OTHER_WEIGHT)
+    decided = _scoring.decide([(kept, 3)], *args)
+    assert decided == (1, 12, True)  # "b" holds the 3 blocks in its own memory
+    assert _scoring.decide([(asked, 3)], *args) == decided  # type: ignore[list-item]
+    assert _scoring.decide([(asked, 3), (asked, 1)], *args) == (1, 16, True)  # type: ignore[list-item]
+    assert asked.asked == 3

@@ -11,7 +11,9 @@ from); holding, the mask of them all; shared, the tier every other engine loads 
 None. loads is (in_flight, queued, recent), one number per engine by position: each an array
 of 8-byte C numbers (array 'q' or 'd', read in place) or a sequence of numbers; blind, the
 positions whose index is not exact (holding nothing); weights, a tier's cost per token loaded
-against one computed (other_weight: a tier not in it).
+against one computed (other_weight: a tier not in it). A holder's masks are read packed
+(pack(masks, engines) -> bytes) from where the holder keeps them for fleet, (fleet, masks,
+packed) in its _masks, else packed here from what masks(fleet) answers.
 
 The runs are followed as prefix_runs.runs_of follows them (groups of engines with the same run
 so far, split at each stretch by tier, here as bit masks), each group scored as scoring._score
@@ -20,8 +22,7 @@ doubles: of the engines with in_flight <= bound (scoring._bound(in_flight, load_
 is, unless a count is NaN), the one of least (cost + queued, in_flight), what it holds, and
 True if an eligible engine holds a different count of the prompt; else the one of least
 (recent, in_flight), what it holds, and False. Ties go to the first in round-robin order from
-turn. This module is optional: scoring does the same
-in Python where it is not built.
+turn. This module is optional: scoring does the same in Python where it is not built.
 */
 
 #define PY_SSIZE_T_CLEAN
@@ -56,7 +57,7 @@ typedef struct { /* groups of engines, each with its mask words in the list's ow
 typedef struct {
     Py_ssize_t n, words; /* engines; words per mask */
     list_t going, next, ended; /* each holds at most n groups: they are disjoint, not empty */
-    uint64_t *scratch; /* two masks read from Python */
+    uint64_t *scratch; /* room for a mask being worked out */
 } runs_t;
 
 /* one engine count of loads, by position: an array of C numbers (array.array 'q' or 'd', read
@@ -183,15 +184,15 @@ read_loads(PyObject *loads, counts_t counts[3], Py_ssize_t *n)
     return 0;
 }
 
-/* a Python int mask of the fleet's positions into words (an error past the fleet) */
+/* a Python int mask of a fleet of n engines' positions into its words (an error past it) */
 static int
-read_mask(runs_t *runs, PyObject *mask, uint64_t *words)
+read_mask(Py_ssize_t n, Py_ssize_t count, PyObject *mask, uint64_t *words)
 {
     if (!PyLong_Check(mask)) {
         PyErr_SetString(PyExc_TypeError, "a mask must be an int");
         return -1;
     }
-    size_t bytes = (size_t)runs->words * 8;
+    size_t bytes = (size_t)count * 8;
 #if PY_VERSION_HEX >= 0x030D0000
     Py_ssize_t need = PyLong_AsNativeBytes(
         mask, words, (Py_ssize_t)bytes,
@@ -209,7 +210,7 @@ read_mask(runs_t *runs, PyObject *mask, uint64_t *words)
         return -1;
     }
 #endif
-    if (runs->n % 64 && words[runs->words - 1] >> (runs->n % 64)) {
+    if (n % 64 && words[count - 1] >> (n % 64)) {
         PyErr_SetString(PyExc_ValueError, "a mask past the fleet");
         return -1;
     }
@@ -261,46 +262,109 @@ add_group(runs_t *runs, list_t *list, const group_t *run, PyObject *tier, Py_ssi
     return group;
 }
 
-/* one stretch: each going group splits by the tier its engines load it from (next), the others
-   load it from the shared tier (next) or their runs end (ended) */
-static int
-split(runs_t *runs, PyObject *masks, Py_ssize_t blocks)
+/* A holder's masks for a fleet, packed into one bytes object (pack, kept by the holder beside
+   its masks): one buffer to read per stretch, not a tuple, its ways' tuples and their ints.
+
+    int64 ways, engines; PyObject *shared (NULL: None); uint64 holding[words];
+    then per way: PyObject *tier; uint64 mask[words]
+
+   The tiers are borrowed from the masks tuple, which whoever keeps the bytes keeps too. */
+typedef struct {
+    int64_t ways, engines; /* the fleet's: its words, one per 64 engines (at least one) */
+    PyObject *shared;
+} packed_head;
+
+#define WAY_BYTES(words) (sizeof(PyObject *) + (size_t)(words) * 8)
+
+static PyObject *
+pack_masks(PyObject *masks, Py_ssize_t n)
 {
-    PyObject *ways, *holding, *shared;
     if (!PyTuple_Check(masks) || PyTuple_GET_SIZE(masks) != 3) {
         PyErr_SetString(PyExc_TypeError, "masks() must return (ways, holding, shared)");
-        return -1;
+        return NULL;
     }
-    ways = PyTuple_GET_ITEM(masks, 0);
-    holding = PyTuple_GET_ITEM(masks, 1);
-    shared = PyTuple_GET_ITEM(masks, 2);
+    PyObject *ways = PyTuple_GET_ITEM(masks, 0), *shared = PyTuple_GET_ITEM(masks, 2);
     if (!PyTuple_Check(ways)) {
         PyErr_SetString(PyExc_TypeError, "masks()'s ways must be a tuple");
-        return -1;
+        return NULL;
     }
+    Py_ssize_t words = n > 64 ? (n + 63) / 64 : 1, count = PyTuple_GET_SIZE(ways);
+    size_t head = sizeof(packed_head) + (size_t)words * 8;
+    PyObject *packed = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(head + count * WAY_BYTES(words)));
+    if (packed == NULL) {
+        return NULL;
+    }
+    char *at = PyBytes_AS_STRING(packed);
+    packed_head h = {count, n, shared == Py_None ? NULL : shared};
+    memcpy(at, &h, sizeof(h));
+    if (read_mask(n, words, PyTuple_GET_ITEM(masks, 1), (uint64_t *)(at + sizeof(h))) < 0) {
+        goto fail;
+    }
+    for (Py_ssize_t w = 0; w < count; w++) {
+        PyObject *way = PyTuple_GET_ITEM(ways, w);
+        if (!PyTuple_Check(way) || PyTuple_GET_SIZE(way) != 2) {
+            PyErr_SetString(PyExc_TypeError, "a way must be (tier, mask)");
+            goto fail;
+        }
+        char *into = at + head + (size_t)w * WAY_BYTES(words);
+        PyObject *tier = PyTuple_GET_ITEM(way, 0);
+        memcpy(into, &tier, sizeof(tier));
+        if (read_mask(n, words, PyTuple_GET_ITEM(way, 1), (uint64_t *)(into + sizeof(tier))) < 0) {
+            goto fail;
+        }
+    }
+    return packed;
+fail:
+    Py_DECREF(packed);
+    return NULL;
+}
+
+static PyObject *
+pack(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "pack(masks, engines)");
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    return pack_masks(args[0], n);
+}
+
+/* one stretch (its holder's packed masks): each going group splits by the tier its engines
+   load it from (next), the others load it from the shared tier (next) or their runs end
+   (ended) */
+static int
+split(runs_t *runs, PyObject *packed, Py_ssize_t blocks)
+{
+    const char *at = PyBytes_AS_STRING(packed);
+    packed_head h;
+    memcpy(&h, at, sizeof(h));
     Py_ssize_t words = runs->words;
-    uint64_t *held = runs->scratch, *part = runs->scratch + words;
-    if (read_mask(runs, holding, held) < 0) {
+    size_t head = sizeof(packed_head) + (size_t)words * 8;
+    if (h.engines != runs->n ||
+        (size_t)PyBytes_GET_SIZE(packed) != head + (size_t)h.ways * WAY_BYTES(words)) {
+        PyErr_Format(PyExc_ValueError, "masks packed for a fleet of %lld engines, not %zd",
+                     (long long)h.engines, runs->n);
         return -1;
     }
+    const uint64_t *held = (const uint64_t *)(at + sizeof(h));
+    uint64_t *part = runs->scratch;
     runs->next.count = 0;
     for (Py_ssize_t g = 0; g < runs->going.count; g++) {
         group_t *group = &runs->going.groups[g];
-        for (Py_ssize_t w = 0; w < PyTuple_GET_SIZE(ways); w++) {
-            PyObject *way = PyTuple_GET_ITEM(ways, w);
-            if (!PyTuple_Check(way) || PyTuple_GET_SIZE(way) != 2) {
-                PyErr_SetString(PyExc_TypeError, "a way must be (tier, mask)");
-                return -1;
-            }
-            if (read_mask(runs, PyTuple_GET_ITEM(way, 1), part) < 0) {
-                return -1;
-            }
+        for (int64_t w = 0; w < h.ways; w++) {
+            const char *way = at + head + (size_t)w * WAY_BYTES(words);
+            PyObject *tier;
+            memcpy(&tier, way, sizeof(tier));
+            const uint64_t *mask = (const uint64_t *)(way + sizeof(tier));
             for (Py_ssize_t k = 0; k < words; k++) {
-                part[k] &= group->mask[k];
+                part[k] = mask[k] & group->mask[k];
             }
             if (any_bit(part, words)) {
-                group_t *into =
-                    add_group(runs, &runs->next, group, PyTuple_GET_ITEM(way, 0), blocks);
+                group_t *into = add_group(runs, &runs->next, group, tier, blocks);
                 if (into == NULL) {
                     return -1;
                 }
@@ -313,8 +377,8 @@ split(runs_t *runs, PyObject *masks, Py_ssize_t blocks)
         if (!any_bit(part, words)) {
             continue;
         }
-        group_t *into = shared == Py_None ? add_group(runs, &runs->ended, group, NULL, 0)
-                                          : add_group(runs, &runs->next, group, shared, blocks);
+        group_t *into = h.shared == NULL ? add_group(runs, &runs->ended, group, NULL, 0)
+                                         : add_group(runs, &runs->next, group, h.shared, blocks);
         if (into == NULL) {
             return -1;
         }
@@ -359,30 +423,70 @@ score(const group_t *group, Py_ssize_t prompt, Py_ssize_t block_size, PyObject *
     return 0;
 }
 
-/* holders.masks(fleet) (a new reference): read from what the holders keep for the last fleet
-   (their _masks: (fleet, masks)) when it is this one, with no Python call */
+/* holders._masks, when they are kept for fleet packed: (fleet, masks, packed) (a new
+   reference; NULL with no error set when they are not) */
 static PyObject *
-kept_masks(PyObject *holders, PyObject *fleet)
+kept_for(PyObject *holders, PyObject *fleet, PyObject **masks)
 {
-    static PyObject *kept_name = NULL, *masks_name = NULL;
-    if (kept_name == NULL) {
-        kept_name = PyUnicode_InternFromString("_masks");
-        masks_name = PyUnicode_InternFromString("masks");
-        if (kept_name == NULL || masks_name == NULL) {
-            return NULL;
-        }
+    static PyObject *kept_name = NULL;
+    if (kept_name == NULL && (kept_name = PyUnicode_InternFromString("_masks")) == NULL) {
+        return NULL;
     }
+    *masks = NULL;
     PyObject *kept = PyObject_GetAttr(holders, kept_name);
     if (kept == NULL) {
         return NULL;
     }
-    if (PyTuple_Check(kept) && PyTuple_GET_SIZE(kept) == 2 && PyTuple_GET_ITEM(kept, 0) == fleet) {
-        PyObject *masks = Py_NewRef(PyTuple_GET_ITEM(kept, 1));
-        Py_DECREF(kept);
-        return masks;
+    if (PyTuple_Check(kept) && PyTuple_GET_SIZE(kept) >= 2 && PyTuple_GET_ITEM(kept, 0) == fleet) {
+        if (PyTuple_GET_SIZE(kept) == 3 && PyBytes_CheckExact(PyTuple_GET_ITEM(kept, 2))) {
+            return kept;
+        }
+        *masks = Py_NewRef(PyTuple_GET_ITEM(kept, 1)); /* kept, not packed */
     }
     Py_DECREF(kept);
-    return PyObject_CallMethodOneArg(holders, masks_name, fleet);
+    return NULL;
+}
+
+/* holders' masks for fleet, packed (borrowed: keep holds it, and the masks whose tiers it
+   names): read from what the holders keep for the last fleet when it is this one, with no
+   Python call; else holders.masks(fleet) (which keeps them) is asked, and what it answers
+   packed here when it kept them unpacked, or not at all */
+static PyObject *
+kept_packed(PyObject *holders, PyObject *fleet, Py_ssize_t n, PyObject *keep)
+{
+    static PyObject *masks_name = NULL;
+    if (masks_name == NULL && (masks_name = PyUnicode_InternFromString("masks")) == NULL) {
+        return NULL;
+    }
+    PyObject *masks, *kept = kept_for(holders, fleet, &masks);
+    if (kept == NULL && masks == NULL && !PyErr_Occurred()) {
+        PyObject *made = PyObject_CallMethodOneArg(holders, masks_name, fleet);
+        if (made == NULL) {
+            return NULL;
+        }
+        kept = kept_for(holders, fleet, &masks);
+        if (masks == NULL) {
+            masks = made; /* kept nothing: packed here */
+        } else {
+            Py_DECREF(made);
+        }
+    }
+    if (kept != NULL) {
+        Py_XDECREF(masks);
+        int failed = PyList_Append(keep, kept);
+        Py_DECREF(kept);
+        return failed < 0 ? NULL : PyTuple_GET_ITEM(kept, 2);
+    }
+    if (masks == NULL || PyErr_Occurred()) {
+        Py_XDECREF(masks);
+        return NULL;
+    }
+    PyObject *packed = pack_masks(masks, n);
+    int failed = packed == NULL || PyList_Append(keep, masks) < 0 ||
+                 PyList_Append(keep, packed) < 0;
+    Py_DECREF(masks);
+    Py_XDECREF(packed);
+    return failed ? NULL : packed;
 }
 
 /* decide's room for a fleet of up to SMALL_FLEET engines, on the stack (about 31 KB): a
@@ -474,13 +578,8 @@ decide(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         if (blocks == -1 && PyErr_Occurred()) {
             goto done;
         }
-        PyObject *masks = kept_masks(PyTuple_GET_ITEM(stretch, 0), fleet);
-        if (masks == NULL) {
-            goto done;
-        }
-        int failed = PyList_Append(keep, masks); /* its tiers are read until the end */
-        Py_DECREF(masks);
-        if (failed < 0 || split(&runs, masks, blocks) < 0) {
+        PyObject *packed = kept_packed(PyTuple_GET_ITEM(stretch, 0), fleet, n, keep);
+        if (packed == NULL || split(&runs, packed, blocks) < 0) {
             goto done;
         }
     }
@@ -579,6 +678,8 @@ done:
 }
 
 static PyMethodDef methods[] = {
+    {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL,
+     "pack(masks, engines) -> masks() over a fleet of that many engines, packed for decide"},
     {"decide", (PyCFunction)(void (*)(void))decide, METH_FASTCALL,
      "decide(stretches, fleet, loads, blind, prompt_tokens, block_size, load_bound, turn, "
      "weights, other_weight) -> (engine, the prompt tokens it holds, a prefix won)"},

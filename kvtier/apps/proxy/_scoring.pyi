@@ -6,6 +6,7 @@ from typing import Any
 from kvtier.apps.proxy.positions import Positions
 from kvtier.apps.proxy.prefix_runs import Holders
 
+def pack(masks: tuple[Any, int, str | None], engines: int) -> bytes: ...
 def decide(
     stretches: Sequence[tuple[Holders, int]],
     fleet: Positions,

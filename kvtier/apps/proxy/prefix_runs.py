@@ -26,6 +26,11 @@ from dataclasses import dataclass, field
 
 from kvtier.apps.proxy.positions import Positions
 
+try:  # kv-aware's decision compiled (setup.py): each holder's masks kept packed for it too
+    from kvtier.apps.proxy import _scoring
+except ImportError:  # pragma: no cover - only where no C compiler was found at install
+    _scoring = None  # type: ignore[assignment]
+
 ENGINE = "GPU"  # the engine's own memory
 SHARED = frozenset({"REDIS"})  # tiers every engine of the fleet loads from
 _ORDER = {ENGINE: 0, "CPU": 1, "DISK": 2}  # cheapest first; other tiers after these
@@ -70,7 +75,8 @@ class Holders:
         self.uses = 0  # blocks held this way
         self._cheapest: dict[str, str] | None = None  # per engine, its cheapest tier
         self._ways: _Ways | None = None
-        self._masks: tuple[Positions, _Masks] | None = None  # (lazily, for the last fleet)
+        # (lazily, for the last fleet: its masks, and them packed for ``_scoring.decide``)
+        self._masks: tuple[Positions, _Masks, bytes | None] | None = None
         self.ways()  # made as the index places blocks, not when a request is routed
 
     def holds(self, engine: str) -> bool:
@@ -116,7 +122,9 @@ class Holders:
                 if mask := sum(map(bit, those & fleet.engines)):  # no Python step per engine
                     ways.append((tier, mask))
                     holding |= mask
-            masks = self._masks = (fleet, (tuple(ways), holding, shared))
+            made = (tuple(ways), holding, shared)
+            packed = None if _scoring is None else _scoring.pack(made, len(fleet.names))
+            masks = self._masks = (fleet, made, packed)
         return masks[1]
 
 
