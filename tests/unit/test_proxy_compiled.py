@@ -217,6 +217,8 @@ def test_decide_names_a_bad_argument() -> None:
         _scoring.pack(((("GPU", 0b100),), 0b100, None), 2)
     with pytest.raises(TypeError, match="a way must be"):
         _scoring.pack((("GPU",), 0, None), 2)
+    with pytest.raises(ValueError, match="engines must be >= 0; got -1"):
+        _scoring.pack(((), 0, None), -1)
 
 
 def test_a_holder_that_keeps_no_masks_is_asked_for_them() -> None:

@@ -290,7 +290,8 @@ pack_masks(PyObject *masks, Py_ssize_t n)
     }
     Py_ssize_t words = n > 64 ? (n + 63) / 64 : 1, count = PyTuple_GET_SIZE(ways);
     size_t head = sizeof(packed_head) + (size_t)words * 8;
-    PyObject *packed = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(head + count * WAY_BYTES(words)));
+    size_t bytes = head + (size_t)count * WAY_BYTES(words);
+    PyObject *packed = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bytes);
     if (packed == NULL) {
         return NULL;
     }
@@ -328,6 +329,10 @@ pack(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t n = PyLong_AsSsize_t(args[1]);
     if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (n < 0) {
+        PyErr_Format(PyExc_ValueError, "engines must be >= 0; got %zd", n);
         return NULL;
     }
     return pack_masks(args[0], n);

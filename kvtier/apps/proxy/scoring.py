@@ -24,11 +24,12 @@ turn.
 
 Cost of a kv-aware decision: given ``Held`` (the index's stretches of the prompt), one compiled
 call (``_scoring.decide``) follows the engines' runs through the stretches in groups alike (bit
-masks over the fleet's positions, each ``Holders``' kept per fleet), scores each group once and
-finds the cheapest eligible engine in one loop over the fleet's counts: no Python step per
-stretch, group or engine. Where ``_scoring`` is not built, or given ``Cached`` (runs already
-made), the same in Python: ``runs_of`` (set operations per stretch and group), each group scored,
-a step per engine listed apart (``_pick``), the rest in passes in C over the fleet's counts.
+masks over the fleet's positions, each ``Holders``' kept per fleet, packed into one buffer),
+scores each group once and finds the cheapest eligible engine in one loop over the fleet's
+counts, the load bound worked out from them: no Python step per stretch, group or engine.
+Where ``_scoring`` is not built, or given ``Cached`` (runs already made), the same in Python:
+``runs_of`` (set operations per stretch and group), each group scored, a step per engine listed
+apart (``_pick``), the rest in passes in C over the fleet's counts.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def choose(
                 cached.stretches, cached.fleet, loads, cached.blind, prompt_tokens, block_size,
                 LOAD_BOUND, turn, WEIGHTS, OTHER_WEIGHT,
             )  # fmt: skip
-            return Decision(best, "prefix" if ahead and won > 0 else "load", won)
+            return Decision(best, "prefix" if ahead and won > 0 else "load", won)  # _decision's
     if policy == "round-robin":
         return Decision(turn % n, "round-robin", 0)
     if policy == "least-loaded":
