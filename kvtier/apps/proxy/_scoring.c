@@ -499,7 +499,7 @@ kept_packed(PyObject *holders, PyObject *fleet, Py_ssize_t n, PyObject *keep)
 #define SMALL_FLEET 64
 typedef struct {
     group_t pool[3 * SMALL_FLEET + 3]; /* going, next and ended: n + 1 groups each */
-    uint64_t masks[3 * SMALL_FLEET + 5]; /* one word per mask, and two of scratch */
+    uint64_t masks[3 * SMALL_FLEET + 4]; /* one word per mask, and one of scratch */
     int group_of[SMALL_FLEET + 1];
     Py_ssize_t helds[SMALL_FLEET + 2];
     double costs[SMALL_FLEET + 2];
@@ -552,7 +552,7 @@ decide(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     } else {
         allocated = 1;
         pool = PyMem_Malloc((size_t)(3 * n + 3) * sizeof(group_t));
-        masks = PyMem_Malloc((size_t)((3 * n + 5) * runs.words) * 8);
+        masks = PyMem_Malloc((size_t)((3 * n + 4) * runs.words) * 8);
         group_of = PyMem_Malloc((size_t)(n + 1) * sizeof(int));
         helds = PyMem_Malloc((size_t)(n + 2) * sizeof(Py_ssize_t));
         costs = PyMem_Malloc((size_t)(n + 2) * sizeof(double));
