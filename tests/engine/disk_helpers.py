@@ -157,9 +157,20 @@ def _forker() -> Forker:
     return _FORKER[0]
 
 
+# set in this process by pytest from test to test, and by vLLM as an in-process engine starts
+# (each job's own engine sets them again as it starts): not a reason to start a job's process
+# afresh, which costs a new import of vLLM. Without them here, every job after this process's
+# first engine was started afresh.
+_CHANGED_BY_TESTS = frozenset({
+    "PYTEST_CURRENT_TEST", "VLLM_WORKER_MULTIPROC_METHOD", "LD_PRELOAD", "NUMEXPR_MAX_THREADS",
+    "LOCAL_WORLD_SIZE", "VLLM_DIST_IDENT", "VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME",
+    "VLLM_DISABLE_SHARED_EXPERTS_STREAM", "TORCHINDUCTOR_CPP_DYNAMIC_THREADS", "AITER_SITUV2_A4W4",
+})  # fmt: skip
+
+
 def _comparable(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment, less what pytest changes from test to test."""
-    return {k: v for k, v in env.items() if k != "PYTEST_CURRENT_TEST"}
+    """The environment, less what pytest and vLLM's engines change in this process."""
+    return {k: v for k, v in env.items() if k not in _CHANGED_BY_TESTS}
 
 
 def run_job(*args: Any, **kwargs: Any) -> Any:

@@ -39,7 +39,16 @@ from kvtier.apps.bench.fleet_real import (
     run_policy,
     started_fleet,
 )
-from kvtier.apps.bench.servers import KVTIER, WAIT_S, Server, free_port, launch, stop, wait
+from kvtier.apps.bench.servers import (
+    KVTIER,
+    WAIT_S,
+    WORKER_IN_CORE,
+    Server,
+    free_port,
+    launch,
+    stop,
+    wait,
+)
 from kvtier.apps.models import make_prompt
 
 pytestmark = pytest.mark.engine
@@ -59,7 +68,8 @@ class Fleet(NamedTuple):
 @pytest.fixture(scope="module")
 def fleet(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     work = tmp_path_factory.mktemp("fleet")
-    with started_fleet(tiny_model, "float32", ENGINE_BLOCKS, HOST_CHUNKS, work, 2048) as engines:
+    with started_fleet(tiny_model, "float32", ENGINE_BLOCKS, HOST_CHUNKS, work, 2048,
+                       env=WORKER_IN_CORE) as engines:  # fmt: skip
         yield Fleet(engines, work, tiny_model)
 
 

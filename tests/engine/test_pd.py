@@ -31,6 +31,7 @@ import kvtier
 from kvtier.apps.bench.servers import (
     KVTIER,
     WAIT_S,
+    WORKER_IN_CORE,
     Server,
     free_port,
     launch,
@@ -72,7 +73,7 @@ class Pair:
         wait_healthy(self.prefill)
 
 
-PAIR_ENV = {"KVTIER_TRANSFER_SECRET": SECRET}
+PAIR_ENV = {"KVTIER_TRANSFER_SECRET": SECRET, **WORKER_IN_CORE}
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ from vllm import SamplingParams
 import kvtier
 from kvtier.apps.bench.servers import (
     WAIT_S,
+    WORKER_IN_CORE,
     Server,
     free_port,
     launch,
@@ -47,7 +48,7 @@ def prefill(hybrid_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     command = [*serve_command(hybrid_model, port, {"cpu_bytes_to_use": "64MiB"}),
                "--kv-role", "kv_producer"]  # fmt: skip
     log = tmp_path_factory.mktemp("pd-hybrid") / "prefill.log"
-    server = launch(command, port, log, {"KVTIER_TRANSFER_SECRET": SECRET})
+    server = launch(command, port, log, {"KVTIER_TRANSFER_SECRET": SECRET, **WORKER_IN_CORE})
     try:
         wait_healthy(server)
         yield server

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -100,8 +100,10 @@ def started_fleet(
     logs: Path,
     max_model_len: int = 4096,
     engines: int = 2,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[list[Server]]:
-    """``engines`` ``kvtier serve`` engines, each pinned to a core, healthy; stopped on exit."""
+    """``engines`` ``kvtier serve`` engines, each pinned to a core, healthy; stopped on exit
+    (``env``: more of their environment, as ``launch``'s)."""
     (logs / "chat.jinja").write_text(TEMPLATE)
     host = f"{host_chunks * BLOCK_TOKENS * kv_bytes_per_token(model, dtype)}B"
     servers: list[Server] = []
@@ -113,7 +115,7 @@ def started_fleet(
             command = serve_command(model, port, {"cpu_bytes_to_use": host}, args, dtype,
                                     max_model_len)  # fmt: skip
             pinned = ["taskset", "-c", str(core), *command]
-            bound = {"VLLM_CPU_OMP_THREADS_BIND": str(core)}
+            bound = {"VLLM_CPU_OMP_THREADS_BIND": str(core), **(env or {})}
             servers.append(launch(pinned, port, logs / f"engine-{core}.log", bound))
         wait_healthy(*servers)
         yield servers

@@ -28,6 +28,13 @@ from kvtier.apps.serve import free_port_on
 START_S = 600.0  # a shared 2-core machine: ~30 s per server when quiet
 WAIT_S = 120.0
 KVTIER = str(Path(sys.executable).with_name("kvtier"))
+# ``launch``'s env for a server whose one worker runs in its engine-core process (vLLM's "uni"
+# executor), as a one-GPU server runs: a process fewer to start (on this machine an import of
+# vLLM, ~15 s of CPU). On the CPU, vLLM gives even one rank a worker process of its own
+# ("mp"), to bind its OpenMP threads, unless VLLM_ENABLE_V1_MULTIPROCESSING is "0"; the server's
+# engine core is a process apart either way (vLLM's API server always runs it so). Its threads
+# are then not bound (``taskset`` still confines them).
+WORKER_IN_CORE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 class Server(NamedTuple):
@@ -58,7 +65,7 @@ def launch(
 ) -> Server:
     """Start ``command`` (listening on ``port``) in its own process group; do not wait."""
     environment = os.environ | {
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",  # the server's own processes (conftest: "0")
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",  # a worker process (conftest: "0"; WORKER_IN_CORE)
         "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache
         "VLLM_LOG_STATS_INTERVAL": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
