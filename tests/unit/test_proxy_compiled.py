@@ -245,3 +245,38 @@ def test_a_holder_that_keeps_no_masks_is_asked_for_them() -> None:
     assert _scoring.decide([(asked, 3)], *args) == decided  # type: ignore[list-item]
     assert _scoring.decide([(asked, 3), (asked, 1)], *args) == (1, 16, True)  # type: ignore[list-item]
     assert asked.asked == 3
+
+
+def test_holders_of_several_classes_in_one_prompt_are_read_alike() -> None:
+    """``decide`` reads ``_masks`` in place where a holder's class keeps it in a slot (found
+    once per class), else by name: holders of a subclass with slots of its own, of ``Holders``
+    and of a class keeping ``_masks`` as a property, in one prompt's stretches, decide as the
+    same stretches held by ``Holders`` alone."""
+
+    class Tagged(Holders):
+        __slots__ = ("tag",)
+
+    class Property(Holders):
+        @property
+        def _masks(self) -> object:  # type: ignore[override]
+            return None  # kept nowhere: decide asks masks(fleet), which keeps nothing here
+
+        @_masks.setter
+        def _masks(self, value: object) -> None:
+            pass
+
+    fleet = Positions(["a", "b", "c", "d"])
+    held = [frozenset({("a", "GPU"), ("b", "CPU"), ("c", "GPU")}),
+            frozenset({("a", "GPU"), ("c", "DISK")}), frozenset({("a", "CPU")})]  # fmt: skip
+    loads = Loads([0, 1, 0, 0], [0, 0, 0, 0], [0.0, 0.0, 0.0, 0.0])
+    args = (fleet, loads, (), 200, 16, scoring.LOAD_BOUND, 3, scoring.WEIGHTS, scoring.OTHER_WEIGHT)
+    expected = _scoring.decide([(Holders(pairs), 3) for pairs in held], *args)
+    for first in (Tagged, Holders, Property):  # each class met first, then the others
+        classes = [first, *(c for c in (Tagged, Holders, Property) if c is not first)]
+        stretches = [(cls(pairs), 3) for cls, pairs in zip(classes, held, strict=True)]
+        for holders, _ in stretches:
+            holders.masks(fleet)  # kept where the class keeps them
+        assert _scoring.decide(stretches, *args) == expected
+        assert _scoring.decide(stretches[::-1], *args) == _scoring.decide(
+            [(Holders(pairs), 3) for pairs in held[::-1]], *args
+        )

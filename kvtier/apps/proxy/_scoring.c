@@ -13,7 +13,8 @@ of 8-byte C numbers (array 'q' or 'd', read in place) or a sequence of numbers; 
 positions whose index is not exact (holding nothing); weights, a tier's cost per token loaded
 against one computed (other_weight: a tier not in it). A holder's masks are read packed
 (pack(masks, engines) -> bytes) from where the holder keeps them for fleet, (fleet, masks,
-packed) in its _masks, else packed here from what masks(fleet) answers.
+packed) in its _masks (read in place where its class keeps _masks in a slot), else packed here
+from what masks(fleet) answers.
 
 The runs are followed as prefix_runs.runs_of follows them (groups of engines with the same run
 so far, split at each stretch by tier, here as bit masks), each group scored as scoring._score
@@ -34,6 +35,8 @@ turn. This module is optional: scoring does the same in Python where it is not b
 #if PY_BIG_ENDIAN
 #error "masks are read as little-endian words"
 #endif
+
+#include <structmember.h>
 
 #define MAX_TIERS 8 /* tiers in one run (GPU, CPU, DISK, REDIS and a few more) */
 
@@ -428,18 +431,52 @@ score(const group_t *group, Py_ssize_t prompt, Py_ssize_t block_size, PyObject *
     return 0;
 }
 
+/* where a holder's class keeps _masks: a slot (a member of __slots__) at this offset, read in
+   place (no attribute lookup through the class, whose dict a cold decision meets missing from
+   every cache); other classes are asked by name */
+static PyObject *kept_name = NULL;
+static PyTypeObject *slot_type = NULL; /* strong: the class whose offset is below */
+static Py_ssize_t slot_offset = 0;
+
+/* the holder's _masks slot (borrowed; NULL when unset), with *found 1; *found 0 when its class
+   keeps _masks otherwise (ask by name); -1 with an error set */
+static int
+kept_slot(PyObject *holders, PyObject **kept)
+{
+    PyTypeObject *type = Py_TYPE(holders);
+    if (type != slot_type) {
+        if (kept_name == NULL && (kept_name = PyUnicode_InternFromString("_masks")) == NULL) {
+            return -1;
+        }
+        PyObject *descr = _PyType_Lookup(type, kept_name); /* borrowed */
+        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+            return 0;
+        }
+        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type != T_OBJECT_EX || (member->flags & READONLY)) {
+            return 0;
+        }
+        Py_XSETREF(slot_type, (PyTypeObject *)Py_NewRef(type));
+        slot_offset = member->offset;
+    }
+    *kept = *(PyObject **)((char *)holders + slot_offset);
+    return 1;
+}
+
 /* holders._masks, when they are kept for fleet packed: (fleet, masks, packed) (a new
    reference; NULL with no error set when they are not) */
 static PyObject *
 kept_for(PyObject *holders, PyObject *fleet, PyObject **masks)
 {
-    static PyObject *kept_name = NULL;
-    if (kept_name == NULL && (kept_name = PyUnicode_InternFromString("_masks")) == NULL) {
+    *masks = NULL;
+    PyObject *kept;
+    int found = kept_slot(holders, &kept);
+    if (found < 0) {
         return NULL;
     }
-    *masks = NULL;
-    PyObject *kept = PyObject_GetAttr(holders, kept_name);
-    if (kept == NULL) {
+    if (found) {
+        kept = kept == NULL ? Py_NewRef(Py_None) : Py_NewRef(kept);
+    } else if ((kept = PyObject_GetAttr(holders, kept_name)) == NULL) {
         return NULL;
     }
     if (PyTuple_Check(kept) && PyTuple_GET_SIZE(kept) >= 2 && PyTuple_GET_ITEM(kept, 0) == fleet) {
@@ -492,6 +529,31 @@ kept_packed(PyObject *holders, PyObject *fleet, Py_ssize_t n, PyObject *keep)
     Py_DECREF(masks);
     Py_XDECREF(packed);
     return failed ? NULL : packed;
+}
+
+/* every stretch's packed masks asked of memory at once, before they are read one by one:
+   each is three objects away (the stretch's tuple, its holder, the holder's _masks), which a
+   decision between requests mostly meets missing from every cache; here the misses of one
+   stretch overlap the others' (nothing is checked but types: decide reads them again) */
+static void
+fetch_packed(PyObject *stretches)
+{
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(stretches);
+    PyObject **items = PySequence_Fast_ITEMS(stretches);
+    for (Py_ssize_t s = 0; s < count; s++) {
+        PyObject *stretch = items[s];
+        if (!PyTuple_CheckExact(stretch) || PyTuple_GET_SIZE(stretch) != 2) {
+            continue;
+        }
+        PyObject *holders = PyTuple_GET_ITEM(stretch, 0), *kept;
+        if (Py_TYPE(holders) != slot_type || kept_slot(holders, &kept) <= 0 || kept == NULL) {
+            continue;
+        }
+        if (PyTuple_CheckExact(kept) && PyTuple_GET_SIZE(kept) == 3 &&
+            PyBytes_CheckExact(PyTuple_GET_ITEM(kept, 2))) {
+            __builtin_prefetch(PyBytes_AS_STRING(PyTuple_GET_ITEM(kept, 2)));
+        }
+    }
 }
 
 /* decide's room for a fleet of up to SMALL_FLEET engines, on the stack (about 31 KB): a
@@ -573,6 +635,7 @@ decide(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
             all->mask[i / 64] |= (uint64_t)1 << (i % 64);
         }
     }
+    fetch_packed(stretches);
     for (Py_ssize_t s = 0; s < PySequence_Fast_GET_SIZE(stretches) && runs.going.count; s++) {
         PyObject *stretch = PySequence_Fast_GET_ITEM(stretches, s);
         if (!PyTuple_Check(stretch) || PyTuple_GET_SIZE(stretch) != 2) {
