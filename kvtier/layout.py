@@ -43,6 +43,7 @@ class KVLayout:
     groups: tuple[tuple[int, ...], ...]
     num_blocks: int
     distinct_bytes: int
+    orders: tuple[str, ...] = ()  # per view: how a page's dimensions lie ("": row-major)
 
     @property
     def device(self) -> torch.device:
@@ -63,7 +64,10 @@ class KVLayout:
         checked against it, so they can never drift apart.
         """
         views = ",".join(f"{b}B" for b in self.page_bytes)
-        return f"views=[{views}] groups={[list(g) for g in self.groups]}"
+        described = f"views=[{views}] groups={[list(g) for g in self.groups]}"
+        if any(self.orders):  # a page laid out other than row-major (vLLM's HND, NHD orders)
+            described += f" orders=[{';'.join(self.orders)}]"
+        return described
 
 
 def host_num_chunks(
@@ -121,6 +125,7 @@ def build_layout(
     ``num_blocks`` (pass it when that is ambiguous, e.g. a K/V-first layout with two blocks).
     """
     views: list[torch.Tensor] = []
+    orders: list[str] = []
     index: dict[tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype], int] = {}
     groups: list[tuple[int, ...]] = []
     for g, layers in enumerate(group_layers):
@@ -128,11 +133,13 @@ def build_layout(
         for name in layers:
             if name not in kv_caches:
                 raise ValueError(f"kvtier: group {g} names layer {name!r}, which has no KV tensor")
+            order = page_order(kv_caches[name], num_blocks, block_dim)
             for view in block_views(kv_caches[name], num_blocks, block_dim):
                 alias = (view.data_ptr(), tuple(view.shape), view.stride(), view.dtype)
                 if alias not in index:
                     index[alias] = len(views)
                     views.append(view)
+                    orders.append(order)
                 if index[alias] not in members:
                     members.append(index[alias])
         groups.append(tuple(members))
@@ -141,6 +148,7 @@ def build_layout(
         groups=tuple(groups),
         num_blocks=num_blocks,
         distinct_bytes=distinct_storage_bytes(kv_caches.values()),
+        orders=tuple(orders),
     )
 
 
@@ -174,6 +182,22 @@ def block_views(
     return views
 
 
+def page_order(tensor: torch.Tensor, num_blocks: int, block_dim: int | None = None) -> str:
+    """How a page's dimensions lie in memory: "" when row-major (its bytes in the order of the
+    tensor's dimensions), else its shape and the order of its dimensions from outermost, e.g.
+    ``"16x8x128:1,0,2"`` for a (block_size, heads, head_dim) page stored heads first (HND). Two
+    engines whose pages differ only in this hold the same bytes in another order: their records
+    must never be mixed, so this is part of the layout's description (``describe``)."""
+    dim = _find_block_dim(tensor, num_blocks) if block_dim is None else block_dim
+    shape, strides = tensor.shape[dim + 1 :], tensor.stride()[dim + 1 :]
+    dims = [d for d in range(len(shape)) if shape[d] != 1]
+    outermost = sorted(dims, key=lambda d: -strides[d])
+    if outermost == dims:
+        return ""
+    sizes = "x".join(str(n) for n in shape)
+    return f"{sizes}:{','.join(str(d) for d in outermost)}"
+
+
 def _find_block_dim(tensor: torch.Tensor, num_blocks: int) -> int:
     for dim, size in enumerate(tensor.shape):
         if size == num_blocks:
@@ -185,9 +209,11 @@ def _find_block_dim(tensor: torch.Tensor, num_blocks: int) -> int:
 
 
 def _is_dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether the dimensions ``shape`` with ``strides`` cover one contiguous span, in any order
+    (vLLM's HND and NHD stride orders lay a page's heads and tokens out either way)."""
     expected = 1
-    for size, stride in zip(reversed(shape), reversed(strides)):
-        if size != 1 and stride != expected:
+    for stride, size in sorted((s, n) for n, s in zip(shape, strides) if n != 1):
+        if stride != expected:
             return False
         expected *= size
     return True

@@ -7,7 +7,8 @@
     20      n      the header, msgpack (``ChunkHeader``): key, rank, fingerprint, views,
                    checksum, created, describe
     20 + n  ...    zeros up to ``HEADER_BYTES`` (4096)
-    4096    P      the payload: the chunk's bytes in each view of its group, view after view;
+    4096    P      the payload: the chunk's record (``host/records.py``): its bytes in each
+                   view of its group, view after view, each view's pages back to back;
                    ``views`` lists their lengths and P is their sum
 
 A file is exactly ``HEADER_BYTES + P`` bytes long; ``checksum`` is the xxh3_64 of the payload.
@@ -114,15 +115,16 @@ def temp_name(path: Path) -> Path:
 
 
 def write_chunk(path: Path, header: ChunkHeader, payload: Sequence[Buffer]) -> int:
-    """Write ``header`` and ``payload`` (``header.views`` gives their lengths) to ``path``.
+    """Write ``header`` and ``payload`` (buffers whose concatenation is the chunk's record, of
+    the ``header.views`` lengths) to ``path``.
 
     Written under a temporary name and renamed, so readers see the whole file or none; an existing
     file is replaced. Returns the bytes written. On an OSError (a full disk, a write error) the
     temporary file is removed and the error raised.
     """
     views = [memoryview(buffer).cast("B") for buffer in payload]
-    if [len(v) for v in views] != list(header.views):
-        raise ValueError(f"kvtier: payload of {[len(v) for v in views]} bytes, header says "
+    if sum(len(v) for v in views) != header.payload_bytes:
+        raise ValueError(f"kvtier: payload of {sum(len(v) for v in views)} bytes, header says "
                          f"{header.views}")  # fmt: skip
     temp = temp_name(path)
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -163,13 +165,16 @@ def read_chunk(
     rank: int,
     fingerprint: bytes,
     out: Sequence[np.ndarray],
+    views: Sequence[int] | None = None,
 ) -> ChunkHeader:
-    """Read and verify the chunk ``key`` of ``rank`` into ``out`` (one byte buffer per view).
+    """Read and verify the chunk ``key`` of ``rank`` into ``out`` (byte buffers whose
+    concatenation receives the payload: the chunk's record).
 
     Every check must pass before the caller may use ``out``: the header's key, rank and
-    fingerprint equal the expected ones, its view lengths equal ``out``'s, the file is exactly as
-    long as the header says, and the payload's checksum matches. Raises ChunkError on a mismatch
-    and OSError when the file cannot be read.
+    fingerprint equal the expected ones, its view lengths equal ``views`` (None: ``out``'s, one
+    buffer per view), ``out`` holds exactly the payload, the file is exactly as long as the
+    header says, and the payload's checksum matches. Raises ChunkError on a mismatch and OSError
+    when the file cannot be read.
     """
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -184,17 +189,20 @@ def read_chunk(
                 f"written for layout {header.fingerprint.hex()} ({header.describe}), "
                 f"not {fingerprint.hex()}"
             )
-        expected = [o.nbytes for o in out]
+        expected = [o.nbytes for o in out] if views is None else list(views)
         if list(header.views) != expected:
             raise ChunkError(f"views of {header.views} bytes, expected {expected}")
+        if sum(o.nbytes for o in out) != header.payload_bytes:
+            raise ValueError(f"kvtier: {sum(o.nbytes for o in out)} bytes to read a payload "
+                             f"of {header.payload_bytes} into")  # fmt: skip
         if size != HEADER_BYTES + header.payload_bytes:
             raise ChunkError(f"{size} bytes long, expected {HEADER_BYTES + header.payload_bytes}")
-        views = [o.data.cast("B") for o in out]
+        into = [o.data.cast("B") for o in out]
         got = 0
-        for first in range(0, len(views), MAX_BUFFERS):
-            part = os.preadv(fd, views[first : first + MAX_BUFFERS], HEADER_BYTES + got)
+        for first in range(0, len(into), MAX_BUFFERS):
+            part = os.preadv(fd, into[first : first + MAX_BUFFERS], HEADER_BYTES + got)
             got += part
-            if part < sum(len(v) for v in views[first : first + MAX_BUFFERS]):
+            if part < sum(len(v) for v in into[first : first + MAX_BUFFERS]):
                 break
         if got != header.payload_bytes:
             raise ChunkError(f"read {got} of {header.payload_bytes} payload bytes")

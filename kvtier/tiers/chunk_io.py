@@ -1,23 +1,28 @@
 """Transfers of a tier of the chain, each direction on its own thread: the worker half's handler
 pair of any ``chunk_tier.py`` tier (disk; Redis, whose writes are pipelined: ``redis/io.py``).
 
-``TierLoadHandler`` (tier -> engine): reads a chunk's file into a staging buffer, and only once
-every check passed (``ChunkTier.read``) scatters its rows into the engine blocks, on the device of
-the engine tensors (never a hard-coded one). A chunk that fails a check fails the job, and the
-engine recomputes its blocks; the job still verifies every other chunk (without scattering it) and
-names ALL the bad ones at once, so that one pass drops every bad file, not one per pass.
+``TierLoadHandler`` (tier -> engine): reads each chunk's record (``host/records.py``) into a
+staging area, and only once every check passed (``ChunkTier.read``) moves it into the engine
+blocks, on the device of the engine tensors (never a hard-coded one). On the CPU each record is
+scattered as it is read. On a GPU the staging area is pinned, in two halves: a half's records are
+moved by one ``PageMover`` call (one host -> device copy per run of records, one scatter on the
+device) while the other half is read. A chunk that fails a check fails the job, and the engine
+recomputes its blocks; the job still verifies every other chunk (without moving it) and names ALL
+the bad ones at once, so that one pass drops every bad file, not one per pass.
 
-``TierWriteHandler`` (host tier -> tier): writes chunks from their host slots. A ``staged`` job
-copies the slots first, in ``transfer_async``, because this step's stores reuse them (a chunk
-written back as it is evicted); otherwise the scheduler keeps the slots pinned until the write is
-done. A write that fails (a full disk, an I/O error) fails that chunk of the job, with a
-warning; the scheduler writes it again while host memory holds it (``tier_writes.py``).
+``TierWriteHandler`` (host tier -> tier): writes each chunk's record straight from its host slot,
+one buffer. A ``staged`` job copies the records first, in ``transfer_async``, because this step's
+stores reuse the slots (a chunk written back as it is evicted); otherwise the scheduler keeps the
+slots pinned until the write is done. A write that fails (a full disk, an I/O error) fails that
+chunk of the job, with a warning; the scheduler writes it again while host memory holds it
+(``tier_writes.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -25,9 +30,11 @@ import torch
 from kvtier.addresses import EngineBlocks, HostChunks, TierChunks, TransferSpec
 from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
+from kvtier.pages import PageMover, Pages
 from kvtier.tiers.chunk_format import Buffer, ChunkError
 from kvtier.tiers.chunk_tier import ChunkTier
 from kvtier.tiers.host.buffers import HostTier
+from kvtier.tiers.host.records import RecordLayout
 from kvtier.worker.base import TransferResult
 from kvtier.worker.engine_host import check_range
 from kvtier.worker.job_thread import JobThread, ThreadedHandler
@@ -37,6 +44,17 @@ logger = logging.getLogger(__name__)
 
 WARN_EVERY = 100  # after the first, one warning per this many failed writes
 READ_AHEAD = 4  # chunk files the kernel is asked to read ahead of the one being loaded
+STAGE_BYTES = 32 << 20  # a GPU load's staging half: records moved to the device together
+
+
+class _Read(NamedTuple):
+    """A chunk of a job to read: its position in the job's keys, group, the engine blocks it
+    fills and the sub-block of its record the first of them is."""
+
+    chunk: int
+    group: int
+    block_ids: np.ndarray
+    first: int
 
 
 class TierLoadHandler(ThreadedHandler):
@@ -45,18 +63,20 @@ class TierLoadHandler(ThreadedHandler):
         self.tier = tier
         self.name = name
         self.device = layout.device  # captured once, before any copy runs
+        self.records = RecordLayout.of(layout, tier.factor)
         self._thread = JobThread(f"kvtier-{name}-load", self.device)
-        pin = self.device.type == "cuda"
-        factor = tier.factor
-        # one chunk of each view, as (factor, page_words): a file is read here, then scattered
-        self._staging = [
-            torch.empty((factor, view.shape[1]), dtype=view.dtype, pin_memory=pin)
-            for view in layout.views
-        ]
-        self._staging_np = [stage.numpy() for stage in self._staging]
-        self._staging_bytes = [stage.reshape(-1).view(np.uint8) for stage in self._staging_np]
-        cpu = self.device.type == "cpu"
-        self._engine_np = [view.numpy() if cpu else np.empty(0) for view in layout.views]
+        gpu = self.device.type == "cuda"
+        record = max(self.records.record_bytes, 1)
+        per_half = max(1, STAGE_BYTES // record) if gpu else 1
+        # (halves, records, record_bytes): a record read into each, then moved to the engine
+        self._stage = torch.empty((2 if gpu else 1, per_half, record), dtype=torch.uint8,
+                                  pin_memory=gpu)  # fmt: skip
+        self._stage_np = self._stage.numpy()
+        self._engine_np = [view.numpy().view(np.uint8) if not gpu else np.empty(0)
+                           for view in layout.views]  # fmt: skip
+        self._mover = PageMover(layout.views) if gpu and layout.views else None
+        self._stream = torch.cuda.Stream(self.device) if gpu else None  # type: ignore[no-untyped-call]
+        self._moved: list[torch.cuda.Event | None] = [None, None]  # each half's last move
         self.bad_chunks = 0
 
     def transfer_async(self, job_id: int, src: TransferSpec, dst: TransferSpec) -> bool:
@@ -77,60 +97,114 @@ class TierLoadHandler(ThreadedHandler):
         except ValueError as error:
             logger.error("kvtier: refused %s load %d: %s", self.name, job_id, error)
             return False
-        self._thread.submit(job_id, lambda: self._load(job_id, src.keys, plan))
+        ready = None
+        if self._stream is not None:  # the engine may still read the blocks' former contents
+            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            ready.record(torch.cuda.current_stream(self.device))
+        self._thread.submit(job_id, lambda: self._load(job_id, src.keys, plan, ready))
         return True
 
     def _load(
-        self, job_id: int, keys: tuple[ChunkKey, ...], plan: list[GroupCopy]
+        self,
+        job_id: int,
+        keys: tuple[ChunkKey, ...],
+        plan: list[GroupCopy],
+        ready: torch.cuda.Event | None,
     ) -> TransferResult:
-        """Verify every chunk of the job; scatter each good one until the first bad one.
+        """Verify every chunk of the job; move each good one until the first bad one.
 
         A failed job's blocks are all recomputed by the engine, so a chunk read after a bad one
         is only verified (its file removed if bad, kept if good). ``bad``: the positions, in
         ``keys`` order, of every chunk that failed a check or could not be read.
         """
         started = time.perf_counter()
-        factor, nbytes = self.tier.factor, 0
-        reads = []  # (position in keys, group copy, its rows in that chunk), in reading order
-        for copy in plan:
-            chunk_of_row = copy.host_rows // factor
-            for chunk in dict.fromkeys(chunk_of_row.tolist()):
-                reads.append((chunk, copy, np.flatnonzero(chunk_of_row == chunk)))
+        if ready is not None and self._stream is not None:
+            self._stream.wait_event(ready)
+        reads = _reads(plan, self.tier.factor)
         ahead = self.tier.read_ahead
         for n in range(min(ahead, len(reads))):
-            self.tier.prefetch(keys[reads[n][0]])
+            self.tier.prefetch(keys[reads[n].chunk])
         bad: list[int] = []
-        for n, (chunk, copy, mine) in enumerate(reads):
+        nbytes, half = 0, 0
+        staged: list[tuple[int, _Read]] = []  # (slot in the half, read) to move
+        for n, read in enumerate(reads):
             if n + ahead < len(reads):  # fetched while this one is handled
-                self.tier.prefetch(keys[reads[n + ahead][0]])
-            views = self.layout.groups[copy.group]
+                self.tier.prefetch(keys[reads[n + ahead].chunk])
+            if not staged:
+                self._reuse(half)
+            slot = len(staged)
+            record = self._stage_np[half, slot, : self.records.group_bytes(read.group)]
             try:
-                self.tier.read(keys[chunk], [self._staging_bytes[v] for v in views])
+                self.tier.read(keys[read.chunk], [record])
             except (ChunkError, OSError) as error:
                 if not isinstance(error, ChunkError):
                     logger.warning("kvtier: %s chunk unreadable: %s", self.name, error)
-                bad.append(chunk)
+                bad.append(read.chunk)
                 continue
             if bad:  # the job failed: its blocks are recomputed, this chunk was only verified
                 continue
-            ids = copy.block_ids[mine]
-            first = int(copy.host_rows[mine[0]]) % factor  # a chunk's rows are consecutive
-            for view in views:
-                self._scatter(view, ids, first)
-            nbytes += len(ids) * sum(self.layout.page_bytes[v] for v in views)
+            staged.append((slot, read))
+            nbytes += len(read.block_ids) * self._block_bytes(read.group)
+            if len(staged) == self._stage_np.shape[1]:
+                self._move(half, staged)
+                half, staged = (half + 1) % len(self._stage_np), []
+        if staged and not bad:
+            self._move(half, staged)
+        if self._stream is not None:
+            self._stream.synchronize()
         self.bad_chunks += len(bad)
         elapsed = time.perf_counter() - started
         return TransferResult(job_id, not bad, nbytes, elapsed, bad=tuple(sorted(bad)))
 
-    def _scatter(self, view: int, ids: np.ndarray, first: int) -> None:
-        """Staging rows ``first:first + len(ids)`` of ``view`` into engine blocks ``ids``."""
-        engine = self.layout.views[view]
-        if engine.device.type == "cpu":  # numpy, one copy: no OpenMP team on this thread
-            self._engine_np[view][ids] = self._staging_np[view][first : first + len(ids)]
+    def _block_bytes(self, group: int) -> int:
+        return sum(self.layout.page_bytes[v] for v in self.layout.groups[group])
+
+    def _reuse(self, half: int) -> None:
+        """Wait until the last move out of staging half ``half`` completed."""
+        event = self._moved[half]
+        if event is not None:
+            event.synchronize()
+            self._moved[half] = None
+
+    def _move(self, half: int, staged: list[tuple[int, _Read]]) -> None:
+        """The records in staging half ``half`` into their engine blocks."""
+        if self._mover is None:  # the CPU: a numpy copy per view, the GIL released
+            for slot, read in staged:
+                record = self._stage_np[half, slot]
+                offsets = self.records.offsets(read.group)
+                for view, offset in zip(self.layout.groups[read.group], offsets, strict=True):
+                    page = self.layout.page_bytes[view]
+                    at = offset + read.first * page
+                    pages = record[at : at + len(read.block_ids) * page]
+                    self._engine_np[view][read.block_ids] = pages.reshape(-1, page)
             return
-        picked = self._staging[view][first : first + len(ids)].to(engine.device, non_blocking=True)
-        engine.index_copy_(0, torch.from_numpy(ids).to(engine.device), picked)
-        torch.cuda.current_stream(engine.device).synchronize()  # staging is reused next
+        record_bytes = self._stage_np.shape[2]
+        parts = []
+        for slot, read in staged:
+            subs = read.first + np.arange(len(read.block_ids), dtype=np.int64)
+            offsets = self.records.page_offsets(read.group, subs) + slot * record_bytes
+            views = np.array(self.layout.groups[read.group], dtype=np.int64)
+            count = len(read.block_ids)
+            parts.append(Pages(np.repeat(views, count), np.tile(read.block_ids, len(views)),
+                               offsets.ravel()))  # fmt: skip
+        assert self._stream is not None
+        with torch.cuda.stream(self._stream):
+            self._mover.load(Pages.join(parts), self._stage[half].view(-1))
+            moved = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            moved.record(self._stream)
+        self._moved[half] = moved
+
+
+def _reads(plan: list[GroupCopy], factor: int) -> list[_Read]:
+    """Every chunk the plan reads, in reading order, with the blocks it fills."""
+    reads = []
+    for copy in plan:
+        chunk_of_row = copy.host_rows // factor
+        for chunk in dict.fromkeys(chunk_of_row.tolist()):
+            mine = np.flatnonzero(chunk_of_row == chunk)
+            first = int(copy.host_rows[mine[0]]) % factor  # a chunk's rows are consecutive
+            reads.append(_Read(chunk, copy.group, copy.block_ids[mine], first))
+    return reads
 
 
 class TierWriteHandler(ThreadedHandler):
@@ -140,7 +214,6 @@ class TierWriteHandler(ThreadedHandler):
         self.name = name
         # host memory only; at normal priority: a pinned write holds its host chunks until done
         self._thread = JobThread(f"kvtier-{name}-write", torch.device("cpu"))
-        self._rows = [buffer.numpy() for buffer in host.buffers]  # (num_chunks, chunk words)
         self.write_errors = 0
 
     def transfer_async(self, job_id: int, src: TransferSpec, dst: TransferSpec) -> bool:
@@ -159,12 +232,11 @@ class TierWriteHandler(ThreadedHandler):
             logger.error("kvtier: refused %s write %d: %d slots for %d keys, or out of range",
                          self.name, job_id, len(slots), len(dst.keys))  # fmt: skip
             return False
-        payloads: list[list[Buffer]] = [
-            [self._rows[v][slot] for v in self.tier.layout.groups[key_group(key)]]
-            for key, slot in zip(dst.keys, slots.tolist())
+        payloads: list[list[Buffer]] = [  # each chunk's record, one buffer
+            [self.host.record(slot, key_group(key))] for key, slot in zip(dst.keys, slots.tolist())
         ]
         if dst.staged:  # the slots are overwritten by this step's stores: copy them now
-            payloads = [[np.array(row) for row in payload] for payload in payloads]
+            payloads = [[np.array(record) for record in payload] for payload in payloads]
         self._thread.submit(job_id, lambda: self._write(job_id, dst.keys, payloads))
         return True
 

@@ -6,9 +6,16 @@ kvtier may be; the load and write handlers of ``chunk_io.py`` move chunks throug
 
     prefetch(key)              start fetching ``key`` (the handler calls it a few chunks ahead,
                                in the order it then reads them)
-    read(key, out)             fetch and verify into ``out`` (one byte buffer per view of the key's
-                               group); ChunkError: bad or absent (a miss), OSError: unreachable
-    write(key, payload) -> n   write this rank's share; OSError when it could not
+    read(key, out)             fetch and verify the chunk's record into ``out`` (byte buffers whose
+                               concatenation receives it, usually one); ChunkError: bad or
+                               absent (a miss), OSError: unreachable
+    write(key, payload) -> n   write this rank's share: its record, the concatenation of the
+                               ``payload`` buffers (usually one); OSError when it could not
+
+A chunk's record is its bytes as ``host/records.py`` lays them out: its group's views in order,
+each its ``factor`` pages back to back (``view_bytes`` gives their lengths). A tier stores and
+returns it as it is; the handlers hand it over in one piece, straight from a host slot or into a
+staging area.
 """
 
 from __future__ import annotations

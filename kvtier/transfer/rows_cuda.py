@@ -1,16 +1,19 @@
-"""``CudaBlockRows``: engine rows on one CUDA device, staged through pinned host memory."""
+"""``CudaBlockRows``: engine rows on one CUDA device, staged through pinned host memory by
+``kvtier.pages`` (one gather or scatter on the device and one host copy per transfer)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
-from itertools import groupby
+from collections.abc import Sequence
 
+import numpy as np
 import torch
 
+from kvtier.pages import PageMover, Pages
 from kvtier.transfer.base import row_bytes
 
 STAGE_ALIGN = 1 << 20  # staging buffers grow in whole MiB
+MOVER_STAGE_BYTES = 16 << 20  # each thread's staging area on the device
 
 
 class CudaBlockRows:
@@ -21,8 +24,10 @@ class CudaBlockRows:
     thread has one pinned staging buffer per direction, grown to the largest transfer it served:
     ``read_rows`` gathers the rows device -> pinned and returns views of that buffer (valid until
     the thread's next ``read_rows``); ``write_rows`` returns views of the thread's receive buffer
-    and ``commit`` of the same rows, on the same thread, scatters it pinned -> device. Copies run
-    on a side stream of the thread and are complete when the call returns.
+    and ``commit`` of the same rows, on the same thread, scatters it pinned -> device. The rows
+    lie back to back in the buffer, so a transfer is one gather (or scatter) on the device and
+    one copy to (or from) the buffer, by the thread's own ``PageMover``, on a side stream of the
+    thread; the copies are complete when the call returns.
     """
 
     def __init__(self, views: Sequence[torch.Tensor], groups: Sequence[Sequence[int]]) -> None:
@@ -42,6 +47,7 @@ class CudaBlockRows:
             if any(not 0 <= i < len(views) for i in group):
                 raise ValueError(f"group {g} names views {group}; there are {len(views)}")
         self.page_bytes = tuple(v.shape[1] * v.element_size() for v in views)
+        self._num_blocks = np.array([v.shape[0] for v in views], dtype=np.int64)
         self._local = threading.local()  # per thread: stream, "read" and "write" buffers
 
     def bind_thread(self) -> None:
@@ -49,12 +55,9 @@ class CudaBlockRows:
 
     def read_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
         stage = self._stage("read", row_bytes(self.page_bytes, rows))
-        stream = self._stream()
-        with torch.cuda.device(self.device_index), torch.cuda.stream(stream):
-            for view, blocks, lo, hi in self._runs(rows):
-                src = self.views[view].index_select(0, blocks)  # (n, page_words), on the device
-                stage[lo:hi].view(src.dtype).view(src.shape).copy_(src, non_blocking=True)
-        stream.synchronize()
+        with torch.cuda.device(self.device_index), torch.cuda.stream(self._stream()):
+            self._mover().store(self._pages(rows), stage)
+            self._stream().synchronize()
         return self._memoryviews(stage, rows)
 
     def write_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
@@ -63,25 +66,28 @@ class CudaBlockRows:
 
     def commit(self, rows: Sequence[tuple[int, int]]) -> None:
         stage = self._local.write
-        stream = self._stream()
-        with torch.cuda.device(self.device_index), torch.cuda.stream(stream):
-            for view, blocks, lo, hi in self._runs(rows):
-                dst = self.views[view]
-                src = stage[lo:hi].view(dst.dtype).view(-1, dst.shape[1])
-                dst.index_copy_(0, blocks, src.to(dst.device, non_blocking=True))
-        stream.synchronize()
+        with torch.cuda.device(self.device_index), torch.cuda.stream(self._stream()):
+            self._mover().load(self._pages(rows), stage)
+            self._stream().synchronize()
 
-    def _runs(
-        self, rows: Sequence[tuple[int, int]]
-    ) -> Iterator[tuple[int, torch.Tensor, int, int]]:
-        """(view, block indices on the device, staging byte range) per run of one view's rows."""
-        offset = 0
-        device = torch.device("cuda", self.device_index)
-        for view, run in groupby(rows, key=lambda row: row[0]):
-            blocks = [block for _, block in run]
-            size = len(blocks) * self.page_bytes[view]
-            yield view, torch.tensor(blocks, device=device), offset, offset + size
-            offset += size
+    def _pages(self, rows: Sequence[tuple[int, int]]) -> Pages:
+        """``rows`` as pages, back to back in a staging buffer, in order."""
+        table = np.array(rows, dtype=np.int64).reshape(-1, 2)
+        views, blocks = table[:, 0], table[:, 1]
+        if len(table) and (  # never an index the device would fault on
+            views.min() < 0 or views.max() >= len(self.views) or blocks.min() < 0
+            or (blocks >= self._num_blocks[views]).any()
+        ):  # fmt: skip
+            raise ValueError(f"rows out of range: views {views.min()}..{views.max()}, "
+                             f"blocks {blocks.min()}..{blocks.max()}")  # fmt: skip
+        sizes = np.array(self.page_bytes, dtype=np.int64)[views]
+        return Pages(table[:, 0], table[:, 1], np.cumsum(sizes) - sizes)
+
+    def _mover(self) -> PageMover:
+        mover: PageMover | None = getattr(self._local, "mover", None)
+        if mover is None:
+            mover = self._local.mover = PageMover(self.views, MOVER_STAGE_BYTES)
+        return mover
 
     def _memoryviews(
         self, stage: torch.Tensor, rows: Sequence[tuple[int, int]]

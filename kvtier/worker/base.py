@@ -7,6 +7,8 @@ Primitives:
                                                job id are its parts (engine <-> host handlers)
     get_finished() -> list[TransferResult]     jobs finished since the last call, each once
     wait(job_ids)                              block until those jobs finished (tests, shutdown)
+    fence(job_ids)                             the engine's work queued next runs after those
+                                               jobs (a GPU handler: on the device, no block)
     shutdown()                                 finish what is in flight and release threads/streams
 """
 
@@ -49,6 +51,12 @@ class TransferHandler(ABC):
 
     @abstractmethod
     def wait(self, job_ids: Collection[int]) -> None: ...
+
+    def fence(self, job_ids: Collection[int]) -> None:
+        """Make the engine's work queued after this call (the step's forward) run after those
+        jobs. Default: block until they finished; a handler on a GPU stream makes the engine's
+        stream wait for them instead, and reports them once done (``get_finished``)."""
+        self.wait(job_ids)
 
     def wait_any(self, timeout: float) -> None:
         """Block, the GIL released, until a job finished or none is in flight, at most

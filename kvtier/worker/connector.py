@@ -180,7 +180,7 @@ class WorkerConnector:
                 f"holds {self.host.num_chunks}: ranks with unequal KV memory are not supported"
             )
         if plan.flush:
-            self.transfers.wait(plan.flush)
+            self.transfers.fence(plan.flush)
 
     def start_loads(self) -> None:
         """Submit this step's loads. vLLM calls this before the forward when the step holds a
@@ -195,7 +195,7 @@ class WorkerConnector:
             self._submit(load.job_id, job, (load.src, load.dst))
         sync = [load.job_id for load in loads if load.sync and load.job_id in self._in_flight]
         if sync:
-            self.transfers.wait(sync)
+            self.transfers.fence(sync)
             self._poll()
 
     def start_stores(self) -> None:
@@ -392,7 +392,7 @@ class WorkerConnector:
         chunks = list(reversed(self._slot_keys.items()))
         counts: dict[str, FlushCount] = {}
         if time.monotonic() < deadline:
-            counts = flush_host(targets, [b.numpy() for b in host.buffers], chunks, deadline)
+            counts = flush_host(targets, host.record, chunks, deadline)
         for target in targets:
             count = counts.get(target.name) or FlushCount(0, len(chunks), "no time left")
             self.counters.shutdown_written[target.name] = count.written

@@ -59,8 +59,7 @@ from kvtier.worker.copy_lanes import CopyLanes
 from kvtier.worker.engine_host import EngineHostHandler
 from kvtier.worker.job_thread import JobThread
 from kvtier.worker.plan import GroupCopy
-from kvtier.worker.row_batch import RowBatch, plan_rows
-from kvtier.worker.segments import Segment, job_segments, segment_bytes, split_segments
+from kvtier.worker.row_batch import Piece, RowBatch, plan_rows
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +77,12 @@ class CpuCopyHandler(EngineHostHandler):
         self, layout: KVLayout, host: HostTier, store: bool, inline: bool, lanes: int
     ) -> None:
         super().__init__(layout, host, store)
-        # numpy views sharing the tensors' memory
-        self._engine = [view.numpy() for view in layout.views]
-        self._rows = [host.page_rows(i).numpy() for i in range(len(layout.views))]
+        # per group and view of it: the engine's (num_blocks, words) and the host tier's
+        # (num_chunks, factor, words) numpy views of one memory, in one word type
+        self._views: list[list[tuple[np.ndarray, np.ndarray]]] = [
+            [_word_views(layout, host, group, index) for index in range(len(views))]
+            for group, views in enumerate(layout.groups)
+        ]
         name = "kvtier-store" if store else "kvtier-load"
         # a store on a thread is background work (it never holds up a step); inline, it is not
         background = store and not inline
@@ -88,8 +90,8 @@ class CpuCopyHandler(EngineHostHandler):
         self._thread = None if inline else JobThread(name, self.device, background=background)
         self._inline_finished: list[TransferResult] = []  # the caller's thread only
         self._factor = host.block_size_factor
-        self._page_bytes = layout.page_bytes
-        self._group_bytes = [sum(self._page_bytes[v] for v in views) for views in layout.groups]
+        page_bytes = layout.page_bytes
+        self._block_bytes = [sum(page_bytes[v] for v in views) for views in layout.groups]
 
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
         if self._thread is not None:
@@ -104,11 +106,11 @@ class CpuCopyHandler(EngineHostHandler):
 
     def transfer_batch(self, transfers: Sequence[Transfer]) -> list[bool]:
         """Inline, several jobs (a step's stores) copy as one (``row_batch.py``): planned with
-        Python ints, one gather and one scatter per view and piece, split across the lanes.
-        Transfers sharing a job id are that job's parts, reported as one job. A job
-        ``plan_copy`` refuses (any of its parts) is refused alone; if a job names a block or
-        slot out of range, or the joined copy fails, each job is copied alone instead
-        (``EngineHostHandler``), so only the jobs that fail by themselves are reported failed."""
+        Python ints, split across the lanes. Transfers sharing a job id are that job's parts,
+        reported as one job. A job ``plan_copy`` refuses (any of its parts) is refused alone; if
+        a job names a block or slot out of range, or the joined copy fails, each job is copied
+        alone instead (``EngineHostHandler``), so only the jobs that fail by themselves are
+        reported failed."""
         if self._thread is not None or len(transfers) < 2:
             return super().transfer_batch(transfers)
         groups = len(self.layout.groups)
@@ -129,11 +131,11 @@ class CpuCopyHandler(EngineHostHandler):
         num_rows = self.host.num_chunks * self._factor
         if not batch.within(self.layout.num_blocks, num_rows):
             return super().transfer_batch(transfers)
-        nbytes = {job_id: sum(len(ids) * self._group_bytes[g] for g, ids, _ in rows)
+        nbytes = {job_id: sum(len(ids) * self._block_bytes[g] for g, ids, _ in rows)
                   for job_id, rows in jobs.items()}  # fmt: skip
         started, total = time.perf_counter(), max(sum(nbytes.values()), 1)
         try:
-            self._scatter(batch, total)
+            self._copy(batch, total)
         except Exception:
             logger.exception("kvtier: a batch of %d transfer jobs failed", len(jobs))
             again = [t for t in transfers if t.job_id in jobs]
@@ -146,41 +148,33 @@ class CpuCopyHandler(EngineHostHandler):
         ]
         return submitted
 
-    def _scatter(self, batch: RowBatch, total: int) -> None:
-        """Copy ``batch`` (``total`` bytes) on this thread and the helper lanes."""
-        piece_bytes = max(MIN_PIECE_BYTES, -(-total // (self._lanes.lanes * PIECES_PER_LANE)))
-        pieces = batch.pieces(self.layout.groups, self._page_bytes, piece_bytes)
-        self._lanes.run([partial(self._scatter_piece, *piece) for piece in pieces])
-
-    def _scatter_piece(self, view: int, ids: np.ndarray, rows: np.ndarray) -> None:
-        engine, host = self._engine[view], self._rows[view]
-        if self.store:  # ids and rows were range-checked for the batch
-            host[rows] = np.take(engine, ids, axis=0)
-        else:
-            engine[ids] = np.take(host, rows, axis=0)
-
     def _run(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> TransferResult:
         started = time.perf_counter()
-        self._copy(plan)
+        self._copy(RowBatch.of_plan(plan, len(self.layout.groups)), nbytes)
         return TransferResult(job_id, True, nbytes, time.perf_counter() - started)
 
-    def _copy(self, plan: list[GroupCopy]) -> None:
-        """Copy every block of ``plan``, on this thread and the helper lanes; raise on a failure."""
-        segments = job_segments(plan, self.layout)
-        page_bytes = self.layout.page_bytes
-        total = segment_bytes(segments, page_bytes)
+    def _copy(self, batch: RowBatch, total: int) -> None:
+        """Copy ``batch`` (``total`` bytes) on this thread and the helper lanes; raise on a
+        failure (ids and rows were range-checked)."""
         piece_bytes = max(MIN_PIECE_BYTES, -(-total // (self._lanes.lanes * PIECES_PER_LANE)))
-        pieces = split_segments(segments, page_bytes, piece_bytes)
-        self._lanes.run([partial(self._copy_segments, piece) for piece in pieces])
+        pieces = batch.pieces(self._block_bytes, self._factor, piece_bytes)
+        self._lanes.run([partial(self._copy_piece, piece) for piece in pieces])
 
-    def _copy_segments(self, segments: list[Segment]) -> None:
-        for view, first, ids in segments:
-            engine = self._engine[view]  # (num_blocks, page_words)
-            host_run = self._rows[view][first : first + len(ids)]  # (len(ids), page_words)
-            if self.store:  # indices were range-checked when the job was planned
-                np.take(engine, ids, axis=0, out=host_run, mode="clip")
-            else:
-                engine[ids] = host_run
+    def _copy_piece(self, piece: Piece) -> None:
+        group, ids, slots, subs, runs = piece
+        for engine, host in self._views[group]:
+            if runs is None:  # short runs: one gather and one scatter
+                if self.store:
+                    host[slots, subs] = np.take(engine, ids, axis=0)
+                else:
+                    engine[ids] = host[slots, subs]
+                continue
+            for start, end in runs:  # pages consecutive in one slot: no temporary
+                pages = host[slots[start], subs[start] : subs[start] + end - start]
+                if self.store:
+                    np.take(engine, ids[start:end], axis=0, out=pages, mode="clip")
+                else:
+                    engine[ids[start:end]] = pages
 
     def get_finished(self) -> list[TransferResult]:
         finished, self._inline_finished = self._inline_finished, []
@@ -200,3 +194,19 @@ class CpuCopyHandler(EngineHostHandler):
         if self._thread is not None:
             self._thread.shutdown()
         self._lanes.shutdown()
+
+
+def _word_views(
+    layout: KVLayout, host: HostTier, group: int, index: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """View ``index`` of ``group``: the engine's and the host tier's numpy views, in the widest
+    word that divides the engine view's word, its page and its place in a record."""
+    engine = layout.views[layout.groups[group][index]].numpy()
+    item = engine.dtype.itemsize
+    while item > 1:
+        try:
+            dtype = np.dtype(f"<u{item}")
+            return engine.view(dtype), host.pages(group, index, dtype)
+        except ValueError:
+            item //= 2
+    return engine.view(np.uint8), host.pages(group, index, np.dtype(np.uint8))

@@ -18,12 +18,11 @@ from kvtier.addresses import EngineBlocks, HostChunks
 
 
 class GroupCopy(NamedTuple):
-    """The blocks of one group in a transfer, as runs of consecutive host page rows."""
+    """The blocks of one group in a transfer and the host page rows they map to."""
 
     group: int
     block_ids: np.ndarray  # int64 engine block ids, (n,)
     host_rows: np.ndarray  # int64 host page rows (slot * factor + sub-block), (n,)
-    runs: list[tuple[int, int]]  # [start, end) into the arrays above; host rows consecutive inside
 
 
 def chunks_spanned(num_blocks: int, block_index: int, factor: int) -> int:
@@ -45,7 +44,7 @@ def plan_copy(engine: EngineBlocks, host: HostChunks, factor: int) -> list[Group
             slots = np.asarray(host.slots[slot_at : slot_at + span], dtype=np.int64)
             rows = slots[position // factor] * factor + position % factor
             ids = np.asarray(engine.block_ids[block_at : block_at + n], dtype=np.int64)
-            copies.append(GroupCopy(group, ids, rows, consecutive_runs(rows)))
+            copies.append(GroupCopy(group, ids, rows))
         block_at += n
         slot_at += span
     return copies
@@ -77,12 +76,3 @@ def checked_spans(engine: EngineBlocks, num_slots: int, factor: int) -> list[int
             f"kvtier: {num_slots} host slots for a transfer spanning {sum(spans)} chunks"
         )
     return spans
-
-
-def consecutive_runs(rows: np.ndarray) -> list[tuple[int, int]]:
-    """Split ``rows`` into maximal ``[start, end)`` runs where each row is the previous plus one."""
-    if len(rows) == 0:
-        return []
-    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-    edges = [0, *breaks.tolist(), len(rows)]
-    return list(zip(edges[:-1], edges[1:]))

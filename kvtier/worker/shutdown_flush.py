@@ -16,17 +16,17 @@ tier has left is skipped. What a tier still lacks is counted and logged by the c
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
-
-import numpy as np
 
 from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
 from kvtier.tiers.chunk_format import Buffer
 
 BATCH = 32  # chunks checked, then written, per tier and round trip
+
+Record = Callable[[int, int], Buffer]  # (host slot, group) -> the chunk's record there
 
 
 class FlushTier(Protocol):
@@ -65,12 +65,12 @@ class FlushCount:
 
 def flush_host(
     targets: Sequence[FlushTarget],
-    rows: Sequence[np.ndarray],
+    record: Record,
     chunks: Sequence[tuple[int, ChunkKey]],
     deadline: float,
 ) -> dict[str, FlushCount]:
-    """Write each (slot, key) of ``chunks`` (newest first) that a target lacks, from host
-    ``rows`` (one ``(num_chunks, words)`` array per view), until ``deadline`` (monotonic)."""
+    """Write each (slot, key) of ``chunks`` (newest first) that a target lacks, each from its
+    host ``record(slot, group)``, until ``deadline`` (monotonic)."""
     counts = {target.name: FlushCount() for target in targets}
     live = list(targets)
     for first in range(0, len(chunks), BATCH):
@@ -81,7 +81,7 @@ def flush_host(
                 count.stopped = "deadline"
             else:
                 try:
-                    count.unwritten += _write_batch(target, rows, batch, count)
+                    count.unwritten += _write_batch(target, record, batch, count)
                     continue
                 except OSError as error:
                     count.stopped = str(error) or type(error).__name__
@@ -92,7 +92,7 @@ def flush_host(
 
 def _write_batch(
     target: FlushTarget,
-    rows: Sequence[np.ndarray],
+    record: Record,
     batch: Sequence[tuple[int, ChunkKey]],
     count: FlushCount,
 ) -> int:
@@ -114,8 +114,7 @@ def _write_batch(
         todo.append((slot, key))
     if not todo:
         return lacking
-    groups = tier.layout.groups
-    payloads = [[rows[v][slot] for v in groups[key_group(key)]] for slot, key in todo]
+    payloads = [[record(slot, key_group(key))] for slot, key in todo]
     written = tier.write_many([key for _, key in todo], payloads)
     count.written += sum(n is not None for n in written)
     return lacking + sum(n is None for n in written)

@@ -71,6 +71,11 @@ class TransferWorker:
         for handler in {self._job_handler[j] for j in job_ids if j in self._job_handler}:
             handler.wait(job_ids)
 
+    def fence(self, job_ids: Collection[int]) -> None:
+        """The engine's next work runs after those jobs (``TransferHandler.fence``)."""
+        for handler in {self._job_handler[j] for j in job_ids if j in self._job_handler}:
+            handler.fence(job_ids)
+
     @property
     def num_in_flight(self) -> int:
         return len(self._job_handler)

@@ -26,7 +26,7 @@ from kvtier.tiers.chunk_tier import view_bytes
 from kvtier.tiers.spec import SchedulerContext, TierSpec, WorkerContext, WorkerTier
 
 NAME = "memory"
-STORE: dict[tuple[ChunkKey, int], list[bytes]] = {}  # (key, rank) -> the rank's views' bytes
+STORE: dict[tuple[ChunkKey, int], bytes] = {}  # (key, rank) -> the rank's record of the chunk
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class MemoryIndex:
 
     @property
     def used(self) -> int:
-        return sum(len(b) for views in STORE.values() for b in views)
+        return sum(len(record) for record in STORE.values())
 
     def lookup(self, keys: Sequence[ChunkKey]) -> int | None:
         found = 0
@@ -146,17 +146,19 @@ class MemoryChunks:
         return None
 
     def read(self, key: ChunkKey, out: Sequence[np.ndarray]) -> None:
-        views = STORE.get((key, self.rank))
-        sizes = view_bytes(self.layout, key_group(key), self.factor)
-        if views is None or [len(v) for v in views] != sizes or len(out) != len(views):
+        record = STORE.get((key, self.rank))
+        size = sum(view_bytes(self.layout, key_group(key), self.factor))
+        if record is None or len(record) != size or sum(o.nbytes for o in out) != size:
             raise ChunkError(f"memory tier: no chunk {key.hex()[:16]} of this shape")
-        for buffer, data in zip(out, views):
-            buffer[:] = np.frombuffer(data, np.uint8)
+        at = 0
+        for buffer in out:  # the record, in the pieces the handler asks for
+            buffer[:] = np.frombuffer(record, np.uint8, buffer.nbytes, at)
+            at += buffer.nbytes
 
     def write(self, key: ChunkKey, payload: Sequence[Buffer]) -> int:
-        views = [bytes(np.asarray(b)) for b in payload]
-        STORE[(key, self.rank)] = views
-        return sum(len(v) for v in views)
+        record = b"".join(bytes(memoryview(b).cast("B")) for b in payload)
+        STORE[(key, self.rank)] = record
+        return len(record)
 
     def file_bytes(self, group: int) -> int:
         return sum(view_bytes(self.layout, group, self.factor))

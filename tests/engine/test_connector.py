@@ -77,9 +77,9 @@ def test_loaded_kv_is_what_the_engine_uses(tiny_model: Path, reference: Any) -> 
         host = _worker(llm).host
         assert host is not None
         generator = torch.Generator().manual_seed(0)
-        for buffer in host.buffers:  # float32 noise of the engine's own scale, on those slots
-            noise = torch.randn(len(slots), buffer.shape[1] * 2, generator=generator)
-            buffer[slots] = noise.view(buffer.dtype)
+        # float32 noise of the engine's own scale, on those slots' records
+        noise = torch.randn(len(slots), host.record_bytes // 4, generator=generator)
+        host.memory[slots] = noise.view(torch.uint8)
         llm.reset_prefix_cache()
         assert generate(llm, token_prompts) != expected
         assert kvtier.stats(llm).cpu.hit_chunks >= 14

@@ -353,15 +353,16 @@ def test_a_load_outside_the_layout_is_refused(tmp_path: Path, spec: str) -> None
 
 def _host(layout: KVLayout, factor: int) -> HostTier:
     host = HostTier(layout, NUM_CHUNKS, factor)
-    for buffer in host.buffers:
-        buffer.copy_(torch.randint(-(2**62), 2**62, buffer.shape))
+    memory = host.memory_np
+    memory[:] = np.random.default_rng(factor).integers(0, 256, memory.shape, dtype=np.uint8)
     return host
 
 
 def _slot_bytes(host: HostTier, tier: DiskTier, key: ChunkKey, slot: int) -> list[bytes]:
-    return [
-        host.buffers[view][slot].numpy().tobytes() for view in tier.layout.groups[key_group(key)]
-    ]
+    """The chunk's record in ``slot``, view by view."""
+    record = host.record(slot, key_group(key)).tobytes()
+    edges = np.cumsum([0, *tier.view_bytes(key_group(key))]).tolist()
+    return [record[a:b] for a, b in zip(edges[:-1], edges[1:])]
 
 
 def _file_bytes(tier: DiskTier, key: ChunkKey) -> list[bytes]:
@@ -420,8 +421,7 @@ def _write_then_overwrite_the_slot(
     _hold_writes(monkeypatch, tier, gate)
     old = _slot_bytes(host, tier, key, 5)
     assert handler.transfer_async(1, HostChunks(np.array([5])), TierChunks("disk", (key,), staged))
-    for view in tier.layout.groups[0]:  # this step's store reuses slot 5
-        host.buffers[view][5] = torch.arange(host.buffers[view].shape[1])
+    host.memory_np[5] = np.arange(host.record_bytes) % 251  # this step's store reuses slot 5
     new = _slot_bytes(host, tier, key, 5)
     gate.set()
     handler.wait([1])

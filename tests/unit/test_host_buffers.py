@@ -59,7 +59,7 @@ def test_a_host_tier_is_in_memory_when_built_before_any_store() -> None:
     caches = {"k": torch.zeros(4, 2048, dtype=torch.bfloat16)}  # 4 KiB pages
     host = HostTier(build_layout(caches, [["k"]], 4), num_chunks=4096, block_size_factor=2)
     assert host.nbytes == 32 << 20
-    assert _resident_kib(host.buffers[0]) == 32 << 10
+    assert _resident_kib(host.memory) == 32 << 10
 
 
 def _fresh(nbytes: int) -> torch.Tensor:
@@ -101,7 +101,7 @@ def _offers_huge_pages() -> bool:
 def test_a_host_tier_is_backed_by_huge_pages() -> None:
     caches = {"k": torch.zeros(4, 2048, dtype=torch.bfloat16)}  # 4 KiB pages
     host = HostTier(build_layout(caches, [["k"]], 4), num_chunks=8192, block_size_factor=2)
-    buffer = host.buffers[0]
+    buffer = host.memory
     assert host.nbytes == 8192 * 2 * 4096
     assert buffer.data_ptr() % HUGE_PAGE == 0  # rows on cache lines, pages on huge pages
     # advised for huge pages, every mapping it lies in, and committed when built: faulted in as
@@ -112,7 +112,7 @@ def test_a_host_tier_is_backed_by_huge_pages() -> None:
     assert huge_kib >= HUGE_PAGE // 1024
 
 
-def test_a_host_tier_of_no_chunks_has_empty_buffers() -> None:
+def test_a_host_tier_of_no_chunks_has_empty_memory() -> None:
     caches = {"k": torch.zeros(4, 16, dtype=torch.int64)}
     host = HostTier(build_layout(caches, [["k"]], 4), num_chunks=0, block_size_factor=1)
-    assert host.buffers[0].shape == (0, 16) and host.nbytes == 0
+    assert host.memory.shape == (0, 128) and host.nbytes == 0

@@ -17,8 +17,7 @@ from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker import TransferWorker, copy_cpu, engine_host_handlers
 from kvtier.worker.base import Transfer
 from kvtier.worker.plan import chunks_spanned, plan_copy
-from kvtier.worker.row_batch import RowBatch, plan_rows
-from kvtier.worker.segments import Segment
+from kvtier.worker.row_batch import Piece, RowBatch, plan_rows
 
 NUM_BLOCKS, NUM_CHUNKS, FACTOR = 32, 12, 2
 
@@ -35,8 +34,7 @@ def inline() -> Iterator[tuple[KVLayout, HostTier, TransferWorker]]:
     """The default CPU handlers (stores inline), host rows zeroed."""
     layout = _layout()
     host = HostTier(layout, NUM_CHUNKS, FACTOR)
-    for buffer in host.buffers:
-        buffer.zero_()
+    host.memory_np[:] = 0
     worker = TransferWorker()
     store, load = engine_host_handlers(layout, host, lanes=2)
     worker.register_handler(Medium.ENGINE, Medium.CPU, store)
@@ -61,11 +59,17 @@ BATCH = [
 ]
 
 
-def _host_after(transfers: list[Transfer], batched: bool) -> list[torch.Tensor]:
+def _pages(host: HostTier, layout: KVLayout, slot: int, subs: range) -> torch.Tensor:
+    """The pages of view 0 (group 0) in ``slot``'s sub-blocks ``subs``, typed as the engine's."""
+    return torch.stack([torch.from_numpy(host.page(0, 0, slot, sub)) for sub in subs]).view(
+        layout.views[0].dtype
+    )
+
+
+def _host_after(transfers: list[Transfer], batched: bool) -> np.ndarray:
     layout = _layout()
     host = HostTier(layout, NUM_CHUNKS, FACTOR)
-    for buffer in host.buffers:
-        buffer.zero_()
+    host.memory_np[:] = 0
     store, load = engine_host_handlers(layout, host, lanes=2)
     if batched:
         assert store.transfer_batch(transfers) == [True] * len(transfers)
@@ -74,13 +78,13 @@ def _host_after(transfers: list[Transfer], batched: bool) -> list[torch.Tensor]:
     assert all(result.success for result in store.get_finished())
     store.shutdown()
     load.shutdown()
-    return [buffer.clone() for buffer in host.buffers]
+    return host.memory_np.copy()
 
 
 def test_a_batch_copies_the_bytes_each_job_copies_alone() -> None:
     alone, together = _host_after(BATCH, batched=False), _host_after(BATCH, batched=True)
-    assert any(bool(buffer.any()) for buffer in together)
-    assert all(torch.equal(a, b) for a, b in zip(alone, together, strict=True))
+    assert together.any()
+    assert (alone == together).all()
 
 
 def test_each_job_of_a_batch_is_reported_with_its_bytes(
@@ -105,31 +109,29 @@ def test_a_bad_job_is_refused_alone(inline: tuple[KVLayout, HostTier, TransferWo
     bad = _store(7, [NUM_BLOCKS, 1], [5])  # a block id past the engine's
     assert worker.transfer_batch([BATCH[0], bad, BATCH[1]]) == [True, False, True]
     assert sorted(r.job_id for r in worker.get_finished()) == [1, 2]
-    rows = host.page_rows(0)
-    assert torch.equal(rows[0:2], layout.views[0][[3, 4]])
-    assert not rows[10:12].any()  # slot 5: untouched
+    assert torch.equal(_pages(host, layout, 0, range(2)), layout.views[0][[3, 4]])
+    assert not host.memory_np[5].any()  # slot 5: untouched
 
 
 def test_a_failed_batch_copy_fails_only_the_job_that_fails_alone(
     inline: tuple[KVLayout, HostTier, TransferWorker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     layout, host, worker = inline
-    copy = copy_cpu.CpuCopyHandler._copy_segments
+    copy = copy_cpu.CpuCopyHandler._copy_piece
 
-    def scatter_fails(*_: object) -> None:
-        raise RuntimeError("the joined copy fails")
-
-    def fail_on_block_9(self: copy_cpu.CpuCopyHandler, segments: list[Segment]) -> None:
-        if any(9 in segment.ids for segment in segments):  # job 2's block, copied alone
+    def fail_on_block_9(self: copy_cpu.CpuCopyHandler, piece: Piece) -> None:
+        if 9 in piece.ids:  # job 2's block: the joined copy fails, then job 2 alone
             raise RuntimeError("a copy fails")
-        copy(self, segments)
+        copy(self, piece)
 
-    monkeypatch.setattr(copy_cpu.CpuCopyHandler, "_scatter_piece", scatter_fails)
-    monkeypatch.setattr(copy_cpu.CpuCopyHandler, "_copy_segments", fail_on_block_9)
+    monkeypatch.setattr(copy_cpu.CpuCopyHandler, "_copy_piece", fail_on_block_9)
     assert worker.transfer_batch(BATCH) == [True] * len(BATCH)
     outcomes = {result.job_id: result.success for result in worker.get_finished()}
     assert outcomes == {1: True, 2: False, 3: True, 4: True, 5: True}
-    assert torch.equal(host.page_rows(0)[4:8], layout.views[0][[20, 21, 22, 23]])
+    assert torch.equal(
+        torch.cat([_pages(host, layout, slot, range(2)) for slot in (2, 3)]),
+        layout.views[0][[20, 21, 22, 23]],
+    )
 
 
 @pytest.mark.parametrize("inline_stores", [True, False])
@@ -141,8 +143,7 @@ def test_transfers_of_one_job_id_are_its_parts_copied_and_reported_once(
     as on the job thread's; a part refused refuses its job, not the others."""
     layout = _layout()
     host = HostTier(layout, NUM_CHUNKS, FACTOR)
-    for buffer in host.buffers:
-        buffer.zero_()
+    host.memory_np[:] = 0
     worker = TransferWorker()
     store, load = engine_host_handlers(layout, host, lanes=2, inline_stores=inline_stores)
     worker.register_handler(Medium.ENGINE, Medium.CPU, store)
@@ -155,9 +156,9 @@ def test_transfers_of_one_job_id_are_its_parts_copied_and_reported_once(
     group_bytes = [sum(layout.page_bytes[v] for v in views) for views in layout.groups]
     assert result.job_id == 9 and result.success
     assert result.bytes == 4 * group_bytes[0] + 2 * group_bytes[1]
-    rows = host.page_rows(0)
-    assert torch.equal(rows[0:4], layout.views[0][[3, 4, 9, 1]])
-    assert not rows[18:20].any()  # job 8's first part (slot 9): not copied
+    pages = torch.cat([_pages(host, layout, slot, range(2)) for slot in (0, 1)])
+    assert torch.equal(pages, layout.views[0][[3, 4, 9, 1]])
+    assert not host.memory_np[9].any()  # job 8's first part (slot 9): not copied
     assert worker.num_in_flight == 0
     worker.shutdown()
 
@@ -198,16 +199,23 @@ def test_plan_rows_refuses_what_plan_copy_refuses(engine: EngineBlocks, slots: l
         plan_rows(too_many, HostChunks(np.array([0])), 3, 3)
 
 
-def test_pieces_cover_every_block_of_every_view_once() -> None:
-    batch = RowBatch([np.arange(10), np.arange(3) + 20], [np.arange(10) + 100, np.arange(3)])
-    pieces = batch.pieces([[0, 1], [2]], [100, 100, 50], piece_bytes=300)
-    assert all(len(ids) <= 3 for view, ids, _ in pieces if view < 2)
-    moved = sorted((view, int(i), int(r)) for view, ids, rows in pieces
-                   for i, r in zip(ids, rows, strict=True))  # fmt: skip
-    expected = sorted([(v, i, i + 100) for v in (0, 1) for i in range(10)]
-                      + [(2, 20 + k, k) for k in range(3)])  # fmt: skip
+def test_pieces_cover_every_block_once_within_the_bound() -> None:
+    """Group 0: blocks 0..11 into rows 100..111 (factor 4: slots 25, 26, 27, so three runs of
+    4 pages); group 1: blocks 20..22 into rows 0, 5, 2 (runs of one page)."""
+    rows = [np.arange(12) + 100, np.array([0, 5, 2])]
+    batch = RowBatch([np.arange(12), np.arange(3) + 20], rows)
+    pieces = batch.pieces([200, 50], factor=4, piece_bytes=900)
+    moved = sorted((piece.group, int(i), int(s) * 4 + int(u)) for piece in pieces
+                   for i, s, u in zip(piece.ids, piece.slots, piece.subs, strict=True))  # fmt: skip
+    expected = sorted([(0, i, i + 100) for i in range(12)]
+                      + [(1, 20 + k, r) for k, r in enumerate([0, 5, 2])])  # fmt: skip
     assert moved == expected
-    assert batch.within(23, 110) and not batch.within(22, 110) and not batch.within(23, 109)
+    group0 = [piece for piece in pieces if piece.group == 0]
+    assert [len(piece.ids) for piece in group0] == [4, 4, 4]  # 4 pages of 200 bytes fit 900
+    assert all(piece.runs == [(0, len(piece.ids))] for piece in group0)  # one call each
+    (group1,) = [piece for piece in pieces if piece.group == 1]
+    assert group1.runs is None  # runs of one page: gathered at once
+    assert batch.within(23, 112) and not batch.within(22, 112) and not batch.within(23, 111)
 
 
 def test_a_batch_with_an_unknown_medium_submits_nothing(
@@ -218,7 +226,7 @@ def test_a_batch_with_an_unknown_medium_submits_nothing(
     with pytest.raises(ValueError, match="no handler for cpu -> cpu"):
         worker.transfer_batch([BATCH[0], foreign])
     assert worker.num_in_flight == 0 and worker.get_finished() == []
-    assert not any(bool(buffer.any()) for buffer in host.buffers)
+    assert not host.memory_np.any()
     assert worker.transfer_batch([BATCH[0]]) == [True]
     with pytest.raises(ValueError, match="job 1 is already in flight"):
         worker.transfer_batch([BATCH[0]])

@@ -23,8 +23,7 @@ from kvtier.layout import KVLayout, build_layout
 from kvtier.media import Medium
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker import TransferWorker, copy_cpu, engine_host_handlers, handlers
-from kvtier.worker.plan import GroupCopy
-from kvtier.worker.segments import Segment
+from kvtier.worker.row_batch import Piece, RowBatch
 
 NUM_BLOCKS, NUM_CHUNKS = 24, 10
 LANES = [1, 2, 3]
@@ -89,8 +88,8 @@ def setup() -> Iterator[Setup]:
         caches, groups = _engine()
         layout = build_layout(caches, groups, NUM_BLOCKS)
         host = HostTier(layout, NUM_CHUNKS, factor)
-        for buffer in host.buffers:
-            buffer.copy_(torch.randint(-(2**62), 2**62, buffer.shape))
+        memory = host.memory_np
+        memory[:] = np.random.default_rng(factor).integers(0, 256, memory.shape, dtype=np.uint8)
         worker = TransferWorker()
         workers.append(worker)
         # stores on their thread: the threaded mode's ordering and shutdown are tested here
@@ -104,8 +103,13 @@ def setup() -> Iterator[Setup]:
         worker.shutdown()
 
 
-def _sub_block(host: HostTier, view: int, slot: int, sub: int) -> torch.Tensor:
-    return host.page_rows(view)[slot * host.block_size_factor + sub]
+def _sub_block(host: HostTier, group: int, view: int, slot: int, sub: int) -> torch.Tensor:
+    """The host page of ``view`` in ``slot``'s chunk of ``group``, as bytes."""
+    return torch.from_numpy(host.page(group, view, slot, sub))
+
+
+def _engine_page(layout: KVLayout, view: int, block: int) -> torch.Tensor:
+    return layout.views[view][block].view(torch.uint8)
 
 
 def _run(worker: TransferWorker, job_id: int, spec: tuple[EngineBlocks | HostChunks, ...]) -> int:
@@ -121,20 +125,17 @@ def _run(worker: TransferWorker, job_id: int, spec: tuple[EngineBlocks | HostChu
 def test_store_copies_every_block_and_nothing_else(factor: int, lanes: int, setup: Setup) -> None:
     layout, host, worker = setup(factor, lanes)
     case = EXPECTED[factor]
-    before = [b.clone() for b in host.buffers]
+    before = host.memory_np.copy()
     nbytes = _run(worker, 1, (case["engine"], case["host"]))
 
-    written: set[tuple[int, int, int]] = set()
+    written = np.zeros(before.shape, dtype=bool)  # the host bytes the store wrote
     for (group, block), (slot, sub) in case["map"].items():
         for view in layout.groups[group]:
-            assert torch.equal(_sub_block(host, view, slot, sub), layout.views[view][block])
-            written.add((view, slot, sub))
-    for view in range(len(layout.views)):
-        for slot in range(NUM_CHUNKS):
-            for sub in range(factor):
-                if (view, slot, sub) not in written:
-                    rows = before[view].view(NUM_CHUNKS * factor, -1)
-                    assert torch.equal(_sub_block(host, view, slot, sub), rows[slot * factor + sub])
+            page = _sub_block(host, group, view, slot, sub)
+            assert torch.equal(page, _engine_page(layout, view, block))
+            start = page.numpy().ctypes.data - host.memory_np[slot].ctypes.data
+            written[slot, start : start + len(page)] = True
+    assert (host.memory_np[~written] == before[~written]).all()  # nothing else
     assert nbytes == sum(
         layout.page_bytes[v] for (group, _), _ in case["map"].items() for v in layout.groups[group]
     )
@@ -151,7 +152,8 @@ def test_load_copies_every_block_and_nothing_else(factor: int, lanes: int, setup
     loaded: set[tuple[int, int]] = set()
     for (group, block), (slot, sub) in case["map"].items():
         for view in layout.groups[group]:
-            assert torch.equal(layout.views[view][block], _sub_block(host, view, slot, sub))
+            assert torch.equal(_engine_page(layout, view, block),
+                               _sub_block(host, group, view, slot, sub))  # fmt: skip
             loaded.add((view, block))
     for view, rows in enumerate(layout.views):
         for block in range(NUM_BLOCKS):
@@ -198,7 +200,8 @@ def test_jobs_of_one_direction_finish_in_submission_order(lanes: int, setup: Set
         last_block.update(zip(slots.tolist(), blocks.tolist()))
     for slot, block in last_block.items():
         for view in layout.groups[0]:
-            assert torch.equal(_sub_block(host, view, slot, 0), layout.views[view][block])
+            page = _sub_block(host, 0, view, slot, 0)
+            assert torch.equal(page, _engine_page(layout, view, block))
 
 
 def test_a_load_has_finished_when_transfer_async_returns(setup: Setup) -> None:
@@ -209,7 +212,8 @@ def test_a_load_has_finished_when_transfer_async_returns(setup: Setup) -> None:
     assert worker.transfer_async(7, (case["host"], case["engine"]))
     for (group, block), (slot, sub) in case["map"].items():
         for view in layout.groups[group]:
-            assert torch.equal(layout.views[view][block], _sub_block(host, view, slot, sub))
+            assert torch.equal(_engine_page(layout, view, block),
+                               _sub_block(host, group, view, slot, sub))  # fmt: skip
     (result,) = worker.get_finished()
     assert result.job_id == 7 and result.success
 
@@ -221,14 +225,14 @@ def test_stores_run_off_the_caller_and_split_across_lanes(
     layout, host, worker = setup(1, lanes=2)
     release = threading.Event()
     threads: set[str] = set()
-    original = copy_cpu.CpuCopyHandler._copy_segments
+    original = copy_cpu.CpuCopyHandler._copy_piece
 
-    def recorded(self: copy_cpu.CpuCopyHandler, segments: list[Segment]) -> None:
+    def recorded(self: copy_cpu.CpuCopyHandler, piece: Piece) -> None:
         assert release.wait(10.0)  # held until the caller checked it was not waited for
         threads.add(threading.current_thread().name)
-        original(self, segments)
+        original(self, piece)
 
-    monkeypatch.setattr(copy_cpu.CpuCopyHandler, "_copy_segments", recorded)
+    monkeypatch.setattr(copy_cpu.CpuCopyHandler, "_copy_piece", recorded)
     engine = EngineBlocks(np.arange(10), (10, 0, 0), (0, 0, 0))
     assert worker.transfer_async(1, (engine, HostChunks(np.arange(10))))
     assert worker.get_finished() == []  # still held: the store did not run on this thread
@@ -260,9 +264,9 @@ def test_a_shutdown_on_the_store_thread_does_not_join_itself(
     layout, host, worker = setup(1, lanes=2)
     original = copy_cpu.CpuCopyHandler._copy
 
-    def shut_down_first(self: copy_cpu.CpuCopyHandler, plan: list[GroupCopy]) -> None:
+    def shut_down_first(self: copy_cpu.CpuCopyHandler, batch: RowBatch, total: int) -> None:
         self.shutdown()
-        original(self, plan)
+        original(self, batch, total)
 
     monkeypatch.setattr(copy_cpu.CpuCopyHandler, "_copy", shut_down_first)
     engine = EngineBlocks(np.arange(4), (4, 0, 0), (0, 0, 0))
@@ -282,7 +286,7 @@ def test_lanes_follow_the_cores_this_thread_may_use(monkeypatch: pytest.MonkeyPa
 
 def test_bad_specs_are_refused_without_copying(setup: Setup) -> None:
     layout, host, worker = setup(3)
-    before = [b.clone() for b in host.buffers]
+    before = host.memory_np.copy()
     engine = EngineBlocks(np.array([0, 1, 2]), (3, 0, 0), (0, 0, 0))
     assert not worker.transfer_async(1, (engine, HostChunks(np.array([0, 1]))))  # 1 chunk spanned
     assert not worker.transfer_async(2, (engine, HostChunks(np.array([NUM_CHUNKS]))))  # no slot
@@ -291,7 +295,7 @@ def test_bad_specs_are_refused_without_copying(setup: Setup) -> None:
     uneven = EngineBlocks(np.array([0, 1]), (3, 0, 0), (0, 0, 0))
     assert not worker.transfer_async(4, (uneven, HostChunks(np.array([0]))))
     assert worker.get_finished() == []
-    assert all(torch.equal(a, b) for a, b in zip(before, host.buffers))
+    assert (host.memory_np == before).all()
     with pytest.raises(ValueError, match="no handler for cpu -> cpu"):
         worker.transfer_async(5, (HostChunks(np.array([0])), HostChunks(np.array([1]))))
 
@@ -308,6 +312,8 @@ def test_cpu_stores_copy_inline_by_default() -> None:
     (result,) = store.get_finished()
     assert result.success
     for view in layout.groups[0]:
-        assert torch.equal(host.page_rows(view)[:4], layout.views[view][:4])
+        for block in range(4):
+            page = _sub_block(host, 0, view, block, 0)
+            assert torch.equal(page, _engine_page(layout, view, block))
     store.shutdown()
     load.shutdown()

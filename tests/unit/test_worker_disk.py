@@ -61,12 +61,12 @@ def _block(worker: WorkerConnector, block: int) -> bytes:
 
 def _slot(worker: WorkerConnector, slot: int) -> bytes:
     assert worker.host is not None
-    return worker.host.buffers[0][slot].numpy().tobytes()
+    return worker.host.memory_np[slot].tobytes()
 
 
 def _fill_slot(worker: WorkerConnector, slot: int, seed: int) -> bytes:
     assert worker.host is not None
-    row = worker.host.buffers[0][slot].numpy().view(np.uint8)
+    row = worker.host.memory_np[slot]
     row[:] = np.random.default_rng(seed).integers(0, 256, PAGE, dtype=np.uint8)
     return row.tobytes()
 

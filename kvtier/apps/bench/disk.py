@@ -130,9 +130,8 @@ class _Rig:
         self.layout = _engine(layers, 2 * chunks * FACTOR, device)
         self.host = HostTier(self.layout, chunks, FACTOR)
         rng = np.random.default_rng(0)
-        for buffer in self.host.buffers:
-            rows = _bytes(buffer)
-            rows[:] = np.frombuffer(rng.bytes(rows.size), dtype=np.uint8).reshape(rows.shape)
+        memory = self.host.memory_np
+        memory[:] = np.frombuffer(rng.bytes(memory.size), dtype=np.uint8).reshape(memory.shape)
         shape = f"(kv_heads={KV_HEADS},block={ENGINE_BLOCK},2*head={2 * HEAD_DIM})"
         layout = f"cpu:{layers} layers:{shape}"
         fingerprint = LayoutFingerprint("bench-disk", "bfloat16", layout, 0, 1, 0, CHUNK_TOKENS)
@@ -181,11 +180,6 @@ def _engine(layers: int, num_blocks: int, device: torch.device) -> KVLayout:
     return build_layout(caches, [list(caches)], num_blocks)
 
 
-def _bytes(tensor: torch.Tensor) -> np.ndarray:
-    """A host tensor's memory as ``(rows, bytes)``."""
-    return tensor.view(torch.uint8).numpy().reshape(tensor.shape[0], -1)
-
-
 def _pair(
     seconds: dict[str, list[float]],
     measure: str,
@@ -215,7 +209,7 @@ class _RawFile:
 
     def __init__(self, path: Path, host: HostTier) -> None:
         self.path = path
-        self.source = [_bytes(buffer).data.cast("B") for buffer in host.buffers]
+        self.source = [host.memory_np.reshape(-1).data.cast("B")]
         self.buffer = bytearray(RAW_IO)
 
     def write(self) -> None:

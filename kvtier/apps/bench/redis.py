@@ -196,10 +196,15 @@ class _Rig:
         self.layout = _engine(self.block, 2 * chunks * factor, device)
         host = HostTier(self.layout, chunks, factor)
         rng = np.random.default_rng(tokens)
-        for buffer in host.buffers:
-            rows = _bytes(buffer)
-            rows[:] = np.frombuffer(rng.bytes(rows.size), dtype=np.uint8).reshape(rows.shape)
-        self.host_rows = [host.page_rows(v) for v in range(len(self.layout.views))]
+        memory = host.memory_np
+        memory[:] = np.frombuffer(rng.bytes(memory.size), dtype=np.uint8).reshape(memory.shape)
+        # per view: every chunk's pages as (chunks * factor, page bytes)
+        self.host_rows = [
+            torch.from_numpy(np.ascontiguousarray(host.pages(0, i, np.dtype(np.uint8)))).reshape(
+                chunks * factor, -1
+            )
+            for i in range(len(self.layout.views))
+        ]
         shape = f"(kv_heads={KV_HEADS},block={self.block},2*head={2 * HEAD_DIM})"
         fingerprint = LayoutFingerprint("bench-redis", "bfloat16", f"cpu:{LAYERS} layers:{shape}",
                                         0, 1, 0, tokens)  # fmt: skip
@@ -208,13 +213,12 @@ class _Rig:
         store.check()
         self.tier = RedisTier(store, 0, digest, fingerprint.describe(), self.layout, factor)
         self.keys = tuple(make_key(digest, i, 0) for i in range(chunks))
-        views = [_bytes(buffer) for buffer in host.buffers]  # (chunks, chunk bytes) per view
-        self.payloads: list[list[Buffer]] = [[v[c] for v in views] for c in range(chunks)]
-        self.values = [b"".join(v[c].data for v in views) for c in range(chunks)]
+        self.payloads: list[list[Buffer]] = [[host.record(c, 0)] for c in range(chunks)]
+        self.values = [host.record(c, 0).tobytes() for c in range(chunks)]
         self.names = [f"{PREFIX}:redis-py:{tokens}:{c}" for c in range(chunks)]
         self.client = redis.Redis.from_url(url, socket_timeout=30.0)
         self.got: list[bytes | None] = []
-        self.raw = _RawStream([v.data.cast("B") for v in views])
+        self.raw = _RawStream([memory.reshape(-1).data.cast("B")])
         self.loader = RedisLoadHandler(self.layout, self.tier)
         self.blocks = np.empty(0, dtype=np.int64)
         self._jobs = iter(range(1 << 62))
@@ -252,7 +256,7 @@ class _Rig:
         (``RedisTier.prefetch`` ``read_ahead`` ahead and ``read`` into one staging chunk: the
         GETs, the receive, the header and checksum checks), ``checksum`` (xxh3 of the payload,
         part of ``fetch_verify``) and ``scatter`` (the staged rows into the engine blocks)."""
-        staging = [np.empty(n, dtype=np.uint8) for n in self.tier.view_bytes(0)]
+        staging = [np.empty(sum(self.tier.view_bytes(0)), dtype=np.uint8)]  # one record
         rows = [rows.numpy() for rows in self.host_rows]
         factor = self.tier.factor
 
@@ -278,14 +282,14 @@ class _Rig:
         phases = {"fetch_verify": fetch_verify, "checksum": checksum}
         if self.layout.device.type != "cpu":  # the GPU scatter is the copy engine's: not here
             return phases
-        engine = [view.numpy() for view in self.layout.views]
+        engine = [view.numpy().view(np.uint8) for view in self.layout.views]
         return phases | {"scatter": scatter}
 
     def check_load(self) -> None:
         """Raise RuntimeError unless every side brought back the bytes stored."""
         ids = torch.from_numpy(self.blocks).to(self.layout.device)
         for view, rows in zip(self.layout.views, self.host_rows, strict=True):
-            if not torch.equal(view.index_select(0, ids).cpu(), rows):
+            if not torch.equal(view.index_select(0, ids).cpu().view(torch.uint8), rows):
                 raise RuntimeError("kvtier bench redis: kvtier loaded other bytes than it stored")
         if self.got != self.values:
             raise RuntimeError("kvtier bench redis: redis-py GET returned other bytes")
@@ -310,11 +314,6 @@ def _engine(block: int, num_blocks: int, device: torch.device) -> KVLayout:
         for i in range(LAYERS)
     }  # fmt: skip
     return build_layout(caches, [list(caches)], num_blocks)
-
-
-def _bytes(tensor: torch.Tensor) -> np.ndarray:
-    """A host tensor's memory as ``(rows, bytes)``."""
-    return tensor.view(torch.uint8).numpy().reshape(tensor.shape[0], -1)
 
 
 def _job(handler: TransferHandler, job_id: int, src: TierChunks, dst: EngineBlocks) -> None:

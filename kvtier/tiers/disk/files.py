@@ -109,14 +109,16 @@ class DiskTier:
             os.close(fd)
 
     def read(self, key: bytes, out: Sequence[np.ndarray]) -> None:
-        """Read and verify this rank's share of ``key`` into ``out`` (one buffer per view).
+        """Read and verify this rank's share of ``key`` into ``out`` (the chunk's record: one
+        buffer, or several whose concatenation it is).
 
         Raises ChunkError after removing a file that failed a check, OSError when there is no
         readable file.
         """
         path = self.path(key)
         try:
-            read_chunk(path, key, self.rank, self.fingerprint, out)
+            views = self.view_bytes(key_group(ChunkKey(key)))
+            read_chunk(path, key, self.rank, self.fingerprint, out, views)
         except ChunkError as error:
             logger.warning("kvtier: removed bad disk chunk %s: %s", path, error)
             path.unlink(missing_ok=True)

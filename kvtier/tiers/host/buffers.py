@@ -1,23 +1,14 @@
-"""The host-memory tier: one preallocated buffer per canonical engine view.
+"""The host-memory tier: one buffer of ``num_chunks`` slots, a chunk's record in each.
 
-Buffer ``i`` is ``(num_chunks, page_words[i] * block_size_factor)`` in view ``i``'s word type: row
-``s`` holds chunk slot ``s`` (its ``factor`` engine pages back to back). Slots are handed out by the
-scheduler half's ``ChunkManager``; this class only owns the memory. Buffers are pinned when the
-engine tensors live on CUDA, so copies can run asynchronously.
+``memory`` is ``(num_chunks, record_bytes)`` bytes: slot ``s`` holds one chunk as its record
+(``records.py``: the chunk's views one after the other, each its ``factor`` pages back to back,
+the bytes of its disk file's or Redis record's payload). Slots are handed out by the scheduler
+half's ``ChunkManager``; this class only owns the memory.
 
-On the CPU the buffers are numpy's allocations, which numpy marks for transparent huge pages
-(``madvise(MADV_HUGEPAGE)``, honoured when the kernel's mode is ``madvise`` or ``always``),
-started on a 2 MiB boundary, and committed when built (``commit.py``: every page faulted in
-before the engine serves, as pinned memory is on CUDA), so no store pays a page fault. Measured
-on this machine, 8 MiB of 8 KiB rows copied into pages never touched: 5.5 ms in torch's
-allocation (4 KiB faults), 1.6 ms in numpy's (2 MiB faults), 0.9 ms into pages already touched;
-and on a virtual machine that backs guest memory only when first touched, about 1.2-4.5 ms per
-MiB however the pages are faulted: inside the stores, the 48 MiB a round of 512 never-seen prompts
-stores took 116 ms against 24 ms into committed memory. Committing a window ahead of the stores
-instead, on a ``SCHED_IDLE`` thread, was tried and measured worse (0%-hit throughput at 512
-concurrent prompts 0.81 and 0.89 of the engine without kvtier, against 0.93 and 0.91 without
-it): a core that commits a page stalls in the host for milliseconds, and the engine's compute
-threads wait for it whatever the thread's priority. At start-up nothing waits on it.
+The memory is numpy's allocation, started on a 2 MiB boundary (numpy marks it for transparent
+huge pages). For CPU engine tensors it is committed when built (``commit.py``: every page faulted
+in before the engine serves, so no store pays a page fault). For CUDA engine tensors it is pinned
+after the engine started, a piece at a time (``pinning.py``); copies are correct before that.
 """
 
 from __future__ import annotations
@@ -26,45 +17,82 @@ import numpy as np
 import torch
 
 from kvtier.layout import KVLayout
+from kvtier.pages import Pages
 from kvtier.tiers.host.commit import commit
+from kvtier.tiers.host.pinning import Pinning
+from kvtier.tiers.host.records import RecordLayout
 
-HUGE_PAGE = 2 << 20  # where the buffers start
+HUGE_PAGE = 2 << 20  # where the memory starts
 
 
 class HostTier:
     def __init__(self, layout: KVLayout, num_chunks: int, block_size_factor: int) -> None:
-        if block_size_factor < 1:
-            raise ValueError(f"kvtier: block_size_factor must be >= 1, got {block_size_factor}")
+        self.records = RecordLayout.of(layout, block_size_factor)
         self.num_chunks = num_chunks
         self.block_size_factor = block_size_factor
-        pin = layout.device.type == "cuda"
-        # (num_chunks, page_words * factor) per view
-        self.buffers: tuple[torch.Tensor, ...] = tuple(
-            _allocate((num_chunks, view.shape[1] * block_size_factor), view.dtype, pin)
-            for view in layout.views
-        )
-        if not pin:  # (pinned memory is committed when allocated)
-            commit(self.buffers)
+        self.record_bytes = self.records.record_bytes
+        self._raw, self.memory = _allocate(num_chunks, self.record_bytes)  # (chunks, bytes)
+        self.memory_np: np.ndarray = self.memory.numpy()
+        self.pinning: Pinning | None = None
+        if layout.device.type == "cuda" and self.memory.numel():
+            self.pinning = Pinning(self.memory, layout.device)
+        elif self.memory.numel():
+            commit([self.memory])
 
     @property
     def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.buffers)
+        return self.memory.numel()
 
-    def page_rows(self, view: int) -> torch.Tensor:
-        """Buffer ``view`` as ``(num_chunks * factor, page_words)``: row ``s * factor + j`` is
-        sub-block ``j`` of slot ``s``."""
-        buffer = self.buffers[view]
-        return buffer.view(self.num_chunks * self.block_size_factor, -1)
+    def record(self, slot: int, group: int) -> np.ndarray:
+        """The bytes of slot ``slot`` that a chunk of ``group`` uses (a view, no copy)."""
+        return self.memory_np[slot, : self.records.group_bytes(group)]
+
+    def page(self, group: int, view: int, slot: int, sub: int) -> np.ndarray:
+        """The bytes of sub-block ``sub`` of view ``view`` of a chunk of ``group`` in ``slot``."""
+        index = self.records.groups[group].index(view)
+        page = self.records.page_bytes[view]
+        start = self.records.offsets(group)[index] + sub * page
+        return self.memory_np[slot, start : start + page]
+
+    def pages(self, group: int, index: int, dtype: np.dtype) -> np.ndarray:
+        """``(num_chunks, factor, page_bytes // itemsize)`` view of the pages of the ``index``-th
+        view of ``group`` in every slot, typed ``dtype`` (which must divide the page)."""
+        view = self.records.groups[group][index]
+        page = self.records.page_bytes[view]
+        item = np.dtype(dtype).itemsize
+        start = self.records.offsets(group)[index]
+        if page % item or start % item or self.record_bytes % item:
+            raise ValueError(f"kvtier: a {item}-byte word does not divide view {view}'s pages")
+        typed = self.memory_np.view(dtype) if self.record_bytes else self.memory_np
+        return np.lib.stride_tricks.as_strided(
+            typed.reshape(-1)[start // item :],
+            shape=(self.num_chunks, self.block_size_factor, page // item),
+            strides=(self.record_bytes, page, item),
+            writeable=True,
+        )
+
+    def page_map(self, group: int, block_ids: np.ndarray, rows: np.ndarray) -> Pages:
+        """Engine blocks ``block_ids`` of ``group`` <-> host page rows ``rows`` (slot *
+        factor + sub-block), as pages of every view of the group (``kvtier.pages``)."""
+        slots, subs = np.divmod(np.asarray(rows, dtype=np.int64), self.block_size_factor)
+        offsets = self.records.page_offsets(group, subs) + slots[None, :] * self.record_bytes
+        views = np.array(self.records.groups[group], dtype=np.int64)
+        blocks = np.asarray(block_ids, dtype=np.int64)
+        return Pages(np.repeat(views, len(blocks)), np.tile(blocks, len(views)), offsets.ravel())
+
+    def close(self) -> None:
+        """Stop pinning and unregister the memory (the engine's copies must be done)."""
+        if self.pinning is not None:
+            self.pinning.close()
+            self.pinning = None
 
 
-def _allocate(shape: tuple[int, int], dtype: torch.dtype, pin: bool) -> torch.Tensor:
-    """An uninitialized buffer: pinned by torch for CUDA copies, else numpy's (huge pages),
-    starting on a 2 MiB boundary: numpy's own start is only 16-byte aligned, which put rows
-    across cache lines (CPU stores of 32-token chunks 5-10 % slower than into torch's memory)."""
-    if pin or not shape[0]:
-        return torch.empty(shape, dtype=dtype, pin_memory=pin)
-    row_bytes = shape[1] * torch.empty((), dtype=dtype).element_size()
-    raw = np.empty(shape[0] * row_bytes + HUGE_PAGE, dtype=np.uint8)
-    start = -raw.ctypes.data % HUGE_PAGE
-    rows = raw[start : start + shape[0] * row_bytes].reshape(shape[0], row_bytes)
-    return torch.from_numpy(rows).view(dtype)
+def _allocate(num_chunks: int, record_bytes: int) -> tuple[np.ndarray, torch.Tensor]:
+    """Uninitialized ``(num_chunks, record_bytes)`` bytes starting on a 2 MiB boundary (numpy's
+    own start is only 16-byte aligned, which put rows across cache lines), and the raw
+    allocation that owns them."""
+    size = num_chunks * record_bytes
+    raw = np.empty(size + HUGE_PAGE if size else 0, dtype=np.uint8)
+    start = -raw.ctypes.data % HUGE_PAGE if size else 0
+    rows = raw[start : start + size].reshape(num_chunks, record_bytes)
+    return raw, torch.from_numpy(rows)

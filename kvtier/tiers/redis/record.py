@@ -114,10 +114,16 @@ def check_payload(header: ChunkHeader, out: Sequence[np.ndarray]) -> None:
 
 
 def verify_record(
-    record: Buffer, key: bytes, rank: int, fingerprint: bytes, out: Sequence[np.ndarray]
+    record: Buffer,
+    key: bytes,
+    rank: int,
+    fingerprint: bytes,
+    out: Sequence[np.ndarray],
+    views: Sequence[int] | None = None,
 ) -> ChunkHeader:
-    """Check a whole record held in memory and copy its payload into ``out`` (one byte buffer
-    per view); ChunkError naming the first check that failed."""
+    """Check a whole record held in memory and copy its payload into ``out`` (byte buffers
+    whose concatenation receives it) against view lengths ``views`` (None: ``out``'s, one
+    buffer per view); ChunkError naming the first check that failed."""
     data = memoryview(record).cast("B")
     if len(data) < PREFIX.size:
         raise ChunkError(f"truncated: {len(data)} bytes")
@@ -125,7 +131,11 @@ def verify_record(
     if len(data) < head:
         raise ChunkError(f"truncated: {len(data)} bytes, a header to byte {head}")
     header = decode_header(data[:head])
-    check_header(header, key, rank, fingerprint, [o.nbytes for o in out], len(data), head)
+    expected = [o.nbytes for o in out] if views is None else list(views)
+    check_header(header, key, rank, fingerprint, expected, len(data), head)
+    if sum(o.nbytes for o in out) != header.payload_bytes:
+        raise ValueError(f"kvtier: {sum(o.nbytes for o in out)} bytes to copy a payload of "
+                         f"{header.payload_bytes} into")  # fmt: skip
     at = head
     for buffer in out:
         buffer.reshape(-1).view(np.uint8)[:] = np.frombuffer(

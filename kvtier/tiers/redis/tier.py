@@ -123,9 +123,10 @@ class RedisTier:
             del self._sent[next(iter(self._sent))]
 
     def read(self, key: ChunkKey, out: Sequence[np.ndarray]) -> None:
-        """Receive and verify this rank's record of ``key`` into ``out`` (one byte buffer per
-        view of its group). ChunkError: absent (``RecordAbsent``), or bad (then deleted);
-        OSError: Redis down or slow. ``out`` is meaningful only when no error was raised."""
+        """Receive and verify this rank's record of ``key`` into ``out`` (byte buffers whose
+        concatenation receives the chunk's record). ChunkError: absent (``RecordAbsent``), or
+        bad (then deleted); OSError: Redis down or slow. ``out`` is meaningful only when no
+        error was raised."""
         name = self.name(key)
         if key in self._unsent:
             self._send_unsent()
@@ -149,7 +150,10 @@ class RedisTier:
 
     def _receive(self, bulk: Bulk, key: ChunkKey, out: Sequence[np.ndarray]) -> bool:
         """Check the head of a record, then receive its payload straight into ``out``."""
-        header = self._head(bulk, key, [buffer.nbytes for buffer in out])
+        header = self._head(bulk, key, self.view_bytes(key_group(key)))
+        if sum(buffer.nbytes for buffer in out) != header.payload_bytes:
+            raise ValueError(f"kvtier: {sum(b.nbytes for b in out)} bytes to receive a record "
+                             f"of {header.payload_bytes} into")  # fmt: skip
         for buffer in out:
             bulk.read_into(buffer.data.cast("B"))
         check_payload(header, out)
@@ -177,8 +181,8 @@ class RedisTier:
             created=time.time(), describe=self.describe,
         )  # fmt: skip
         views = [memoryview(buffer).cast("B") for buffer in payload]
-        if [len(v) for v in views] != list(header.views):
-            raise ValueError(f"kvtier: payload of {[len(v) for v in views]} bytes, expected "
+        if sum(len(v) for v in views) != header.payload_bytes:
+            raise ValueError(f"kvtier: payload of {sum(len(v) for v in views)} bytes, expected "
                              f"{header.views}")  # fmt: skip
         prefix = encode_prefix(header)
         return len(prefix) + header.payload_bytes, (prefix, *views)

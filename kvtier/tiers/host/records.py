@@ -1,0 +1,65 @@
+"""A chunk's record: its bytes as host memory, a disk file and a Redis record all hold them.
+
+A chunk of group ``g`` is the group's views in order, each its ``factor`` engine pages back to
+back::
+
+    view groups[g][0]: page 0 | page 1 | ... | page factor-1
+    view groups[g][1]: page 0 | ...
+    ...
+
+This is, byte for byte, the payload of a chunk file (``tiers/chunk_format.py``) and of a Redis
+record, as kvtier has always written them, so a record moves between host memory and a tier as
+one buffer. A host slot is ``record_bytes`` long, the largest group's record; a chunk of a smaller
+group leaves the rest of its slot unused.
+
+    RecordLayout.of(layout, factor)       the layout of a rank's records
+    .view_bytes(g) -> [int]              bytes of each view of group g in its record
+    .group_bytes(g) -> int               bytes of group g's record
+    .offsets(g) -> (int, ...)            where each view of group g starts in the record
+    .page_offsets(g, subs) -> (V, n)     byte offsets of sub-blocks ``subs`` in every view
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+
+import numpy as np
+
+from kvtier.layout import KVLayout
+
+
+@dataclass(frozen=True)
+class RecordLayout:
+    page_bytes: tuple[int, ...]  # per view: bytes of one engine block's page
+    groups: tuple[tuple[int, ...], ...]  # per group: its views, in record order
+    factor: int  # engine blocks per chunk
+
+    def __post_init__(self) -> None:
+        if self.factor < 1:
+            raise ValueError(f"kvtier: block_size_factor must be >= 1, got {self.factor}")
+
+    @classmethod
+    def of(cls, layout: KVLayout, factor: int) -> RecordLayout:
+        return cls(layout.page_bytes, layout.groups, factor)
+
+    def view_bytes(self, group: int) -> list[int]:
+        return [self.page_bytes[view] * self.factor for view in self.groups[group]]
+
+    def group_bytes(self, group: int) -> int:
+        return sum(self.view_bytes(group))
+
+    @property
+    def record_bytes(self) -> int:
+        """Bytes of a host slot: the largest group's record (0 without views)."""
+        return max((self.group_bytes(g) for g in range(len(self.groups))), default=0)
+
+    def offsets(self, group: int) -> tuple[int, ...]:
+        return tuple(accumulate(self.view_bytes(group), initial=0))[:-1]
+
+    def page_offsets(self, group: int, subs: np.ndarray) -> np.ndarray:
+        """``(views of the group, len(subs))``: the byte offset in a record of sub-block
+        ``subs[k]`` (``0 <= subs[k] < factor``) in each view of ``group``."""
+        pages = np.array([self.page_bytes[v] for v in self.groups[group]], dtype=np.int64)
+        starts = np.array(self.offsets(group), dtype=np.int64)
+        return starts[:, None] + pages[:, None] * np.asarray(subs, dtype=np.int64)[None, :]

@@ -1,0 +1,93 @@
+"""The one way kvtier moves engine pages and host memory (``kvtier.pages``), on CPU tensors: every
+KV layout vLLM hands a connector on CUDA (``tests/kv_layouts.py``), byte-exact both ways, on
+scattered blocks and scattered host slots, partial first and last chunks included; and what the
+plan is made of (one gather per storage, one host copy per run of adjacent records)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from kv_layouts import LAYOUTS, round_trip
+
+from kvtier.layout import build_layout
+from kvtier.pages import PageMover, Pages
+from kvtier.pages.plan import plan_batches
+from kvtier.pages.spaces import Spaces
+from kvtier.tiers.host.buffers import HostTier
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_every_layout_moves_byte_exact_both_ways(name: str) -> None:
+    done = round_trip(name, CPU, stage_bytes=64 << 20)
+    assert done["batches"] == 1
+    assert done["spaces"] == (3 if name == "separate" else 1)  # vLLM: one allocation
+    assert done["gathers"] == done["spaces"]
+
+
+@pytest.mark.parametrize("name", ["flash_attn", "mla", "hybrid", "separate"])
+def test_a_job_larger_than_the_staging_area_moves_in_batches(name: str) -> None:
+    done = round_trip(name, CPU, stage_bytes=3 * 4096)
+    assert done["batches"] > 1
+
+
+def _host(factor: int) -> tuple[HostTier, PageMover]:
+    backing = torch.zeros(2, 2, 32, 16, 2, 64, dtype=torch.bfloat16)  # one allocation, as vLLM's
+    caches = {f"l{i}": backing[i] for i in range(2)}
+    layout = build_layout(caches, [list(caches)], 32)
+    return HostTier(layout, 16, factor), PageMover(layout.views)
+
+
+def test_whole_chunks_in_consecutive_slots_are_one_host_copy() -> None:
+    host, mover = _host(4)
+    pages = host.page_map(0, np.arange(12), np.arange(20, 32))  # slots 5, 6, 7, whole
+    (batch,) = mover.batches(pages)
+    assert batch.copies.tolist() == [[5 * host.record_bytes, 0, 3 * host.record_bytes]]
+
+
+def test_whole_chunks_in_scattered_slots_are_one_host_copy_each() -> None:
+    host, mover = _host(4)
+    rows = np.concatenate([np.arange(4) + 4 * s for s in (9, 2, 14)])
+    (batch,) = mover.batches(host.page_map(0, np.arange(12), rows))
+    record = host.record_bytes
+    assert sorted(batch.copies[:, 0].tolist()) == [2 * record, 9 * record, 14 * record]
+    assert (batch.copies[:, 2] == record).all()
+    assert len(batch.gathers) == 1 and batch.gathers[0].staged is None  # one index_select
+
+
+def test_a_partial_chunk_is_copied_view_by_view() -> None:
+    """Sub-blocks 1..3 of a slot: in each of the 4 views (2 layers, K and V) a run of 3 pages,
+    not adjacent to the next view's: one copy per view, never the whole record."""
+    host, mover = _host(4)
+    (batch,) = mover.batches(host.page_map(0, np.array([7, 8, 9]), np.array([1, 2, 3]) + 4 * 6))
+    page = host.records.page_bytes[0]
+    assert len(batch.copies) == 4
+    assert (batch.copies[:, 2] == 3 * page).all()
+
+
+def test_pages_are_rows_of_one_unit_however_the_layout_lies() -> None:
+    caches = {"a": torch.zeros(2, 8, 16, 2, 64, dtype=torch.bfloat16)}
+    views = build_layout(caches, [["a"]], 8).views
+    spaces = Spaces.of(views)
+    assert spaces.unit == 4096 and (spaces.units == 1).all()  # a page per row
+    space, first = spaces.rows_of(np.array([0, 1]), np.array([3, 3]))
+    assert space.tolist() == [0, 0] and first.tolist() == [3, 8 + 3]  # V after all K blocks
+
+
+def test_batches_stay_within_the_staging_area() -> None:
+    host, mover = _host(4)
+    pages = host.page_map(0, np.arange(32), np.arange(32))
+    page = host.records.page_bytes[0]
+    batches = plan_batches(pages, mover.spaces, mover.page_bytes, 5 * page)
+    assert all(batch.nbytes <= 5 * page for batch in batches)
+    assert sum(batch.nbytes for batch in batches) == 32 * 4 * page
+    staged = np.concatenate([b.copies[:, 0] for b in batches])
+    assert len(np.unique(staged)) == len(staged)
+
+
+def test_no_pages_is_no_batch() -> None:
+    host, mover = _host(2)
+    assert mover.batches(Pages.join([])) == []
+    assert mover.store(Pages.join([]), host.memory.view(-1)) == 0
