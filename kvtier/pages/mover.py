@@ -14,17 +14,19 @@ the bytes at the device's own bandwidth.
 Work is queued on the caller's current stream and returns without waiting for it (CUDA); the
 caller records an event to know when it is done. The staging area is reused in stream order. Host
 memory must stay as it is (a load) or unread (a store) until then; it is fastest pinned, and
-correct if not (CUDA stages pageable memory itself). With views on the CPU the same steps run as
-plain copies, which is how the tests check every layout on a machine without a GPU.
+correct if not (CUDA stages pageable memory itself). With views on the CPU there is no staging:
+each host copy is one numpy call straight between the engine's rows and host memory
+(``direct.py``), in pieces that copy lanes run side by side (``pieces``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
+from kvtier.pages.direct import direct_pieces
 from kvtier.pages.plan import Batch, Pages, plan_batches
 from kvtier.pages.spaces import Spaces
 
@@ -45,8 +47,23 @@ class PageMover:
     def batches(self, pages: Pages) -> list[Batch]:
         return plan_batches(pages, self.spaces, self.page_bytes, self.stage_bytes)
 
+    def pieces(
+        self, pages: Pages, host: torch.Tensor, store: bool, piece_bytes: int
+    ) -> list[Callable[[], None]]:
+        """Views on the CPU: the copies of ``pages`` straight between the engine and ``host``
+        (1-D bytes, no staging), as pieces of about ``piece_bytes`` that copy lanes may run in
+        any order and side by side (``direct.py``)."""
+        if self.device.type != "cpu":
+            raise ValueError(f"kvtier: direct copies need the engine on the CPU, not {self.device}")
+        if not len(pages.views):
+            return []
+        (batch,) = plan_batches(pages, self.spaces, self.page_bytes, 1 << 62)
+        return direct_pieces(batch, self.spaces, host, store, piece_bytes)
+
     def store(self, pages: Pages, host: torch.Tensor) -> int:
         """Queue the copies of ``pages`` into ``host`` (1-D bytes); the bytes moved."""
+        if self.device.type == "cpu":
+            return self._direct(pages, host, store=True)
         moved = 0
         for batch in self.batches(pages):
             stage, rows = self._area(batch.nbytes)
@@ -64,6 +81,8 @@ class PageMover:
 
     def load(self, pages: Pages, host: torch.Tensor) -> int:
         """Queue the copies of ``host`` (1-D bytes) into ``pages``; the bytes moved."""
+        if self.device.type == "cpu":
+            return self._direct(pages, host, store=False)
         moved = 0
         for batch in self.batches(pages):
             stage, rows = self._area(batch.nbytes)
@@ -75,6 +94,11 @@ class PageMover:
                 tensor.index_copy_(0, self._upload(index), source)
             moved += batch.nbytes
         return moved
+
+    def _direct(self, pages: Pages, host: torch.Tensor, store: bool) -> int:
+        for piece in self.pieces(pages, host, store, 1 << 62):
+            piece()
+        return int(self.page_bytes[pages.views].sum())
 
     def _area(self, nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The staging area's first ``nbytes`` as bytes, and all of it as rows of the unit;

@@ -47,19 +47,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from functools import partial
 
-import numpy as np
-
 from kvtier.layout import KVLayout
+from kvtier.pages import PageMover, Pages
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker.base import Transfer, TransferResult
 from kvtier.worker.copy_lanes import CopyLanes
 from kvtier.worker.engine_host import EngineHostHandler
 from kvtier.worker.job_thread import JobThread
 from kvtier.worker.plan import GroupCopy
-from kvtier.worker.row_batch import Piece, RowBatch, plan_rows
+from kvtier.worker.row_batch import RowBatch, plan_rows
 
 logger = logging.getLogger(__name__)
 
@@ -77,12 +76,8 @@ class CpuCopyHandler(EngineHostHandler):
         self, layout: KVLayout, host: HostTier, store: bool, inline: bool, lanes: int
     ) -> None:
         super().__init__(layout, host, store)
-        # per group and view of it: the engine's (num_blocks, words) and the host tier's
-        # (num_chunks, factor, words) numpy views of one memory, in one word type
-        self._views: list[list[tuple[np.ndarray, np.ndarray]]] = [
-            [_word_views(layout, host, group, index) for index in range(len(views))]
-            for group, views in enumerate(layout.groups)
-        ]
+        self._memory = host.memory.view(-1)  # (num_chunks * record_bytes,) bytes
+        self._mover = PageMover(layout.views) if layout.views else None
         name = "kvtier-store" if store else "kvtier-load"
         # a store on a thread is background work (it never holds up a step); inline, it is not
         background = store and not inline
@@ -156,25 +151,19 @@ class CpuCopyHandler(EngineHostHandler):
     def _copy(self, batch: RowBatch, total: int) -> None:
         """Copy ``batch`` (``total`` bytes) on this thread and the helper lanes; raise on a
         failure (ids and rows were range-checked)."""
+        if self._mover is None:
+            return
+        pages = Pages.join([
+            self.host.page_map(group, ids, rows)
+            for group, (ids, rows) in enumerate(zip(batch.ids, batch.rows, strict=True))
+            if len(ids)
+        ])  # fmt: skip
         piece_bytes = max(MIN_PIECE_BYTES, -(-total // (self._lanes.lanes * PIECES_PER_LANE)))
-        pieces = batch.pieces(self._block_bytes, self._factor, piece_bytes)
-        self._lanes.run([partial(self._copy_piece, piece) for piece in pieces])
+        pieces = self._mover.pieces(pages, self._memory, self.store, piece_bytes)
+        self._lanes.run([partial(self._run_piece, piece) for piece in pieces])
 
-    def _copy_piece(self, piece: Piece) -> None:
-        group, ids, slots, subs, runs = piece
-        for engine, host in self._views[group]:
-            if runs is None:  # short runs: one gather and one scatter
-                if self.store:
-                    host[slots, subs] = np.take(engine, ids, axis=0)
-                else:
-                    engine[ids] = host[slots, subs]
-                continue
-            for start, end in runs:  # pages consecutive in one slot: no temporary
-                pages = host[slots[start], subs[start] : subs[start] + end - start]
-                if self.store:
-                    np.take(engine, ids[start:end], axis=0, out=pages, mode="clip")
-                else:
-                    engine[ids[start:end]] = pages
+    def _run_piece(self, piece: Callable[[], None]) -> None:
+        piece()
 
     def get_finished(self) -> list[TransferResult]:
         finished, self._inline_finished = self._inline_finished, []
@@ -194,19 +183,3 @@ class CpuCopyHandler(EngineHostHandler):
         if self._thread is not None:
             self._thread.shutdown()
         self._lanes.shutdown()
-
-
-def _word_views(
-    layout: KVLayout, host: HostTier, group: int, index: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """View ``index`` of ``group``: the engine's and the host tier's numpy views, in the widest
-    word that divides the engine view's word, its page and its place in a record."""
-    engine = layout.views[layout.groups[group][index]].numpy()
-    item = engine.dtype.itemsize
-    while item > 1:
-        try:
-            dtype = np.dtype(f"<u{item}")
-            return engine.view(dtype), host.pages(group, index, dtype)
-        except ValueError:
-            item //= 2
-    return engine.view(np.uint8), host.pages(group, index, np.dtype(np.uint8))

@@ -1,17 +1,15 @@
-"""Many small jobs of one step as one scatter copy per view: the plan, made with Python ints.
+"""Many small jobs of one step copied as one: the plan, made with Python ints.
 
     plan_rows(engine, host, factor, groups) -> [(group, ids, rows)]   ``plan_copy``'s mapping
     RowBatch.of(planned, groups) -> RowBatch      the jobs' ids and rows joined, group by group
     RowBatch.within(num_blocks, num_rows) -> bool every id and row in range
     RowBatch.of_plan(plan, groups) -> RowBatch    one job's ``plan_copy`` as a batch
-    RowBatch.pieces(block_bytes, factor, bytes)   ``Piece``s of about ``bytes`` each
 
 At high concurrency a step stores hundreds of one-chunk jobs (a chunk and a prompt's tail per
 request). Planned one by one with numpy (``plan.py``), each costs tens of microseconds of small-
 array overhead and a copy call per run of host rows; here a job of a few blocks is planned with
-Python ints, and the whole step copies as one: per piece and view, one copy call per run of
-pages consecutive in one host slot (``Piece.runs``), or, where the runs are short (one-chunk
-jobs), one gather and one scatter.
+Python ints, and the whole step copies as one (``pages.descriptors``: a ``memmove`` per run of
+pages adjacent in both the engine and a host record).
 The mapping is ``plan_copy``'s (see ``plan.py``), and so are its refusals: a job it would refuse
 is refused here alone, with the same message.
 """
@@ -25,8 +23,6 @@ import numpy as np
 
 from kvtier.addresses import EngineBlocks, HostChunks
 from kvtier.worker.plan import GroupCopy, check_groups, checked_spans
-
-MIN_RUN_PAGES = 4  # runs at least this long on average: a call per run beats a gather
 
 
 def plan_rows(
@@ -96,45 +92,6 @@ class RowBatch(NamedTuple):
             ids[copy.group] = np.concatenate([ids[copy.group], copy.block_ids])
             rows[copy.group] = np.concatenate([rows[copy.group], copy.host_rows])
         return RowBatch(ids, rows)
-
-    def pieces(self, block_bytes: Sequence[int], factor: int, piece_bytes: int) -> list[Piece]:
-        """``Piece``s of at most ``piece_bytes`` each (at least one run), every block once;
-        ``block_bytes[g]``: the bytes of one block of group ``g`` (all its views)."""
-        pieces = []
-        for group, (ids, rows) in enumerate(zip(self.ids, self.rows, strict=True)):
-            if not len(ids):
-                continue
-            slots, subs = np.divmod(rows, factor)
-            breaks = np.flatnonzero((np.diff(slots) != 0) | (np.diff(subs) != 1)) + 1
-            edges = [0, *breaks.tolist(), len(ids)]
-            runs = list(zip(edges[:-1], edges[1:]))
-            by_runs = len(ids) >= MIN_RUN_PAGES * len(runs)
-            per_page = max(1, block_bytes[group])
-            start = 0
-            while start < len(runs):
-                end, pages = start, 0
-                while end < len(runs) and (end == start or (pages + runs[end][1] - runs[end][0])
-                                           * per_page <= piece_bytes):  # fmt: skip
-                    pages += runs[end][1] - runs[end][0]
-                    end += 1
-                first, last = runs[start][0], runs[end - 1][1]
-                part = [(a - first, b - first) for a, b in runs[start:end]] if by_runs else None
-                pieces.append(Piece(group, ids[first:last], slots[first:last],
-                                    subs[first:last], part))  # fmt: skip
-                start = end
-        return pieces
-
-
-class Piece(NamedTuple):
-    """Blocks ``ids`` of ``group`` <-> sub-blocks ``subs`` of host slots ``slots``. ``runs``:
-    ``[start, end)`` ranges whose host pages are consecutive in one slot, each copied in one call
-    without a temporary (None: copy all at once by fancy indexing, the runs being too short)."""
-
-    group: int
-    ids: np.ndarray
-    slots: np.ndarray
-    subs: np.ndarray
-    runs: list[tuple[int, int]] | None
 
 
 def _within(values: np.ndarray, limit: int) -> bool:

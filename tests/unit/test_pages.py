@@ -91,3 +91,28 @@ def test_no_pages_is_no_batch() -> None:
     host, mover = _host(2)
     assert mover.batches(Pages.join([])) == []
     assert mover.store(Pages.join([]), host.memory.view(-1)) == 0
+
+
+def test_on_the_cpu_a_host_run_is_one_copy_cut_for_the_lanes() -> None:
+    """Whole chunks in slots 5..7 (one run of 3 records): pieces of about a record each, which
+    lanes may run in any order."""
+    backing = torch.randint(-(2**15), 2**15, (2, 2, 32, 16, 2, 64), dtype=torch.int16)
+    caches = {f"l{i}": backing[i] for i in range(2)}
+    layout = build_layout(caches, [list(caches)], 32)
+    host, mover = HostTier(layout, 16, 4), PageMover(layout.views)
+    pages = host.page_map(0, np.arange(12), np.arange(20, 32))
+    pieces = mover.pieces(pages, host.memory.view(-1), True, host.record_bytes)
+    assert len(pieces) == 3
+    for piece in reversed(pieces):
+        piece()
+    for block in range(12):
+        for view in range(4):
+            page = layout.views[view][block].view(torch.uint8).numpy()
+            assert (host.page(0, view, 5 + block // 4, block % 4) == page).all()
+
+
+def test_direct_copies_refuse_a_gpu_engine() -> None:
+    host, mover = _host(2)
+    mover.device = torch.device("cuda")
+    with pytest.raises(ValueError, match="on the CPU"):
+        mover.pieces(host.page_map(0, np.arange(2), np.arange(2)), host.memory.view(-1), True, 1)

@@ -17,7 +17,7 @@ from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker import TransferWorker, copy_cpu, engine_host_handlers
 from kvtier.worker.base import Transfer
 from kvtier.worker.plan import chunks_spanned, plan_copy
-from kvtier.worker.row_batch import Piece, RowBatch, plan_rows
+from kvtier.worker.row_batch import RowBatch, plan_rows
 
 NUM_BLOCKS, NUM_CHUNKS, FACTOR = 32, 12, 2
 
@@ -117,14 +117,14 @@ def test_a_failed_batch_copy_fails_only_the_job_that_fails_alone(
     inline: tuple[KVLayout, HostTier, TransferWorker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     layout, host, worker = inline
-    copy = copy_cpu.CpuCopyHandler._copy_piece
+    copy = copy_cpu.CpuCopyHandler._copy
 
-    def fail_on_block_9(self: copy_cpu.CpuCopyHandler, piece: Piece) -> None:
-        if 9 in piece.ids:  # job 2's block: the joined copy fails, then job 2 alone
+    def fail_on_block_9(self: copy_cpu.CpuCopyHandler, batch: RowBatch, total: int) -> None:
+        if any(9 in ids for ids in batch.ids):  # job 2's block: the joined copy, then job 2
             raise RuntimeError("a copy fails")
-        copy(self, piece)
+        copy(self, batch, total)
 
-    monkeypatch.setattr(copy_cpu.CpuCopyHandler, "_copy_piece", fail_on_block_9)
+    monkeypatch.setattr(copy_cpu.CpuCopyHandler, "_copy", fail_on_block_9)
     assert worker.transfer_batch(BATCH) == [True] * len(BATCH)
     outcomes = {result.job_id: result.success for result in worker.get_finished()}
     assert outcomes == {1: True, 2: False, 3: True, 4: True, 5: True}
@@ -199,22 +199,8 @@ def test_plan_rows_refuses_what_plan_copy_refuses(engine: EngineBlocks, slots: l
         plan_rows(too_many, HostChunks(np.array([0])), 3, 3)
 
 
-def test_pieces_cover_every_block_once_within_the_bound() -> None:
-    """Group 0: blocks 0..11 into rows 100..111 (factor 4: slots 25, 26, 27, so three runs of
-    4 pages); group 1: blocks 20..22 into rows 0, 5, 2 (runs of one page)."""
-    rows = [np.arange(12) + 100, np.array([0, 5, 2])]
-    batch = RowBatch([np.arange(12), np.arange(3) + 20], rows)
-    pieces = batch.pieces([200, 50], factor=4, piece_bytes=900)
-    moved = sorted((piece.group, int(i), int(s) * 4 + int(u)) for piece in pieces
-                   for i, s, u in zip(piece.ids, piece.slots, piece.subs, strict=True))  # fmt: skip
-    expected = sorted([(0, i, i + 100) for i in range(12)]
-                      + [(1, 20 + k, r) for k, r in enumerate([0, 5, 2])])  # fmt: skip
-    assert moved == expected
-    group0 = [piece for piece in pieces if piece.group == 0]
-    assert [len(piece.ids) for piece in group0] == [4, 4, 4]  # 4 pages of 200 bytes fit 900
-    assert all(piece.runs == [(0, len(piece.ids))] for piece in group0)  # one call each
-    (group1,) = [piece for piece in pieces if piece.group == 1]
-    assert group1.runs is None  # runs of one page: gathered at once
+def test_a_batch_knows_whether_its_ids_and_rows_are_in_range() -> None:
+    batch = RowBatch([np.arange(12), np.arange(3) + 20], [np.arange(12) + 100, np.array([0, 5])])
     assert batch.within(23, 112) and not batch.within(22, 112) and not batch.within(23, 111)
 
 

@@ -23,7 +23,7 @@ from kvtier.layout import KVLayout, build_layout
 from kvtier.media import Medium
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker import TransferWorker, copy_cpu, engine_host_handlers, handlers
-from kvtier.worker.row_batch import Piece, RowBatch
+from kvtier.worker.row_batch import RowBatch
 
 NUM_BLOCKS, NUM_CHUNKS = 24, 10
 LANES = [1, 2, 3]
@@ -225,14 +225,14 @@ def test_stores_run_off_the_caller_and_split_across_lanes(
     layout, host, worker = setup(1, lanes=2)
     release = threading.Event()
     threads: set[str] = set()
-    original = copy_cpu.CpuCopyHandler._copy_piece
+    original = copy_cpu.CpuCopyHandler._run_piece
 
-    def recorded(self: copy_cpu.CpuCopyHandler, piece: Piece) -> None:
+    def recorded(self: copy_cpu.CpuCopyHandler, piece: Callable[[], None]) -> None:
         assert release.wait(10.0)  # held until the caller checked it was not waited for
         threads.add(threading.current_thread().name)
         original(self, piece)
 
-    monkeypatch.setattr(copy_cpu.CpuCopyHandler, "_copy_piece", recorded)
+    monkeypatch.setattr(copy_cpu.CpuCopyHandler, "_run_piece", recorded)
     engine = EngineBlocks(np.arange(10), (10, 0, 0), (0, 0, 0))
     assert worker.transfer_async(1, (engine, HostChunks(np.arange(10))))
     assert worker.get_finished() == []  # still held: the store did not run on this thread

@@ -1,7 +1,8 @@
 """``kvtier bench copy``: host-tier store and load throughput against a plain torch copy.
 
 The engine is the bench model's KV layout (8 layers, 8 KV heads, head_dim 64, bf16, 32-token
-engine blocks) on the machine's default device. Each job moves one request's worth of blocks
+engine blocks) on the machine's default device, its layers carved from one allocation as vLLM
+places them. Each job moves one request's worth of blocks
 (``tokens``) between shuffled engine blocks and the host slots kvtier's own ``ChunkManager`` hands
 out while the tier churns (every store evicts), through the real ``TransferWorker`` path. The bound
 is one ``dst.copy_(src)`` of the same number of bytes between two contiguous buffers on the same
@@ -62,12 +63,11 @@ def run(
     blocks_per_job = tokens // ENGINE_BLOCK
     num_blocks = 4 * blocks_per_job
     generator = torch.Generator().manual_seed(0)
-    caches = {
-        f"layer.{i}": torch.randn(
-            num_blocks, KV_HEADS, ENGINE_BLOCK, 2 * HEAD_DIM, generator=generator
-        ).to(target, torch.bfloat16)
-        for i in range(LAYERS)
-    }
+    # every layer carved from one allocation, as vLLM 0.32 places them (``KVCacheTensor``)
+    backing = torch.randn(
+        LAYERS, num_blocks, KV_HEADS, ENGINE_BLOCK, 2 * HEAD_DIM, generator=generator
+    ).to(target, torch.bfloat16)
+    caches = {f"layer.{i}": backing[i] for i in range(LAYERS)}
     layout = build_layout(caches, [list(caches)], num_blocks)
     rows: list[dict[str, Any]] = []
     progress = tqdm(total=len(CHUNK_TOKENS) * rounds, desc="bench copy", unit="round")
