@@ -127,16 +127,25 @@ LAYOUTS: dict[str, Callable[[torch.device], Built]] = {
 }
 
 
-def round_trip(name: str, device: torch.device, stage_bytes: int) -> dict[str, int]:
+def round_trip(
+    name: str,
+    device: torch.device,
+    stage_bytes: int,
+    staged: bool | None = None,
+    mechanism: str = "dma",
+    pinned: bool = True,
+) -> dict[str, int]:
     """Store a job of scattered blocks (its first and last chunks partial) into scattered host
-    slots through ``PageMover``, check every host page and every other host byte, then load the
-    records into other blocks and check every engine tensor, logically. Returns what the plan
-    did: its batches, gathers and host copies."""
+    slots through ``PageMover`` (``staged``, ``mechanism``: how, see ``kvtier.pages.mover``),
+    check every host page and every other host byte, then load the records into other blocks
+    and check every engine tensor, logically. Returns what the plan did: its batches, gathers
+    and host copies."""
     import numpy as np
 
     from kvtier.addresses import EngineBlocks, HostChunks
     from kvtier.layout import build_layout
     from kvtier.pages import PageMover, Pages
+    from kvtier.pages.mover import Mechanism
     from kvtier.tiers.host.buffers import HostTier
     from kvtier.worker.plan import plan_copy
 
@@ -164,11 +173,11 @@ def round_trip(name: str, device: torch.device, stage_bytes: int) -> dict[str, i
     def page(view: int, block: int) -> np.ndarray:
         return layout.views[view][block].view(torch.uint8).cpu().numpy()
 
-    mover = PageMover(layout.views, stage_bytes)
+    mover = PageMover(layout.views, stage_bytes, Mechanism(mechanism), staged=staged)
     pages, mapped = pages_of(source)
     before = host.memory_np.copy()
     batches = mover.batches(pages)
-    mover.store(pages, host.memory.view(-1))
+    mover.store(pages, host.memory.view(-1), pinned)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     written = np.zeros(before.shape, dtype=bool)
@@ -182,7 +191,7 @@ def round_trip(name: str, device: torch.device, stage_bytes: int) -> dict[str, i
 
     original = {layer: tensor.clone() for layer, tensor in caches.items()}
     moved, _ = pages_of(target)
-    mover.load(moved, host.memory.view(-1))
+    mover.load(moved, host.memory.view(-1), pinned)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     pairs = dict(zip(target.tolist(), source.tolist(), strict=True))

@@ -1,46 +1,71 @@
 """``PageMover``: the one way kvtier moves engine pages to and from host memory.
 
-    PageMover(views)              for a rank's block views (``layout.py``), on their device
-    .store(pages, host)           engine pages -> ``host`` (bytes, CPU memory)
-    .load(pages, host)            ``host`` -> engine pages
+    PageMover(views, mechanism)   for a rank's block views (``layout.py``), on their device
+    .store(pages, host, pinned)   engine pages -> ``host`` (bytes, CPU memory)
+    .load(pages, host, pinned)    ``host`` -> engine pages
+    .pieces(pages, host, store)   on the CPU: the copies, in pieces for copy lanes
 
-Each batch (``plan.py``) is one gather on the device into a staging area laid out as host memory
-is, then one copy per run of adjacent host bytes (a store), or the mirror image (a load): a
-4,096-token job of an 8B-class model (64 views of 32 KiB pages, 64-token chunks) is one gather
-and one copy per chunk, where copying page by page took 16,384 copies. The large host copies run
-on the copy engine (DMA); the gather and scatter stay on the device, where they cost a pass over
-the bytes at the device's own bandwidth.
+On a GPU a job goes one of two ways (``Mechanism``):
 
-Work is queued on the caller's current stream and returns without waiting for it (CUDA); the
-caller records an event to know when it is done. The staging area is reused in stream order. Host
+- ``DMA`` (the default): each batch (``plan.py``, up to ``stage_bytes``) is one gather on the
+  device into a staging area laid out as host memory is, then one copy per run of adjacent host
+  bytes on the copy engine (a store), or the mirror image (a load). A 4,096-token job of an
+  8B-class model (64 views of 32 KiB pages, 64-token chunks) is a gather and a copy per chunk,
+  where copying page by page took 16,384 copies. The gather is the bounded-program kernel of
+  ``kernel.py`` where Triton runs, else torch's ``index_select`` / ``index_copy_``.
+- ``KERNEL``: the kernel copies every page straight between the engine and pinned host memory
+  (unified addressing), no staging and no copy engine: for host memory not pinned yet, DMA.
+
+Work is queued on the caller's current stream and returns without waiting for it; the caller
+records an event to know when it is done. The staging area is reused in stream order. Host
 memory must stay as it is (a load) or unread (a store) until then; it is fastest pinned, and
 correct if not (CUDA stages pageable memory itself). With views on the CPU there is no staging:
-each host copy is one numpy call straight between the engine's rows and host memory
-(``direct.py``), in pieces that copy lanes run side by side (``pieces``).
+each host run is one numpy call straight between the engine's rows and host memory
+(``direct.py``), in pieces that copy lanes run side by side.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from enum import StrEnum
 
 import numpy as np
 import torch
 
+from kvtier.pages import kernel
 from kvtier.pages.direct import direct_pieces
-from kvtier.pages.plan import Batch, Pages, plan_batches
+from kvtier.pages.plan import Batch, Gather, Pages, plan_batches
 from kvtier.pages.spaces import Spaces
 
 STAGE_BYTES = 64 << 20  # the most one batch stages on the device
 
 
+class Mechanism(StrEnum):
+    DMA = "dma"  # gather on the device, large copies on the copy engine
+    KERNEL = "kernel"  # one kernel straight between engine and pinned host memory
+
+
 class PageMover:
-    def __init__(self, views: Sequence[torch.Tensor], stage_bytes: int = STAGE_BYTES) -> None:
+    def __init__(
+        self,
+        views: Sequence[torch.Tensor],
+        stage_bytes: int = STAGE_BYTES,
+        mechanism: Mechanism = Mechanism.DMA,
+        programs: int = kernel.PROGRAMS,
+        staged: bool | None = None,
+    ) -> None:
+        """``staged``: move through the staging area (None: on a GPU only; the tests stage on
+        the CPU too, to run the GPU's steps where there is no GPU)."""
         if not views:
             raise ValueError("kvtier: PageMover needs at least one view")
         self.device = views[0].device
         self.spaces = Spaces.of(views)
         self.page_bytes = np.array([v.shape[1] * v.element_size() for v in views], dtype=np.int64)
         self.stage_bytes = max(stage_bytes, int(self.page_bytes.max()))
+        self.mechanism = Mechanism(mechanism)
+        self.programs = programs
+        self.kernel = self.device.type == "cuda" and kernel.available()
+        self.staged = self.device.type != "cpu" if staged is None else staged
         self._stage = torch.empty(0, dtype=torch.uint8, device=self.device)
         self._word = self.spaces.tensors[0].dtype
 
@@ -53,52 +78,86 @@ class PageMover:
         """Views on the CPU: the copies of ``pages`` straight between the engine and ``host``
         (1-D bytes, no staging), as pieces of about ``piece_bytes`` that copy lanes may run in
         any order and side by side (``direct.py``)."""
-        if self.device.type != "cpu":
+        if self.staged:
             raise ValueError(f"kvtier: direct copies need the engine on the CPU, not {self.device}")
         if not len(pages.views):
             return []
         (batch,) = plan_batches(pages, self.spaces, self.page_bytes, 1 << 62)
         return direct_pieces(batch, self.spaces, host, store, piece_bytes)
 
-    def store(self, pages: Pages, host: torch.Tensor) -> int:
-        """Queue the copies of ``pages`` into ``host`` (1-D bytes); the bytes moved."""
-        if self.device.type == "cpu":
-            return self._direct(pages, host, store=True)
-        moved = 0
-        for batch in self.batches(pages):
-            stage, rows = self._area(batch.nbytes)
-            for space, index, staged in batch.gathers:
-                tensor = self.spaces.tensors[space]
-                ids = self._upload(index)
-                if staged is None:
-                    torch.index_select(tensor, 0, ids, out=rows[: len(index)])
-                else:
-                    rows.index_copy_(0, self._upload(staged), tensor.index_select(0, ids))
-            for at, offset, size in batch.copies.tolist():
-                host[at : at + size].copy_(stage[offset : offset + size], non_blocking=True)
-            moved += batch.nbytes
-        return moved
+    def store(self, pages: Pages, host: torch.Tensor, pinned: bool = True) -> int:
+        """Queue the copies of ``pages`` into ``host`` (1-D bytes; ``pinned``: all of it is,
+        which the ``KERNEL`` mechanism needs); the bytes moved."""
+        return self._move(pages, host, pinned, store=True)
 
-    def load(self, pages: Pages, host: torch.Tensor) -> int:
+    def load(self, pages: Pages, host: torch.Tensor, pinned: bool = True) -> int:
         """Queue the copies of ``host`` (1-D bytes) into ``pages``; the bytes moved."""
-        if self.device.type == "cpu":
-            return self._direct(pages, host, store=False)
+        return self._move(pages, host, pinned, store=False)
+
+    def _move(self, pages: Pages, host: torch.Tensor, pinned: bool, store: bool) -> int:
+        if not self.staged:
+            for piece in self.pieces(pages, host, store, 1 << 62):
+                piece()
+            return int(self.page_bytes[pages.views].sum())
+        if self.mechanism is Mechanism.KERNEL and self.kernel and pinned:
+            if self._straight(pages, host, store):
+                return int(self.page_bytes[pages.views].sum())
         moved = 0
         for batch in self.batches(pages):
             stage, rows = self._area(batch.nbytes)
-            for at, offset, size in batch.copies.tolist():
-                stage[offset : offset + size].copy_(host[at : at + size], non_blocking=True)
-            for space, index, staged in batch.gathers:
-                tensor = self.spaces.tensors[space]
-                source = rows[: len(index)] if staged is None else rows[self._upload(staged)]
-                tensor.index_copy_(0, self._upload(index), source)
+            if not store:
+                for at, offset, size in batch.copies.tolist():
+                    stage[offset : offset + size].copy_(host[at : at + size], non_blocking=True)
+            for gather in batch.gathers:
+                self._gather(gather, stage, rows, store)
+            if store:
+                for at, offset, size in batch.copies.tolist():
+                    host[at : at + size].copy_(stage[offset : offset + size], non_blocking=True)
             moved += batch.nbytes
         return moved
 
-    def _direct(self, pages: Pages, host: torch.Tensor, store: bool) -> int:
-        for piece in self.pieces(pages, host, store, 1 << 62):
-            piece()
-        return int(self.page_bytes[pages.views].sum())
+    def _gather(self, gather: Gather, stage: torch.Tensor, rows: torch.Tensor, store: bool) -> None:
+        """One space's rows of a batch: engine -> staging (``store``), or staging -> engine."""
+        space, index, staged = gather
+        tensor = self.spaces.tensors[space]
+        unit = self.spaces.unit
+        if self.kernel:
+            order = np.arange(len(index)) if staged is None else staged
+            engine = tensor.data_ptr() + index * unit
+            area = stage.data_ptr() + order * unit
+            src, dst = (engine, area) if store else (area, engine)
+            if kernel.fits(src, dst, np.full(1, unit, dtype=np.int64)):
+                self._kernel(src, dst, np.full(len(index), unit, dtype=np.int64))
+                return
+        ids = self._upload(index)
+        if staged is None and store:
+            torch.index_select(tensor, 0, ids, out=rows[: len(index)])
+        elif staged is None:
+            tensor.index_copy_(0, ids, rows[: len(index)])
+        elif store:
+            rows.index_copy_(0, self._upload(staged), tensor.index_select(0, ids))
+        else:
+            tensor.index_copy_(0, ids, rows[self._upload(staged)])
+
+    def _straight(self, pages: Pages, host: torch.Tensor, store: bool) -> bool:
+        """The ``KERNEL`` mechanism: every page straight between the engine and pinned host
+        memory; False (nothing queued) where the kernel cannot move them."""
+        space, first = self.spaces.rows_of(pages.views, pages.blocks)
+        bases = np.array([t.data_ptr() for t in self.spaces.tensors], dtype=np.int64)
+        engine = bases[space] + first * self.spaces.unit
+        at = host.data_ptr() + pages.host
+        size = self.page_bytes[pages.views]
+        src, dst = (engine, at) if store else (at, engine)
+        if not kernel.fits(src, dst, size):
+            return False
+        self._kernel(src, dst, size)
+        return True
+
+    def _kernel(self, src: np.ndarray, dst: np.ndarray, size: np.ndarray) -> None:
+        """Queue the copies on the current stream, joined where both sides are adjacent."""
+        src, dst, size = _joined(src, dst, size)
+        table = self._upload(np.concatenate([src, dst, size]))
+        kernel.copy(table, len(size), self.programs)
 
     def _area(self, nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The staging area's first ``nbytes`` as bytes, and all of it as rows of the unit;
@@ -121,3 +180,16 @@ class PageMover:
         if self.device.type != "cuda":
             return tensor
         return tensor.pin_memory().to(self.device, non_blocking=True)
+
+
+def _joined(
+    src: np.ndarray, dst: np.ndarray, size: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Copies ``i`` and ``i + 1`` joined where both sides continue one another."""
+    if len(size) < 2:
+        return src, dst, size
+    order = np.argsort(dst, kind="stable")
+    src, dst, size = src[order], dst[order], size[order]
+    follows = (src[1:] == src[:-1] + size[:-1]) & (dst[1:] == dst[:-1] + size[:-1])
+    starts = np.flatnonzero(np.concatenate([[True], ~follows]))
+    return src[starts], dst[starts], np.add.reduceat(size, starts)

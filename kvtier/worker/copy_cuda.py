@@ -25,7 +25,7 @@ import torch
 
 from kvtier.layout import KVLayout
 from kvtier.pages import PageMover, Pages
-from kvtier.pages.mover import STAGE_BYTES
+from kvtier.pages.mover import STAGE_BYTES, Mechanism
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker.base import TransferResult
 from kvtier.worker.engine_host import EngineHostHandler
@@ -41,11 +41,16 @@ class _Job(NamedTuple):
 
 class CudaCopyHandler(EngineHostHandler):
     def __init__(
-        self, layout: KVLayout, host: HostTier, store: bool, stage_bytes: int = STAGE_BYTES
+        self,
+        layout: KVLayout,
+        host: HostTier,
+        store: bool,
+        stage_bytes: int = STAGE_BYTES,
+        mechanism: Mechanism = Mechanism.DMA,
     ) -> None:
         super().__init__(layout, host, store)
         self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
-        self._mover = PageMover(layout.views, stage_bytes)
+        self._mover = PageMover(layout.views, stage_bytes, mechanism)
         self._memory = host.memory.view(-1)  # (num_chunks * record_bytes,) bytes
         self._jobs: deque[_Job] = deque()  # in submission order, so in completion order
 
@@ -60,9 +65,9 @@ class CudaCopyHandler(EngineHostHandler):
             self._stream.wait_event(ready)
             started.record(self._stream)
             if self.store:
-                self._mover.store(pages, self._memory)
+                self._mover.store(pages, self._memory, host.pinned)
             else:
-                self._mover.load(pages, self._memory)
+                self._mover.load(pages, self._memory, host.pinned)
             done.record(self._stream)
         self._jobs.append(_Job(job_id, started, done, nbytes))
 

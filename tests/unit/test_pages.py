@@ -19,9 +19,12 @@ from kvtier.tiers.host.buffers import HostTier
 CPU = torch.device("cpu")
 
 
+@pytest.mark.parametrize("staged", [False, True], ids=["direct", "staged"])
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_every_layout_moves_byte_exact_both_ways(name: str) -> None:
-    done = round_trip(name, CPU, stage_bytes=64 << 20)
+def test_every_layout_moves_byte_exact_both_ways(name: str, staged: bool) -> None:
+    """``direct``: the CPU engine's path; ``staged``: a GPU's (gather into a staging area laid
+    out as host memory, then one host copy per run), run here on CPU tensors."""
+    done = round_trip(name, CPU, stage_bytes=64 << 20, staged=staged)
     assert done["batches"] == 1
     assert done["spaces"] == (3 if name == "separate" else 1)  # vLLM: one allocation
     assert done["gathers"] == done["spaces"]
@@ -29,7 +32,7 @@ def test_every_layout_moves_byte_exact_both_ways(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["flash_attn", "mla", "hybrid", "separate"])
 def test_a_job_larger_than_the_staging_area_moves_in_batches(name: str) -> None:
-    done = round_trip(name, CPU, stage_bytes=3 * 4096)
+    done = round_trip(name, CPU, stage_bytes=3 * 4096, staged=True)
     assert done["batches"] > 1
 
 
@@ -111,8 +114,8 @@ def test_on_the_cpu_a_host_run_is_one_copy_cut_for_the_lanes() -> None:
             assert (host.page(0, view, 5 + block // 4, block % 4) == page).all()
 
 
-def test_direct_copies_refuse_a_gpu_engine() -> None:
-    host, mover = _host(2)
-    mover.device = torch.device("cuda")
+def test_direct_copies_refuse_a_staged_mover() -> None:
+    host, _ = _host(2)
+    mover = PageMover([torch.zeros(32, 4096, dtype=torch.bfloat16)], staged=True)
     with pytest.raises(ValueError, match="on the CPU"):
         mover.pieces(host.page_map(0, np.arange(2), np.arange(2)), host.memory.view(-1), True, 1)

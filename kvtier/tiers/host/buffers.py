@@ -43,6 +43,11 @@ class HostTier:
     def nbytes(self) -> int:
         return self.memory.numel()
 
+    @property
+    def pinned(self) -> bool:
+        """Whether all of the memory is pinned for CUDA copies (False on the CPU)."""
+        return self.pinning is not None and self.pinning.pinned_bytes == self.nbytes
+
     def record(self, slot: int, group: int) -> np.ndarray:
         """The bytes of slot ``slot`` that a chunk of ``group`` uses (a view, no copy)."""
         return self.memory_np[slot, : self.records.group_bytes(group)]
