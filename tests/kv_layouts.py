@@ -153,6 +153,8 @@ def round_trip(
     layout = build_layout(caches, groups, num_blocks)
     factor = 1 if name == "mla" else 4
     host = HostTier(layout, 12, factor)
+    if host.pinning is not None:
+        assert host.pinning.wait(60)
     rng = np.random.default_rng(len(name))
     host.memory_np[:] = rng.integers(0, 256, host.memory_np.shape, dtype=np.uint8)
     sizes = (9, 3) if len(groups) == 2 else (9,)

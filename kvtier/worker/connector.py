@@ -369,6 +369,8 @@ class WorkerConnector:
         for tier in self.tiers.values():
             if tier.flush is not None:
                 tier.close()
+        if self.host is not None:
+            self.host.close()  # unpinned once nothing copies to it
 
     def _flush_host(self, host: HostTier, deadline: float) -> None:
         """Write the host chunks each tier of the chain lacks, newest first, each within its room,

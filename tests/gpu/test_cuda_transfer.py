@@ -1,120 +1,116 @@
-"""CUDA engine tensors: pinned host tier, staged stream copies, byte-exact both ways (needs CUDA).
+"""CUDA engine tensors and the host tier: records pinned as the engine serves, one ``PageMover``
+job per transfer on a stream, byte-exact both ways (needs CUDA).
 
-Each scenario runs through both host paths of ``copy_cuda.py``: ``staged`` (one device <-> host
-copy per batch through the pinned staging buffer, then a CPU copy into the tier's rows) and
-``direct`` (one copy per segment straight into the tier's rows), and with a staging area smaller
-than a job (several batches reusing it).
+Every scenario runs through both mechanisms (``dma``: a gather on the device, then a copy per
+run of records on the copy engine; ``kernel``: pages straight to pinned host memory) and with a
+staging area smaller than a job (several batches reusing it).
 """
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 import pytest
 import torch
 
 from kvtier.addresses import EngineBlocks, HostChunks
-from kvtier.layout import build_layout
+from kvtier.layout import KVLayout, build_layout
 from kvtier.media import Medium
+from kvtier.pages.mover import Mechanism
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker import TransferWorker, engine_host_handlers
-from kvtier.worker.copy_cuda import Batch, CudaCopyHandler
+from kvtier.worker.copy_cuda import CudaCopyHandler
 
 pytestmark = pytest.mark.gpu
 
 NUM_BLOCKS, FACTOR = 40, 3
 PAGE = 16 * 2 * 64 * 2  # bytes of one block's K (or V): block_size 16, 2 heads, head_dim 64, bf16
 PATHS = {
-    "staged": {"direct_min_bytes": 1 << 30},
-    "direct": {"direct_min_bytes": 0},
-    "staged-small-area": {"direct_min_bytes": 1 << 30, "stage_bytes": 3 * PAGE},
-    "direct-small-area": {"direct_min_bytes": 0, "stage_bytes": 3 * PAGE},
+    "dma": {"mechanism": Mechanism.DMA},
+    "kernel": {"mechanism": Mechanism.KERNEL},
+    "dma-small-area": {"mechanism": Mechanism.DMA, "stage_bytes": 3 * PAGE},
 }
 
 
 def _setup(
     path: str | None = None,
-) -> tuple[dict[str, torch.Tensor], HostTier, TransferWorker]:
+) -> tuple[torch.Tensor, KVLayout, HostTier, TransferWorker]:
     torch.manual_seed(0)
     # FlashAttention layout: (2, num_blocks, block_size, kv_heads, head_size); two groups aliasing
-    shared = [torch.randn(2, NUM_BLOCKS, 16, 2, 64, device="cuda", dtype=torch.bfloat16)]
-    caches = {"full.0": shared[0], "swa.0": shared[0]}
-    layout = build_layout(caches, [["full.0"], ["swa.0"]], NUM_BLOCKS)
+    kv = torch.randn(2, NUM_BLOCKS, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
+    layout = build_layout({"full.0": kv, "swa.0": kv}, [["full.0"], ["swa.0"]], NUM_BLOCKS)
     host = HostTier(layout, 8, FACTOR)
+    assert host.pinning is not None and host.pinning.wait(60)
     worker = TransferWorker()
     if path is None:
         store, load = engine_host_handlers(layout, host)
     else:
         options = PATHS[path]
-        store = CudaCopyHandler(layout, host, store=True, **options)
-        load = CudaCopyHandler(layout, host, store=False, **options)
+        store = CudaCopyHandler(layout, host, store=True, **options)  # type: ignore[arg-type]
+        load = CudaCopyHandler(layout, host, store=False, **options)  # type: ignore[arg-type]
     worker.register_handler(Medium.ENGINE, Medium.CPU, store)
     worker.register_handler(Medium.CPU, Medium.ENGINE, load)
-    return caches, host, worker
+    return kv, layout, host, worker
 
 
 def _finish(worker: TransferWorker, job_id: int) -> int:
     worker.wait([job_id])
-    (result,) = worker.get_finished()  # wait() returns once the job is recorded
+    (result,) = worker.get_finished()  # wait() returns once the job's event completed
     assert result.job_id == job_id and result.success
     return result.bytes
 
 
-def test_host_tier_is_pinned_and_views_split_k_v() -> None:
-    caches, host, _ = _setup()
-    assert len(host.buffers) == 2  # K and V
-    assert all(buffer.is_pinned() for buffer in host.buffers)
+def _page(host: HostTier, group: int, view: int, slot: int, sub: int) -> torch.Tensor:
+    return torch.from_numpy(host.page(group, view, slot, sub).copy())
+
+
+def test_the_host_tier_is_pinned_once_the_engine_serves() -> None:
+    _, _, host, _ = _setup()
+    assert host.pinned and host.memory.is_pinned()
+    assert host.pinning is not None and host.pinning.rate() is not None
 
 
 @pytest.mark.parametrize("path", list(PATHS))
 def test_store_then_load_is_byte_exact_on_the_engine_device(path: str) -> None:
-    caches, host, worker = _setup(path)
-    kv = caches["full.0"]
+    kv, _, host, worker = _setup(path)
     # group 0: 6 blocks aligned; group 1: 4 blocks starting 1 into a chunk (trimmed both ends)
     engine = EngineBlocks(np.array([0, 1, 2, 3, 4, 5, 20, 21, 22, 23]), (6, 4), (0, 4))
     slots = HostChunks(np.array([7, 2, 5, 0]))
     assert worker.transfer_async(1, (engine, slots))
     assert _finish(worker, 1) == 10 * 2 * PAGE
-    k_rows = host.page_rows(0).view(torch.uint8)
-    v_rows = host.page_rows(1).view(torch.uint8)
-    expected = {0: (7, 0), 1: (7, 1), 2: (7, 2), 3: (2, 0), 20: (5, 1), 23: (0, 1)}
-    for block, (slot, sub) in expected.items():
-        row = slot * FACTOR + sub
-        assert torch.equal(k_rows[row], kv[0, block].contiguous().view(torch.uint8).flatten().cpu())
-        assert torch.equal(v_rows[row], kv[1, block].contiguous().view(torch.uint8).flatten().cpu())
+    expected = {(0, 0): (7, 0), (0, 1): (7, 1), (0, 2): (7, 2), (0, 3): (2, 0),
+                (1, 20): (5, 1), (1, 23): (0, 1)}  # fmt: skip
+    for (group, block), (slot, sub) in expected.items():
+        for view in (0, 1):  # K, V
+            page = kv[view, block].contiguous().view(torch.uint8).flatten().cpu()
+            assert torch.equal(_page(host, group, view, slot, sub), page)
 
     original = kv.clone()
     kv.zero_()
     assert worker.transfer_async(2, (slots, engine))
-    # a load has finished when transfer_async returns: no wait, and reported at once
+    worker.fence([2])  # the engine's stream waits for the load, this thread does not
     moved = engine.block_ids.tolist()
-    assert torch.equal(kv[:, moved], original[:, moved])
-    (result,) = worker.get_finished()
-    assert result.job_id == 2 and result.success
-    assert kv.device.type == "cuda"
+    assert torch.equal(kv[:, moved], original[:, moved])  # read on the engine's stream
+    _finish(worker, 2)
     untouched = [b for b in range(NUM_BLOCKS) if b not in moved]
     assert not kv[:, untouched].any()
 
 
-@pytest.mark.parametrize("path", ["staged", "direct"])
+@pytest.mark.parametrize("path", ["dma", "kernel"])
 def test_a_store_reads_what_the_engine_wrote_before_it(path: str) -> None:
     """The store waits for the engine's stream as it was at submission."""
-    caches, host, worker = _setup(path)
-    kv = caches["full.0"]
-    # the engine's stream is busy for a while, then writes the block
-    torch.cuda._sleep(50_000_000)  # type: ignore[no-untyped-call]
+    kv, _, host, worker = _setup(path)
+    torch.cuda._sleep(50_000_000)  # type: ignore[no-untyped-call]  # the engine's stream, busy
     kv[:, 3].fill_(7)
     engine = EngineBlocks(np.array([3]), (1, 0), (0, 0))
     assert worker.transfer_async(1, (engine, HostChunks(np.array([4]))))
     _finish(worker, 1)
-    row = host.page_rows(0).view(torch.uint8)[4 * FACTOR]
-    assert torch.equal(row, kv[0, 3].contiguous().view(torch.uint8).flatten().cpu())
+    page = kv[0, 3].contiguous().view(torch.uint8).flatten().cpu()
+    assert torch.equal(_page(host, 0, 0, 4, 0), page)
 
 
-@pytest.mark.parametrize("path", ["staged", "direct"])
+@pytest.mark.parametrize("path", ["dma", "kernel"])
 def test_jobs_of_one_direction_finish_in_order(path: str) -> None:
-    _, _, worker = _setup(path)
+    _, _, _, worker = _setup(path)
     for job_id in range(1, 6):
         engine = EngineBlocks(np.array([job_id, job_id + 10]), (2, 0), (0, 0))
         assert worker.transfer_async(job_id, (engine, HostChunks(np.array([job_id]))))
@@ -122,20 +118,35 @@ def test_jobs_of_one_direction_finish_in_order(path: str) -> None:
     assert [r.job_id for r in worker.get_finished()] == [1, 2, 3, 4, 5]
 
 
-def test_the_store_thread_binds_the_engine_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Stores run on a job thread that bound the worker's device once, in its initializer."""
-    caches, host, worker = _setup("staged")
-    seen: list[tuple[str, int]] = []
-    original = CudaCopyHandler._store_batch
+def test_a_load_does_not_hold_the_engine_thread() -> None:
+    """transfer_async queues the copies and returns: the job is reported once its event is done,
+    with its time on the device."""
+    kv, _, _, worker = _setup("dma")
+    torch.cuda._sleep(200_000_000)  # type: ignore[no-untyped-call]  # the engine's stream, busy
+    engine = EngineBlocks(np.arange(12), (12, 0), (0, 0))
+    assert worker.transfer_async(1, (HostChunks(np.array([0, 1, 2, 3])), engine))
+    assert worker.get_finished() == []  # still queued behind the engine's work
+    worker.wait([1])
+    (result,) = worker.get_finished()
+    assert result.success and 0 < result.seconds < 1.0
 
-    def recorded(self: CudaCopyHandler, batch: Batch) -> None:
-        seen.append((threading.current_thread().name, torch.cuda.current_device()))
-        original(self, batch)
 
-    monkeypatch.setattr(CudaCopyHandler, "_store_batch", recorded)
-    engine = EngineBlocks(np.array([0, 1, 2]), (3, 0), (0, 0))
-    assert worker.transfer_async(1, (engine, HostChunks(np.array([0]))))
-    _finish(worker, 1)
-    device = caches["full.0"].device.index or 0
-    assert seen and all(name.startswith("kvtier-store") for name, _ in seen)
-    assert all(index == device for _, index in seen)
+def test_copies_are_correct_while_the_tier_is_still_being_pinned() -> None:
+    """A large tier pinned a piece at a time: copies into its unpinned part are still right."""
+    kv = torch.randn(2, NUM_BLOCKS, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
+    layout = build_layout({"a": kv}, [["a"]], NUM_BLOCKS)
+    record = 2 * PAGE * FACTOR
+    host = HostTier(layout, (4 << 30) // record, FACTOR)  # 4 GiB: seconds of pinning
+    store, load = engine_host_handlers(layout, host)
+    last = host.num_chunks - 1  # the end of the tier: pinned last
+    engine = EngineBlocks(np.array([0, 1, 2]), (3,), (0,))
+    assert store.transfer_async(1, engine, HostChunks(np.array([last])))
+    store.wait([1])
+    for sub in range(FACTOR):
+        page = kv[0, sub].contiguous().view(torch.uint8).flatten().cpu()
+        assert torch.equal(_page(host, 0, 0, last, sub), page)
+    assert host.pinning is not None and host.pinning.wait(120)
+    assert host.pinned
+    store.shutdown()
+    load.shutdown()
+    host.close()

@@ -21,6 +21,7 @@ from kvtier.transfer import (
     PeerIdentity,
     TransferClient,
     TransferServer,
+    client,
 )
 
 pytestmark = pytest.mark.gpu
@@ -102,7 +103,8 @@ def test_cpu_prefill_to_cuda_decode() -> None:
     _assert_copied(src, dst)
 
 
-def test_threads_bind_the_captured_device() -> None:
+def test_threads_bind_the_captured_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client, "MIN_PART_BYTES", 1)  # split this small pull over helpers too
     index = torch.cuda.device_count() - 1  # not 0 when there are two devices
     torch.cuda.set_device(0)
     src, dst = _caches(f"cuda:{index}", 1), _caches(f"cuda:{index}", 2)

@@ -13,6 +13,8 @@ after the engine started, a piece at a time (``pinning.py``); copies are correct
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import torch
 
@@ -36,6 +38,8 @@ class HostTier:
         self.pinning: Pinning | None = None
         if layout.device.type == "cuda" and self.memory.numel():
             self.pinning = Pinning(self.memory, layout.device)
+            # unregistered before the memory is freed, however the tier is dropped
+            self._release = weakref.finalize(self, _release, self.pinning, self._raw)
         elif self.memory.numel():
             commit([self.memory])
 
@@ -88,8 +92,14 @@ class HostTier:
     def close(self) -> None:
         """Stop pinning and unregister the memory (the engine's copies must be done)."""
         if self.pinning is not None:
-            self.pinning.close()
+            self._release()
             self.pinning = None
+
+
+def _release(pinning: Pinning, raw: np.ndarray) -> None:
+    """Unregister ``raw`` (kept alive until then) from CUDA."""
+    del raw
+    pinning.close()
 
 
 def _allocate(num_chunks: int, record_bytes: int) -> tuple[np.ndarray, torch.Tensor]:
