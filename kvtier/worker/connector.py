@@ -14,8 +14,8 @@ Besides the host tier, a rank has one ``WorkerTier`` per tier of the chain and p
 (``tiers/spec.py``), built by the tiers' packages: their handlers are registered by their names
 (tier -> engine, host -> tier), and the connector loops over them, naming none.
 
-Over 300 lines because one rank's bookkeeping of the jobs in flight (their requests, slots and
-keys) is read by every call of a step; each tier's own work is in its package.
+The jobs in flight, and what each one's end means, are ``jobs.py``'s; this rank's counters
+``rank_counters.py``; each tier's own work is in its package.
 """
 
 from __future__ import annotations
@@ -23,22 +23,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
-import numpy as np
 import torch
 
-from kvtier.addresses import EngineBlocks, TransferSpec
-from kvtier.keys import ChunkKey
+from kvtier.addresses import TransferSpec
 from kvtier.layout import KVLayout, build_layout, host_num_chunks
 from kvtier.media import Medium
-from kvtier.step_plan import JobOutcome, LoadJob, StepPlan, StoreJob, TierWriteJob, WorkerReport
+from kvtier.step_plan import LoadJob, StepPlan, StoreJob, TierWriteJob, WorkerReport
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.spec import WorkerTier
 from kvtier.worker.base import Transfer, TransferHandler
 from kvtier.worker.handlers import engine_host_handlers
-from kvtier.worker.shutdown_flush import FlushCount, FlushTarget, flush_host
+from kvtier.worker.jobs import InFlight, JobKind, Jobs
+from kvtier.worker.rank_counters import RankCounters
+from kvtier.worker.shutdown_flush import FlushTarget, flush_tiers
 from kvtier.worker.transfer_worker import TransferWorker
 
 logger = logging.getLogger(__name__)
@@ -48,36 +46,8 @@ SHUTDOWN_FLUSH_S = 4.0  # the longest a shutdown writes host chunks to the lower
 SUSPECT_STEPS = 3  # steps after a failed load before the scheduler forgot what it spoiled
 
 
-@dataclass
-class RankCounters:
-    """What this rank moved: proof that every rank took part, readable from each worker."""
-
-    loads: int = 0
-    failed_loads: int = 0
-    loaded_bytes: int = 0
-    stores: int = 0
-    failed_stores: int = 0
-    stored_bytes: int = 0
-    bad_chunks: int = 0  # tier chunks that failed a check or could not be read: recomputed
-    tier_writes: int = 0  # chunks written to the chain's tiers
-    tier_write_errors: int = 0  # chunks whose write failed (no room, the tier down, ...)
-    # per tier of the chain: host chunks written at shutdown, and those it may still lack (not
-    # written: the deadline, no room, the tier down; or not checked before the deadline)
-    shutdown_written: dict[str, int] = field(default_factory=dict)
-    shutdown_unwritten: dict[str, int] = field(default_factory=dict)
-
-
 # a tier's side on this rank, from its views, host tier and layout description (``describe``)
 TierBuilder = Callable[[KVLayout, HostTier, str], WorkerTier | None]
-
-
-class _InFlight(NamedTuple):
-    req_id: str  # "" for a tier write and a store
-    store: bool
-    engine: EngineBlocks | None  # a load's engine side (a failed load's blocks are recomputed)
-    chunks: int = 0  # a tier write's chunks
-    sync: bool = False  # a load the request's step waits for (never reported as received)
-    requests: tuple[str, ...] = ()  # a store's: the requests of its parts
 
 
 class WorkerConnector:
@@ -96,21 +66,14 @@ class WorkerConnector:
         self._loads: list[LoadJob] = []  # this step's, not yet submitted
         self._stores: list[StoreJob] = []
         self._tier_writes: list[TierWriteJob] = []
-        self._req_loads: dict[str, tuple[set[int], bool]] = {}  # request -> (loads here, all ok)
-        self._in_flight: dict[int, _InFlight] = {}
-        self._req_stores: dict[str, set[int]] = {}  # request -> its store jobs in flight here
         self._held: set[str] = set()  # finished requests whose stores the scheduler waits for
-        self._finished_loads: list[tuple[str, bool]] = []  # (request, ok) since last finished()
-        self._failed_blocks: set[int] = set()
-        self._outcomes: dict[int, JobOutcome] = {}
-        self._slot_keys: dict[int, ChunkKey] = {}  # host slot -> key it holds, oldest first
-        self._store_keys: dict[int, tuple[np.ndarray, tuple[ChunkKey, ...]]] = {}
         self._tier_room: dict[str, int] = {}
         self._forward = True
         self._store: TransferHandler | None = None  # engine -> host tier
         self.tiers: dict[str, WorkerTier] = {}  # the chain's and the request sources', by name
         self.layout_description = ""  # ``KVLayout.describe``, once registered
         self.counters = RankCounters()
+        self.jobs = Jobs(self.counters)
         self._steps = 0  # reports made: one per engine step
         self._failed_step = -SUSPECT_STEPS  # the last step in which a load failed here
         self._failed_loads_seen = 0
@@ -167,8 +130,7 @@ class WorkerConnector:
         self._forward = plan.forward
         self._held.update(plan.held)
         if plan.forget:  # stores the scheduler failed (KV from a failed load): never flushed
-            forget = set(plan.forget)
-            self._slot_keys = {s: k for s, k in self._slot_keys.items() if k not in forget}
+            self.jobs.forget(plan.forget)
         for name, messages in plan.messages.items():
             tier = self.tiers.get(name)
             if tier is None:
@@ -189,11 +151,12 @@ class WorkerConnector:
         loads, self._loads = self._loads, []
         for load in loads:  # a request may load from several tiers: it is done when all are
             if not load.sync:
-                self._req_loads.setdefault(load.req_id, (set(), True))[0].add(load.job_id)
+                self.jobs.load_started(load.job_id, load.req_id)
         for load in loads:
-            job = _InFlight(load.req_id, False, load.dst, sync=load.sync)
-            self._submit(load.job_id, job, (load.src, load.dst))
-        sync = [load.job_id for load in loads if load.sync and load.job_id in self._in_flight]
+            kind = JobKind.SYNC_LOAD if load.sync else JobKind.LOAD
+            self._submit(load.job_id, InFlight(kind, load.req_id, load.dst), (load.src, load.dst))
+        in_flight = self.jobs.in_flight
+        sync = [load.job_id for load in loads if load.sync and load.job_id in in_flight]
         if sync:
             self.transfers.fence(sync)
             self._poll()
@@ -201,7 +164,7 @@ class WorkerConnector:
     def start_stores(self) -> None:
         writes, self._tier_writes = self._tier_writes, []
         for write in writes:  # first: a staged write copies slots this step's stores reuse
-            writing = _InFlight("", False, None, len(write.dst.keys))
+            writing = InFlight(JobKind.TIER_WRITE, chunks=len(write.dst.keys))
             self._submit(write.job_id, writing, (write.src, write.dst))
         stores, self._stores = self._stores, []
         if not stores:
@@ -209,17 +172,8 @@ class WorkerConnector:
         jobs: dict[int, list[StoreJob]] = {}  # a job's parts (a step's stores: one job)
         for part in stores:
             jobs.setdefault(part.job_id, []).append(part)
-        slot_keys = self._slot_keys
         for job_id, parts in jobs.items():
-            if slot_keys:  # its slots are being overwritten: no key until it is done
-                for slot in np.concatenate([part.dst.slots for part in parts]).tolist():
-                    slot_keys.pop(slot, None)
-            named = [part for part in parts if part.keys]
-            if named:
-                self._store_keys[job_id] = (
-                    np.concatenate([part.dst.slots for part in named]),
-                    tuple(key for part in named for key in part.keys),
-                )
+            self.jobs.stores_started(job_id, parts)
         submitted = [False] * len(stores)
         try:  # together: a handler may copy a step's stores as one
             submitted = self.transfers.transfer_batch(
@@ -230,75 +184,19 @@ class WorkerConnector:
         ok = dict(zip((part.job_id for part in stores), submitted, strict=True))
         for job_id, parts in jobs.items():
             requests = tuple(dict.fromkeys(part.req_id for part in parts))
-            self._submitted(job_id, _InFlight("", True, None, requests=requests), ok[job_id])
+            self.jobs.submitted(job_id, InFlight(JobKind.STORE, requests=requests), ok[job_id])
 
-    def _submit(self, job_id: int, job: _InFlight, spec: tuple[TransferSpec, TransferSpec]) -> None:
+    def _submit(self, job_id: int, job: InFlight, spec: tuple[TransferSpec, TransferSpec]) -> None:
         submitted = False
         try:
             submitted = self.transfers.transfer_async(job_id, spec)
         except Exception:
             logger.exception("kvtier: could not submit transfer job %d", job_id)
-        self._submitted(job_id, job, submitted)
-
-    def _submitted(self, job_id: int, job: _InFlight, submitted: bool) -> None:
-        if not submitted:  # done here, and failed: a load is recomputed, a store is dropped
-            self._record(job_id, job, ok=False, nbytes=0, seconds=0.0)
-            return
-        self._in_flight[job_id] = job
-        for req_id in job.requests:  # a store's
-            self._req_stores.setdefault(req_id, set()).add(job_id)
+        self.jobs.submitted(job_id, job, submitted)
 
     def _poll(self) -> None:
         for result in self.transfers.get_finished():
-            job = self._in_flight.pop(result.job_id)
-            for req_id in job.requests:  # a store's
-                jobs = self._req_stores[req_id]
-                jobs.discard(result.job_id)
-                if not jobs:
-                    del self._req_stores[req_id]
-            self._record(
-                result.job_id, job, result.success, result.bytes, result.seconds, result.bad
-            )
-
-    def _record(
-        self,
-        job_id: int,
-        job: _InFlight,
-        ok: bool,
-        nbytes: int,
-        seconds: float,
-        bad: Sequence[int] = (),
-    ) -> None:
-        self._outcomes[job_id] = JobOutcome(1, 0 if ok else 1, nbytes, seconds, list(bad))
-        counters = self.counters
-        if job.store:
-            slots, keys = self._store_keys.pop(job_id, (None, ()))
-            if ok and slots is not None:
-                self._slot_keys.update(zip(slots.tolist(), keys))
-            counters.stores += ok
-            counters.failed_stores += not ok
-            counters.stored_bytes += nbytes
-            return
-        if job.engine is None:  # a write to a tier of the chain
-            failed = len(bad) if bad or ok else job.chunks
-            counters.tier_writes += job.chunks - failed
-            counters.tier_write_errors += failed
-            return
-        counters.loads += ok
-        counters.failed_loads += not ok
-        counters.loaded_bytes += nbytes
-        counters.bad_chunks += len(bad)
-        if not ok:
-            self._failed_blocks.update(job.engine.block_ids.tolist())
-        if job.sync:
-            return
-        jobs, all_ok = self._req_loads.get(job.req_id, ({job_id}, True))
-        jobs.discard(job_id)
-        if jobs:
-            self._req_loads[job.req_id] = (jobs, all_ok and ok)
-        else:
-            self._req_loads.pop(job.req_id, None)
-            self._finished_loads.append((job.req_id, all_ok and ok))
+            self.jobs.finished(result)
 
     def finished(self, finished_req_ids: Iterable[str]) -> tuple[set[str], set[str], set[str]]:
         """Requests whose transfers finished on this rank: (sending, receiving, failed receiving).
@@ -313,12 +211,7 @@ class WorkerConnector:
         offered: set[str] = set()
         for tier in self.tiers.values():
             offered |= tier.holding()
-        sending = {req for req in self._held if req not in self._req_stores and req not in offered}
-        self._held -= sending
-        recving = {req for req, _ in self._finished_loads}
-        failed = {req for req, ok in self._finished_loads if not ok}
-        self._finished_loads = []
-        return sending, recving, failed
+        return self.jobs.requests_done(self._held, offered)
 
     def _wait_idle(self) -> None:
         """A step with nothing to compute while transfers run: block (the GIL released) until
@@ -327,25 +220,25 @@ class WorkerConnector:
         local tier took seconds instead of ~0.1 s, a host store 5–25 ms instead of 0.5 ms."""
         tiers = self.tiers.values()
         loads = [tier.load for tier in tiers if tier.load is not None]
-        if self._req_loads and loads:
+        jobs = self.jobs
+        if jobs.loading and loads:
             for handler in loads:  # returns at once when the handler has nothing in flight
                 handler.wait_any(IDLE_WAIT_S)
-        elif self._req_stores and self._store is not None:
+        elif jobs.storing and self._store is not None:
             self._store.wait_any(IDLE_WAIT_S)
-        elif any(not job.store and job.engine is None for job in self._in_flight.values()):
+        elif any(job.kind is JobKind.TIER_WRITE for job in jobs.in_flight.values()):
             for tier in tiers:
                 if tier.write is not None:
                     tier.write.wait_any(IDLE_WAIT_S)
-        elif not self._in_flight:  # what a tier waits for on its own (a prefill's offers)
+        elif not jobs.in_flight:  # what a tier waits for on its own (a prefill's offers)
             for tier in tiers:
                 tier.wait_idle(IDLE_WAIT_S)
 
     def take_failed_blocks(self) -> set[int]:
-        blocks, self._failed_blocks = self._failed_blocks, set()
-        return blocks
+        return self.jobs.take_failed_blocks()
 
     def report(self) -> WorkerReport:
-        outcomes, self._outcomes = self._outcomes, {}
+        outcomes = self.jobs.take_outcomes()
         self._steps += 1
         if self.counters.failed_loads != self._failed_loads_seen:
             self._failed_loads_seen = self.counters.failed_loads
@@ -375,14 +268,14 @@ class WorkerConnector:
     def _flush_host(self, host: HostTier, deadline: float) -> None:
         """Write the host chunks each tier of the chain lacks, newest first, each within its room,
         so that a restarted engine, and the fleet, find them whatever the write policy and the
-        writes the scheduler had queued (nothing else runs now). Logs what each tier got."""
+        writes the scheduler had queued (nothing else runs now)."""
         targets = []
         for name, tier in self.tiers.items():
             if tier.flush is not None:
                 room = self._tier_room.get(name)
                 rank_room = None if room is None else room // self.world_size
                 targets.append(FlushTarget(name, tier.flush, rank_room))
-        if not targets or not self._slot_keys:
+        if not targets or not self.jobs.slot_keys:
             return
         if self._steps - self._failed_step < SUSPECT_STEPS:
             # a synchronous load that failed spoils the stores of its step (KV computed from
@@ -390,18 +283,5 @@ class WorkerConnector:
             logger.warning("kvtier: a load failed in the last %d steps: no host chunk written "
                            "to the lower tiers at shutdown", SUSPECT_STEPS)  # fmt: skip
             return
-        started = time.perf_counter()
-        chunks = list(reversed(self._slot_keys.items()))
-        counts: dict[str, FlushCount] = {}
-        if time.monotonic() < deadline:
-            counts = flush_host(targets, host.record, chunks, deadline)
-        for target in targets:
-            count = counts.get(target.name) or FlushCount(0, len(chunks), "no time left")
-            self.counters.shutdown_written[target.name] = count.written
-            self.counters.shutdown_unwritten[target.name] = count.unwritten
-            stopped = f" (stopped: {count.stopped})" if count.stopped else ""
-            logger.info(
-                "kvtier: shutdown wrote %d host chunks to %s in %.2f s; %d of %d not written "
-                "or not checked%s", count.written, target.name, time.perf_counter() - started,
-                count.unwritten, len(chunks), stopped,
-            )  # fmt: skip
+        chunks = list(reversed(self.jobs.slot_keys.items()))
+        flush_tiers(targets, host.record, chunks, deadline, self.counters)

@@ -7,7 +7,9 @@ disk: this rank's file; Redis: an ``EXISTS`` of this rank's records, per batch),
 those, newest first, one batch at a time to each tier in turn, so that every tier gets the hottest
 chunks first, until all are written or the deadline passed.
 
-    flush_host(targets, chunks, deadline) -> {tier name: FlushCount}
+    flush_host(targets, record, chunks, deadline) -> {tier name: FlushCount}
+    flush_tiers(tiers, record, chunks, deadline, counters)   the same for a rank's tiers,
+                                                             counted and logged
 
 A tier that fails (Redis down, a full disk) is left at once; a chunk too large for the room a
 tier has left is skipped. What a tier still lacks is counted and logged by the caller.
@@ -15,6 +17,7 @@ tier has left is skipped. What a tier still lacks is counted and logged by the c
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +26,9 @@ from typing import Protocol
 from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
 from kvtier.tiers.chunk_format import Buffer
+from kvtier.worker.rank_counters import RankCounters
+
+logger = logging.getLogger(__name__)
 
 BATCH = 32  # chunks checked, then written, per tier and round trip
 
@@ -118,3 +124,28 @@ def _write_batch(
     written = tier.write_many([key for _, key in todo], payloads)
     count.written += sum(n is not None for n in written)
     return lacking + sum(n is None for n in written)
+
+
+def flush_tiers(
+    targets: Sequence[FlushTarget],
+    record: Record,
+    chunks: Sequence[tuple[int, ChunkKey]],
+    deadline: float,
+    counters: RankCounters,
+) -> None:
+    """``flush_host`` for a rank's ``targets``: what each tier got, counted in ``counters``
+    (``shutdown_written``, ``shutdown_unwritten``) and logged."""
+    started = time.perf_counter()
+    counts: dict[str, FlushCount] = {}
+    if time.monotonic() < deadline:
+        counts = flush_host(targets, record, chunks, deadline)
+    for target in targets:
+        count = counts.get(target.name) or FlushCount(0, len(chunks), "no time left")
+        counters.shutdown_written[target.name] = count.written
+        counters.shutdown_unwritten[target.name] = count.unwritten
+        stopped = f" (stopped: {count.stopped})" if count.stopped else ""
+        logger.info(
+            "kvtier: shutdown wrote %d host chunks to %s in %.2f s; %d of %d not written "
+            "or not checked%s", count.written, target.name, time.perf_counter() - started,
+            count.unwritten, len(chunks), stopped,
+        )  # fmt: skip
