@@ -34,9 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--redis-url", default=None, help="a running Redis to use (default: start a redis-server)"
     )
-    parser.add_argument("--limit-s", type=float, default=180.0,
-                        help="a measure still running after this is interrupted (its figures "
-                        "null, the rest go on)")  # fmt: skip
+    parser.add_argument("--limit-s", type=float, default=None,
+                        help="a measure running longer is interrupted, its figures null, the "
+                        "rest go on (default 240 s; --quick: 120 s)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("bench/results"),
                         help="gpu.json, gpu.png and gpu.md are written here")  # fmt: skip
 
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     options = gpu_bench.Options(
         out=args.out, shapes=shapes, reps=reps, quick=args.quick, device=args.device,
         tokens=args.tokens, measures=measures, disk_dir=args.dir, redis_url=args.redis_url,
-        limit_s=args.limit_s,
+        limit_s=args.limit_s or (120.0 if args.quick else 240.0),
     )  # fmt: skip
     gpu_bench.run(options)
     return 0

@@ -58,7 +58,7 @@ class Options:
     measures: tuple[str, ...] = MEASURES
     disk_dir: Path | None = None  # None: ``out/tmp``
     redis_url: str | None = None  # None: start a redis-server
-    limit_s: float = 180.0  # per measure
+    limit_s: float = 240.0  # per measure
 
 
 def run(options: Options, console: Console | None = None) -> dict[str, Any]:
@@ -80,12 +80,15 @@ def run(options: Options, console: Console | None = None) -> dict[str, Any]:
                       lambda: pinning_rate.measure(device, gib))  # fmt: skip
     document = results.document
     document["runtime_s"] = round(time.perf_counter() - started, 1)
-    why_no_png = report.plot(document, options.out / "gpu.png")
+    png = options.out / "gpu.png"
+    why_no_png = report.plot(document, png)
     if why_no_png is not None:
         document["png"] = why_no_png
     results.write()
     (options.out / "gpu.md").write_text(markdown.render(document))
     report.print_table(document, console)
+    written = ", ".join(p.name for p in (results.path, png, options.out / "gpu.md") if p.exists())
+    console.print(f"wrote {written} in {options.out}")
     return document
 
 
