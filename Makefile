@@ -38,12 +38,59 @@ import vllm, kvtier
 endef
 export VENV_CHECK
 
-.PHONY: help venv models test demo lint clean distclean
+# ---- make test-gpu: on a GPU machine with CUDA, torch, Triton and transformers, but no package
+# registry, no vLLM, no .venv: tests/gpu and `kvtier bench gpu` from this source tree, with the
+# few dependencies scripts/gpu-prepare fetched (elsewhere) into GPU_WHEELS. Results (the pytest
+# log, gpu.json, gpu.png, gpu.md) go to GPU_RESULTS.
+GPU_PYTHON ?= python3
+GPU_WHEELS ?= .gpu-wheels
+GPU_ROOT ?= $(CURDIR)/.gpu-site
+GPU_RESULTS ?= bench/results
+GPU_BENCH_ARGS ?= --quick
+
+# The wheels of GPU_WHEELS/pure and GPU_WHEELS/cpXY whose distribution the machine lacks,
+# installed into argv[1] (pip, or unpacked where the machine has no pip); the machine's own
+# packages are left as they are, and used.
+define GPU_INSTALL
+import importlib.metadata as metadata, pathlib, re, subprocess, sys, zipfile
+site, folders = pathlib.Path(sys.argv[1]), sys.argv[2:]
+wheels = sorted(w for folder in folders for w in pathlib.Path(folder).glob("*.whl"))
+def present(wheel):
+    try:
+        return metadata.version(re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower())
+    except metadata.PackageNotFoundError:
+        return None
+own = {w.name.split("-")[0]: present(w) for w in wheels if present(w)}
+missing = [w for w in wheels if not present(w)]
+print("make test-gpu: the machine's own:", ", ".join(f"{k} {v}" for k, v in own.items()) or "none")
+print("make test-gpu: brought:", ", ".join(w.name.split("-")[0] for w in missing) or "none")
+site.mkdir(parents=True, exist_ok=True)
+pip = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode == 0
+if missing and pip:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    "--no-index", "--no-deps", "--target", str(site), *map(str, missing)], check=True)
+for wheel in missing if not pip else []:
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+endef
+export GPU_INSTALL
+
+define GPU_UNPACK
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as archive:
+    archive.extractall(sys.argv[2], **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
+endef
+export GPU_UNPACK
+
+.PHONY: help venv models test test-gpu demo lint clean distclean
 
 help:
 	@echo "make venv       create $(VENV) and install kvtier[vllm,test] (when pyproject.toml, setup.py or a .c changed)"
 	@echo "make models     build the local random models into $(MODELS)/"
 	@echo "make test       run the tests (PYTEST_ARGS='$(PYTEST_ARGS)')"
+	@echo "make test-gpu   on a GPU machine (no registry, no vLLM): tests/gpu and 'kvtier bench gpu"
+	@echo "                $(GPU_BENCH_ARGS)' into $(GPU_RESULTS)/gpu.md; first run scripts/gpu-prepare where"
+	@echo "                PyPI is, and carry $(GPU_WHEELS)/ along (see README: On a GPU)"
 	@echo "make demo       run 'kvtier demo'"
 	@echo "make lint       ruff and mypy"
 	@echo "make clean      remove caches, build outputs and $(MODELS)/; distclean also removes $(VENV)"
@@ -74,6 +121,24 @@ test: $(STAMP) models
 
 demo: $(STAMP) models
 	env $(RUN_ENV) $(VENV)/bin/kvtier demo
+
+test-gpu:
+	@tag=$$($(GPU_PYTHON) -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")'); \
+	if [[ ! -d $(GPU_WHEELS)/$$tag ]]; then \
+	    echo "make test-gpu: no $(GPU_WHEELS)/$$tag; run scripts/gpu-prepare where PyPI is" >&2; \
+	    exit 2; \
+	fi; \
+	rm -rf $(GPU_ROOT); mkdir -p $(GPU_RESULTS); \
+	$(GPU_PYTHON) -c "$$GPU_INSTALL" $(GPU_ROOT)/site $(GPU_WHEELS)/pure $(GPU_WHEELS)/$$tag; \
+	$(GPU_PYTHON) -c "$$GPU_UNPACK" $(GPU_WHEELS)/redis-server.tar.xz $(GPU_ROOT); \
+	export PYTHONPATH=$(GPU_ROOT)/site:$$PWD PATH=$$PATH:$(GPU_ROOT)/redis/bin HF_HUB_OFFLINE=1; \
+	status=0; \
+	$(GPU_PYTHON) -m pytest -q -p no:cacheprovider tests/gpu 2>&1 \
+	    | tee $(GPU_RESULTS)/gpu-pytest.log || status=1; \
+	$(GPU_PYTHON) -m kvtier.apps.cli bench gpu $(GPU_BENCH_ARGS) --out $(GPU_RESULTS) || status=1; \
+	$(GPU_PYTHON) -m kvtier.apps.bench.gpu.markdown $(GPU_RESULTS)/gpu.json \
+	    --out $(GPU_RESULTS)/gpu.md --pytest-log $(GPU_RESULTS)/gpu-pytest.log; \
+	exit $$status
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check kvtier tests

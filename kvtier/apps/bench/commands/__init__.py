@@ -13,6 +13,7 @@ from kvtier.apps.bench.commands import (
     disk,
     faults,
     fleet,
+    gpu,
     redis,
     scheduler,
     transfer,
@@ -30,4 +31,5 @@ BENCHES: tuple[Command, ...] = (
     scheduler.COMMAND,
     concurrency.COMMAND,
     fleet.COMMAND,
+    gpu.COMMAND,
 )

@@ -1,0 +1,122 @@
+"""Disk-tier loads of the request into engine blocks, page cache cold and warm, against raw I/O.
+
+    measure(shape, tokens, device, reps, clock, parent)   disk_warm_ratio and disk_cold_ratio
+
+The request's chunks are stored into a host tier by the connector's own store, written as chunk
+files by ``DiskTier`` in a fresh directory under ``parent`` (removed after), and synced. A load is
+the disk tier's ``TierLoadHandler`` moving every chunk of the request into other engine blocks on
+the device (checked against the originals after the reps). The bound: the same payload bytes in
+one file, read ``RAW_IO`` bytes per ``readinto`` into pinned host memory, then one host -> device
+copy of the whole. Cold: the files' pages dropped from the page cache (``page_cache.drop``;
+``resident_after_drop`` shows that it worked) right before each side reads; warm: read again
+from the page cache. Per rep the two sides run back to back, their order alternating.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kvtier.addresses import TierChunks
+from kvtier.apps.bench import page_cache
+from kvtier.apps.bench.gpu.clock import Clock, run_job
+from kvtier.apps.bench.gpu.figures import Measured, ratios, summary
+from kvtier.apps.bench.gpu.host_copy import HostRig, mechanisms
+from kvtier.apps.bench.gpu.shapes import Shape
+from kvtier.keys import LayoutFingerprint
+from kvtier.tiers.chunk_io import TierLoadHandler
+from kvtier.tiers.disk.files import DiskTier
+
+RAW_IO = 4 << 20  # bytes per raw read call
+
+
+def measure(
+    shape: Shape, tokens: int, device: torch.device, reps: int, clock: Clock, parent: Path
+) -> Measured:
+    parent.mkdir(parents=True, exist_ok=True)
+    rig = HostRig(shape, tokens, device, only=mechanisms(device)[:1])
+    try:
+        rig.move(rig.mechanisms[0], store=True)
+        with tempfile.TemporaryDirectory(prefix="kvtier-bench-gpu-", dir=parent) as work:
+            return _measure(rig, Path(work), reps, clock)
+    finally:
+        rig.close()
+
+
+def _measure(rig: HostRig, work: Path, reps: int, clock: Clock) -> Measured:
+    layout = rig.engine.layout
+    fingerprint = LayoutFingerprint(f"bench-gpu-{rig.shape.name}", "bfloat16", layout.describe(),
+                                    0, 1, 0, rig.shape.chunk_tokens)  # fmt: skip
+    digest = fingerprint.digest()
+    tier = DiskTier(work / "tier", 0, digest, fingerprint.describe(), layout, rig.shape.factor)
+    keys = rig.request.keys(digest)
+    records = rig.records()
+    for key, record in zip(keys, records, strict=True):
+        tier.write(key, [record])
+    raw = _RawFile(work / "raw.bin", records, device=layout.device)
+    os.sync()
+    files = [*page_cache.files(tier.root), raw.path]
+    loader = TierLoadHandler(layout, tier, "disk")
+    jobs = itertools.count()
+    source = TierChunks("disk", keys)
+
+    def load() -> None:
+        run_job(loader, next(jobs), source, rig.target)
+
+    seconds: dict[str, list[float]] = {}
+    resident: list[float] = []
+    try:
+        load()  # warm-up: the loader's staging, the first touch of the target blocks
+        for rep in range(reps):
+            for temperature in ("cold", "warm"):
+                pair = [("raw", raw.read), ("kvtier", load)]
+                for side, fn in pair if rep % 2 == 0 else pair[::-1]:
+                    if temperature == "cold":
+                        page_cache.drop(files)
+                        resident.append(page_cache.resident(files))
+                    seconds.setdefault(f"{side}_{temperature}", []).append(clock.seconds(fn))
+    finally:
+        loader.shutdown()
+    if not rig.loaded_intact():
+        raise RuntimeError("a disk load brought back other bytes than were written")
+    nbytes = rig.request.nbytes
+    figures = {f"disk_{t}_ratio": ratios(seconds[f"raw_{t}"], seconds[f"kvtier_{t}"])
+               for t in ("warm", "cold")}  # fmt: skip
+    details = {
+        "bytes": nbytes, "files": len(keys), "file_bytes": tier.file_bytes(0),
+        "resident_after_drop": round(max(resident), 4), "raw_io_bytes": RAW_IO,
+        "seconds": {name: summary(values) for name, values in seconds.items()},
+        "gb_s": {name: round(nbytes / min(values) / 1e9, 2) for name, values in seconds.items()},
+    }  # fmt: skip
+    return Measured(figures, {}, details)
+
+
+class _RawFile:
+    """The bound: the records' bytes in one file, read into pinned memory, then one copy to
+    the device."""
+
+    def __init__(self, path: Path, records: Sequence[np.ndarray], device: torch.device) -> None:
+        self.path = path
+        with open(path, "wb") as file:
+            for record in records:
+                file.write(record.data)
+        nbytes = sum(len(record) for record in records)
+        self.host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+        self.view = self.host.numpy().data
+        self.engine = torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def read(self) -> None:
+        with open(self.path, "rb", buffering=0) as file:
+            at = 0
+            while at < len(self.view):
+                got = file.readinto(self.view[at : at + RAW_IO])
+                if not got:
+                    raise OSError(f"{self.path} ended {len(self.view) - at} bytes early")
+                at += got
+        self.engine.copy_(self.host, non_blocking=True)

@@ -1,0 +1,116 @@
+"""``bench/results/gpu.md``: a run of ``kvtier bench gpu`` as a Markdown table, from its JSON.
+
+render(document, tests=None) -> str   the device, the date, the table against the goals,
+                                      the null figures' reasons, the errors; ``tests``: a
+                                      pytest run's summary, first
+python -m kvtier.apps.bench.gpu.markdown JSON --out MD [--pytest-log LOG]
+                                      what ``make test-gpu`` runs after the tests and the
+                                      bench (a JSON that is missing or unreadable is said so)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kvtier.apps.bench.gpu.figures import rows
+
+COUNTED = ("passed", "failed", "skipped", "errors", "error", "xfailed", "xpassed", "deselected")
+
+
+def render(document: Mapping[str, Any], tests: str | None = None) -> str:
+    lines = ["# kvtier on a GPU", ""]
+    lines += [f"- device: {document.get('device', 'unknown')}",
+              f"- date: {document.get('date', 'unknown')}"]  # fmt: skip
+    if tests is not None:
+        lines += [f"- `pytest tests/gpu`: {tests}"]
+    if "quick" in document:
+        lines += [f"- `kvtier bench gpu`: {'--quick, ' if document['quick'] else ''}"
+                  f"{document.get('reps')} reps, {document.get('tokens')} tokens, "
+                  f"{document.get('runtime_s', '?')} s; torch {document.get('torch')}"]  # fmt: skip
+    lines += ["", "| shape | figure | mechanism | median | min | max | goal | met |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    nulls = []
+    for row in rows(document):
+        goal = "-" if row["goal"] is None else f"{row['how']} {row['goal']}"
+        met = {True: "yes", False: "**no**", None: "-"}[row["met"]]
+        if row["median"] is None:
+            nulls.append(f"- {row['shape']} {row['figure']}: {row['why']}")
+        lines.append(f"| {row['shape']} | {row['figure']} | {row['mechanism']} | "
+                     f"{_cell(row['median'])} | {_cell(row['min'])} | {_cell(row['max'])} | "
+                     f"{goal} | {met} |")  # fmt: skip
+    lines += ["", f"- pinning: {_pinning(document)}"]
+    if nulls:
+        lines += ["", "Null figures:", "", *nulls]
+    errors = document.get("errors", [])
+    if errors:
+        lines += ["", "Errors:", ""]
+        lines += [f"- {e['shape']} {e['measure']}: {e['error']}" for e in errors]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value: float | None) -> str:
+    return "null" if value is None else f"{value:.3g}"
+
+
+def _pinning(document: Mapping[str, Any]) -> str:
+    rate = document.get("pinning_rate_bytes_s")
+    if rate is None:
+        return "null: " + str(document.get("why_null", {}).get("pinning_rate_bytes_s"))
+    held = document.get("pinning_engine_held_s")
+    return f"{rate / 1e9:.2f} GB/s; the engine's thread held {held} s"
+
+
+def pytest_summary(log: str) -> str:
+    """``"12 passed, 3 skipped"`` from pytest's output (its last summary line), or what the log
+    ends with when it has none (a crash)."""
+    for line in reversed(log.strip().splitlines()):
+        counts = re.findall(r"(\d+) (" + "|".join(COUNTED) + r")\b", line)
+        if counts or "no tests ran" in line:
+            took = re.search(r" in ([\d.]+s)", line)
+            text = ", ".join(f"{n} {what}" for n, what in counts) or "no tests ran"
+            return text + (f" in {took.group(1)}" if took else "")
+    tail = log.strip().splitlines()[-1:] or ["no output"]
+    return f"no summary line (the log ends: {tail[0][:200]!r})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvtier.apps.bench.gpu.markdown")
+    parser.add_argument("json", type=Path, help="bench/results/gpu.json")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--pytest-log", type=Path, default=None, help="pytest's output")
+    args = parser.parse_args(argv)
+    try:
+        document: dict[str, Any] = json.loads(args.json.read_text())
+    except (OSError, ValueError) as error:
+        document = {"device": _device(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                    time.gmtime()), "errors": [{"shape": None, "measure": "bench gpu",
+                    "error": f"no results: {args.json}: {error}"}]}  # fmt: skip
+    tests = None
+    if args.pytest_log is not None:
+        try:
+            tests = pytest_summary(args.pytest_log.read_text(errors="replace"))
+        except OSError as error:
+            tests = f"no log: {error}"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render(document, tests))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _device() -> str:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
+    except Exception as error:  # torch absent or broken: the report still gets written
+        return f"unknown ({type(error).__name__})"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

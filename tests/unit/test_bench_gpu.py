@@ -1,0 +1,163 @@
+"""``kvtier bench gpu`` run here on CPU tensors: its orchestration, its files, its failures.
+
+The GPU session that runs it for real has one try: these check, on the CPU, that every measure
+runs and lands in the JSON with finite figures, that one measure's failure (or hang) costs only
+its own figures, that the Markdown renders, and that nothing imports vLLM (the GPU machine has
+none).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvtier.apps.bench.gpu.deadline import deadline
+from kvtier.apps.bench.gpu.figures import FIGURES, Measured, Results, Unavailable, rows, summary
+from kvtier.apps.bench.gpu.markdown import pytest_summary, render
+from kvtier.apps.bench.redis_server import redis_server_binary
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_LOADED = "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm'))"
+
+
+def _python(code: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=timeout)  # fmt: skip
+
+
+def _need_redis() -> None:
+    if redis_server_binary() is not None:
+        return
+    if os.environ.get("KVTIER_TEST_REQUIRE_REDIS") == "1":
+        pytest.fail("redis-server is not on PATH, and KVTIER_TEST_REQUIRE_REDIS=1 requires it")
+    pytest.skip("redis-server is not on PATH (scripts/install-test-servers)")
+
+
+def _finite(value: Any) -> bool:
+    parts = value.values() if "median" not in value else [value]
+    return all(math.isfinite(p[k]) for p in parts for k in ("min", "median", "max"))
+
+
+def test_a_quick_cpu_run_measures_every_figure_and_imports_no_vllm(tmp_path: Path) -> None:
+    _need_redis()
+    argv = ["bench", "gpu", "--device", "cpu", "--quick", "--shapes", "tiny", "--tokens", "2048",
+            "--out", str(tmp_path)]  # fmt: skip
+    done = _python(f"import sys; from kvtier.apps.cli import main; rc = main({argv!r}); "
+                   f"{VLLM_LOADED}; sys.exit(rc)")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", "bench gpu imported vLLM"
+    document = json.loads((tmp_path / "gpu.json").read_text())
+    assert document["errors"] == []
+    assert document["device_type"] == "cpu" and document["quick"] and document["reps"] == 3
+    shape = document["shapes"]["tiny"]
+    assert set(FIGURES) <= set(shape)
+    for figure in FIGURES:
+        assert shape[figure] is not None, (figure, shape["why_null"].get(figure))
+        assert _finite(shape[figure]), (figure, shape[figure])
+    assert set(shape["host_store_ratio"]) == {"cpu"}  # no dma/kernel without CUDA
+    assert shape["why_null"] == {}
+    assert document["pinning_rate_bytes_s"] is None
+    assert "CPU" in document["why_null"]["pinning_rate_bytes_s"]
+    markdown = (tmp_path / "gpu.md").read_text()
+    assert "| tiny | host_load_ratio | cpu |" in markdown
+    assert (tmp_path / "gpu.png").stat().st_size > 0
+    assert "host_store_ratio" in done.stdout  # the table
+
+
+def test_the_bench_modules_import_no_vllm() -> None:
+    modules = ["kvtier.apps.cli", "kvtier.apps.bench.commands", "kvtier.apps.bench.gpu.run"]
+    done = _python(f"import importlib, sys; [importlib.import_module(m) for m in {modules!r}]; "
+                   f"{VLLM_LOADED}")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_measure_that_fails_records_its_error_and_the_rest_go_on(tmp_path: Path) -> None:
+    results = Results(tmp_path / "gpu.json", {"device": "test"})
+    results.shape("tiny")
+
+    def broken() -> Measured:
+        raise RuntimeError("the device fell over")
+
+    def absent() -> Measured:
+        raise Unavailable("no redis-server on PATH")
+
+    def fine() -> Measured:
+        return Measured({"pull_ratio": summary([0.9, 1.0, 1.1])}, {}, {"bytes": 1})
+
+    assert results.attempt("tiny", "host", ("host_store_ratio", "host_load_ratio"), broken) is None
+    assert results.attempt("tiny", "redis", ("redis_ratio",), absent) is None
+    assert results.attempt("tiny", "pull", ("pull_ratio",), fine) is not None
+    saved = json.loads((tmp_path / "gpu.json").read_text())  # written after every measure
+    shape = saved["shapes"]["tiny"]
+    assert shape["host_store_ratio"] is None and shape["host_load_ratio"] is None
+    assert shape["why_null"]["host_load_ratio"] == "error: RuntimeError: the device fell over"
+    assert shape["why_null"]["redis_ratio"] == "no redis-server on PATH"
+    assert shape["pull_ratio"]["median"] == 1.0 and "pull_ratio" not in shape["why_null"]
+    assert shape["details"]["pull"] == {"bytes": 1}
+    assert [(e["measure"], e["error"]) for e in saved["errors"]] == [
+        ("host", "error: RuntimeError: the device fell over")
+    ]
+    table = {(r["figure"], r["median"], r["met"]) for r in rows(saved)}
+    assert ("pull_ratio", 1.0, True) in table and ("redis_ratio", None, None) in table
+
+
+def test_a_measure_past_its_limit_is_interrupted(tmp_path: Path) -> None:
+    results = Results(tmp_path / "gpu.json", {})
+    stuck: list[bool] = []
+
+    def hangs() -> Measured:
+        time.sleep(30)
+        return Measured()
+
+    started = time.monotonic()
+    with deadline(0.2, lambda: stuck.append(True)):
+        results.attempt("tiny", "disk", ("disk_warm_ratio",), hangs)
+    assert time.monotonic() - started < 5 and not stuck
+    why = results.document["shapes"]["tiny"]["why_null"]["disk_warm_ratio"]
+    assert why.startswith("error: MeasureTimeout: still running after 0 s")
+
+
+def test_the_markdown_names_the_device_the_tests_and_every_figure() -> None:
+    document = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-01-01T00:00:00Z",
+                "quick": True, "reps": 3, "tokens": 4096, "runtime_s": 100.0, "torch": "2.x",
+                "shapes": {"8b": {"host_store_ratio": {"dma": summary([0.95]),
+                                                       "kernel": summary([0.85])},
+                                  "why_null": {}}},
+                "why_null": {"pinning_rate_bytes_s": "not measured"}, "errors": []}  # fmt: skip
+    text = render(document, tests="40 passed, 2 skipped in 30.1s")
+    assert "- device: NVIDIA H100 80GB HBM3" in text and "40 passed, 2 skipped" in text
+    assert "| 8b | host_store_ratio | dma | 0.95 | 0.95 | 0.95 | >= 0.9 | yes |" in text
+    assert "| 8b | host_store_ratio | kernel | 0.85 | 0.85 | 0.85 | >= 0.9 | **no** |" in text
+    assert "- 8b hit_over_prefill: not measured" in text  # a figure never measured says so
+
+
+@pytest.mark.parametrize(
+    ("log", "summary_line"),
+    [
+        ("....\n40 passed, 2 skipped, 1 warning in 30.12s\n", "40 passed, 2 skipped in 30.12s"),
+        ("== 1 failed, 3 passed in 2.00s ==\n", "1 failed, 3 passed in 2.00s"),
+        ("\n52 skipped in 1.50s\n", "52 skipped in 1.50s"),
+        ("Traceback ...\nImportError: no module named redis\n", "no summary line"),
+    ],
+)
+def test_the_pytest_summary_is_read_from_its_last_line(log: str, summary_line: str) -> None:
+    assert pytest_summary(log).startswith(summary_line)
+
+
+def test_bad_arguments_are_refused_with_the_valid_names(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvtier.apps.cli import main
+
+    assert main(["bench", "gpu", "--shapes", "8b,9b"]) == 2
+    assert "valid: 8b, 70b-tp8, mla, hybrid, bench, tiny" in capsys.readouterr().out
+    assert main(["bench", "gpu", "--measures", "host,gpu"]) == 2
+    assert "valid: host, prefill, beside" in capsys.readouterr().out
