@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from kvtier.layout import KVLayout
+from kvtier.pages.mover import Mechanism
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.worker.engine_host import EngineHostHandler
 
@@ -21,13 +22,18 @@ def copy_lanes() -> int:
 
 
 def engine_host_handlers(
-    layout: KVLayout, host: HostTier, lanes: int | None = None, inline_stores: bool = True
+    layout: KVLayout,
+    host: HostTier,
+    lanes: int | None = None,
+    inline_stores: bool = True,
+    mechanism: Mechanism = Mechanism.DMA,
 ) -> tuple[EngineHostHandler, EngineHostHandler]:
     """The (store, load) handlers for ``layout``'s device.
 
-    CUDA: both on streams. CPU: loads inline in ``transfer_async``, and stores too unless
-    ``inline_stores`` is False (then on a job thread); each job is split across ``lanes`` threads
-    (default ``copy_lanes()``), see ``copy_cpu.py``.
+    CUDA: both on streams, moving pages by ``mechanism`` (``kvtier.pages.mover``). CPU: loads
+    inline in ``transfer_async``, and stores too unless ``inline_stores`` is False (then on a
+    job thread); each job is split across ``lanes`` threads (default ``copy_lanes()``), see
+    ``copy_cpu.py``.
 
     Why CPU stores copy inline, right after the step's forward: a store copied on a thread runs
     beside the next step's forward, and both are bound by memory bandwidth. The engine's own
@@ -38,7 +44,10 @@ def engine_host_handlers(
     if layout.device.type == "cuda":
         from kvtier.worker.copy_cuda import CudaCopyHandler
 
-        return CudaCopyHandler(layout, host, store=True), CudaCopyHandler(layout, host, store=False)
+        return (
+            CudaCopyHandler(layout, host, store=True, mechanism=mechanism),
+            CudaCopyHandler(layout, host, store=False, mechanism=mechanism),
+        )
     from kvtier.worker.copy_cpu import CpuCopyHandler
 
     lanes = copy_lanes() if lanes is None else lanes

@@ -12,9 +12,9 @@
     .loaded_intact()                 whether the target blocks hold the request's pages
     measure(rig, reps, clock)        host_store_ratio and host_load_ratio per mechanism
 
-Mechanisms: on CUDA ``dma`` (``engine_host_handlers``' handlers: a gather on the device, large
-copies on the copy engine) and ``kernel`` (``CudaCopyHandler(mechanism=KERNEL)``: one Triton
-kernel straight to pinned host memory; DMA where Triton does not run); on the CPU ``cpu`` (the
+Mechanisms: on CUDA ``dma`` (a gather on the device, large copies on the copy engine) and
+``kernel`` (one Triton kernel straight to pinned host memory; DMA where Triton does not run),
+each through ``engine_host_handlers`` as the connector builds them; on the CPU ``cpu`` (the
 copy lanes). The bound is one contiguous copy of the same bytes between pinned host memory and
 device memory (``Bound``), timed back to back with each job, the order alternating per rep; a
 figure is ``bound seconds / job seconds`` per rep (1.0: as fast as the one copy). Stores copy the
@@ -128,13 +128,10 @@ class HostRig:
 def _worker(layout: KVLayout, host: HostTier, mechanism: str) -> TransferWorker:
     store: EngineHostHandler
     load: EngineHostHandler
-    if mechanism == Mechanism.KERNEL:
-        from kvtier.worker.copy_cuda import CudaCopyHandler
-
-        store = CudaCopyHandler(layout, host, store=True, mechanism=Mechanism.KERNEL)
-        load = CudaCopyHandler(layout, host, store=False, mechanism=Mechanism.KERNEL)
-    else:  # the connector's own pair: DMA on CUDA, copy lanes on the CPU
+    if mechanism == "cpu":  # the connector's own pair: copy lanes on the CPU
         store, load = engine_host_handlers(layout, host)
+    else:  # the connector's pair, by the mechanism ``copy_mechanism`` would choose
+        store, load = engine_host_handlers(layout, host, mechanism=Mechanism(mechanism))
     worker = TransferWorker()
     worker.register_handler(Medium.ENGINE, Medium.CPU, store)
     worker.register_handler(Medium.CPU, Medium.ENGINE, load)
