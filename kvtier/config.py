@@ -48,8 +48,8 @@ from kvtier.config_parse import (
     required,
 )
 from kvtier.sizes import ACCEPTED_SIZE_FORMS, parse_size
+from kvtier.tiers.base.spec import TierSpec
 from kvtier.tiers.registry import specs
-from kvtier.tiers.spec import TierSpec
 
 __all__ = ["KVTierConfig", "parse_size"]
 

@@ -146,8 +146,8 @@ def round_trip(
     from kvtier.layout import build_layout
     from kvtier.pages import PageMover, Pages
     from kvtier.pages.mover import Mechanism
+    from kvtier.tiers.base.chunk_plan import plan_copy
     from kvtier.tiers.host.buffers import HostTier
-    from kvtier.worker.plan import plan_copy
 
     caches, groups, num_blocks = LAYOUTS[name](device)
     layout = build_layout(caches, groups, num_blocks)

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from tqdm import tqdm
 
-from kvtier.tiers.chunk_format import (
+from kvtier.tiers.base.chunk_format import (
     HEADER_BYTES,
     ChunkError,
     ChunkHeader,

@@ -1,25 +1,5 @@
-"""The scheduler half: where chunks live in each tier, what to evict, what changed."""
+"""The scheduler half: which chunks a request loads and stores, and when a job is done.
 
-from __future__ import annotations
-
-from kvtier.scheduler.base import (
-    EventKind,
-    Key,
-    LoadPlan,
-    LookupResult,
-    StorePlan,
-    TierEvent,
-)
-from kvtier.scheduler.manager import ChunkManager
-from kvtier.scheduler.policies import make_policy
-
-__all__ = [
-    "ChunkManager",
-    "EventKind",
-    "Key",
-    "LoadPlan",
-    "LookupResult",
-    "StorePlan",
-    "TierEvent",
-    "make_policy",
-]
+``connector.py`` (``SchedulerConnector``) is its entry point; it loops over the tiers' indexes
+(``kvtier.tiers``) and names none.
+"""

@@ -33,13 +33,10 @@ from collections.abc import Iterable, Sequence
 from kvtier.config import KVTierConfig
 from kvtier.counters import KVTierStats, TierStats
 from kvtier.keys import ChunkKey, ChunkKeyMaker
-from kvtier.scheduler.base import EventKind
 from kvtier.scheduler.failed_loads import offer_again, untrusted_stores
 from kvtier.scheduler.hit_policy import HitPolicy, HitRequest, choose_hit
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.scheduler.load_planner import GroupSpec, HitRun, LoadPlanner
-from kvtier.scheduler.lower_tier import LowerTier
-from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.prefix_events import HOST, PrefixEvent, PrefixEvents
 from kvtier.scheduler.provenance import JobLog, Provenance, provenance
 from kvtier.scheduler.request import RequestState
@@ -55,6 +52,9 @@ from kvtier.scheduler.store_planner import NULL_BLOCK, StorePlanner
 from kvtier.scheduler.tail_store import TailStore
 from kvtier.scheduler.tier_writes import TierWrites
 from kvtier.step_plan import StepPlan, WorkerReport
+from kvtier.tiers.base.index import LowerTier
+from kvtier.tiers.base.results import EventKind
+from kvtier.tiers.host.index import ChunkManager
 
 __all__ = ["NULL_BLOCK", "GroupSpec", "ScheduledRequest", "SchedulerConnector", "StepRequests"]
 

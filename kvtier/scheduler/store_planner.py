@@ -19,11 +19,11 @@ import numpy as np
 from kvtier.addresses import EngineBlocks, HostChunks
 from kvtier.counters import TierStats
 from kvtier.keys import ChunkKey, ChunkKeyMaker
-from kvtier.scheduler.base import Key, StorePlan
 from kvtier.scheduler.job_table import Job, JobKind, JobTable, StorePart
-from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.request import RequestState
 from kvtier.step_plan import StoreJob
+from kvtier.tiers.base.results import Key, StorePlan
+from kvtier.tiers.host.index import ChunkManager
 
 NULL_BLOCK = 0  # vLLM's placeholder for blocks a group does not keep (outside a sliding window)
 

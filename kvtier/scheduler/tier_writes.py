@@ -50,9 +50,9 @@ from kvtier.addresses import HostChunks, TierChunks
 from kvtier.counters import TierStats
 from kvtier.keys import ChunkKey
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
-from kvtier.scheduler.lower_tier import LowerTier
-from kvtier.scheduler.manager import ChunkManager
 from kvtier.step_plan import TierWriteJob
+from kvtier.tiers.base.index import LowerTier
+from kvtier.tiers.host.index import ChunkManager
 
 MAX_STAGED = 128  # chunks copied aside (staged writes) or being written, when chunks are evicted
 RETRY_S = 0.5  # a tier that refused chunks is offered none for this long; the first back-off

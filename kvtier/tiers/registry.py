@@ -18,7 +18,7 @@ import importlib.metadata
 from collections.abc import Sequence
 from functools import cache
 
-from kvtier.tiers.spec import TierSpec
+from kvtier.tiers.base.spec import TierSpec
 
 BUILTIN = (
     "kvtier.tiers.host:SPEC",

@@ -23,9 +23,9 @@ from kvtier.config import KVTierConfig
 from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
 from kvtier.layout import KVLayout, Placement, host_num_chunks, placement_bytes_per_block
 from kvtier.scheduler.connector import GroupSpec, SchedulerConnector
-from kvtier.tiers.chunk_format import HEADER_BYTES
+from kvtier.tiers.base.chunk_format import HEADER_BYTES
+from kvtier.tiers.base.spec import SchedulerContext, TierSpec, WorkerContext, WorkerTier
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.tiers.spec import SchedulerContext, TierSpec, WorkerContext, WorkerTier
 from kvtier.vllm.kv_role import KVRole
 from kvtier.vllm.observability import Observability
 from kvtier.worker.connector import TierBuilder, WorkerConnector

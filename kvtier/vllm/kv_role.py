@@ -27,10 +27,10 @@ from vllm.v1.request import RequestStatus
 
 from kvtier.layout import KVLayout
 from kvtier.tiers.peer.config import TransferConfig
+from kvtier.tiers.peer.net import PeerIdentity
 from kvtier.tiers.peer.planner import PeerPlanner
 from kvtier.tiers.peer.roles import PeerConsumer, PeerProducer
 from kvtier.tiers.peer.worker import PeerSettings, PeerWorkerTier, peer_worker_tier
-from kvtier.transfer import PeerIdentity
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

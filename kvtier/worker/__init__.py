@@ -1,7 +1,5 @@
-"""The worker half: moves bytes between media, decides nothing."""
+"""The worker half: moves bytes between media through each tier's handlers, decides nothing."""
 
-from kvtier.worker.base import TransferHandler, TransferResult
-from kvtier.worker.handlers import engine_host_handlers
 from kvtier.worker.transfer_worker import TransferWorker
 
-__all__ = ["TransferHandler", "TransferResult", "TransferWorker", "engine_host_handlers"]
+__all__ = ["TransferWorker"]

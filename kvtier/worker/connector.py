@@ -30,10 +30,10 @@ from kvtier.addresses import TransferSpec
 from kvtier.layout import KVLayout, build_layout, host_num_chunks
 from kvtier.media import Medium
 from kvtier.step_plan import LoadJob, StepPlan, StoreJob, TierWriteJob, WorkerReport
+from kvtier.tiers.base.handler import Transfer, TransferHandler
+from kvtier.tiers.base.spec import WorkerTier
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.tiers.spec import WorkerTier
-from kvtier.worker.base import Transfer, TransferHandler
-from kvtier.worker.handlers import engine_host_handlers
+from kvtier.tiers.host.io.handlers import engine_host_handlers
 from kvtier.worker.jobs import InFlight, JobKind, Jobs
 from kvtier.worker.rank_counters import RankCounters
 from kvtier.worker.shutdown_flush import FlushTarget, flush_tiers

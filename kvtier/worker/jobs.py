@@ -23,7 +23,7 @@ import numpy as np
 from kvtier.addresses import EngineBlocks
 from kvtier.keys import ChunkKey
 from kvtier.step_plan import JobOutcome, StoreJob
-from kvtier.worker.base import TransferResult
+from kvtier.tiers.base.handler import TransferResult
 from kvtier.worker.rank_counters import RankCounters
 
 

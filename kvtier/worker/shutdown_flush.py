@@ -21,11 +21,10 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from kvtier.keys import ChunkKey, key_group
-from kvtier.layout import KVLayout
-from kvtier.tiers.chunk_format import Buffer
+from kvtier.tiers.base.chunk_format import Buffer
+from kvtier.tiers.base.chunk_tier import FlushTier
 from kvtier.worker.rank_counters import RankCounters
 
 logger = logging.getLogger(__name__)
@@ -33,20 +32,6 @@ logger = logging.getLogger(__name__)
 BATCH = 32  # chunks checked, then written, per tier and round trip
 
 Record = Callable[[int, int], Buffer]  # (host slot, group) -> the chunk's record there
-
-
-class FlushTier(Protocol):
-    """A tier below host memory as one worker rank writes it (``DiskTier``, ``RedisTier``)."""
-
-    layout: KVLayout
-
-    def file_bytes(self, group: int) -> int: ...
-
-    def holds_many(self, keys: Sequence[ChunkKey]) -> list[bool]: ...
-
-    def write_many(
-        self, keys: Sequence[ChunkKey], payloads: Sequence[Sequence[Buffer]]
-    ) -> list[int | None]: ...
 
 
 @dataclass

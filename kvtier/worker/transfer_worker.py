@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from kvtier.addresses import TransferSpec
-from kvtier.worker.base import Transfer, TransferHandler, TransferResult
+from kvtier.tiers.base.handler import Transfer, TransferHandler, TransferResult
 
 
 class TransferWorker:

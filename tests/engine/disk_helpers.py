@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvtier.tiers.chunk_format import HEADER_BYTES, ChunkError, verify_file
+from kvtier.tiers.base.chunk_format import HEADER_BYTES, ChunkError, verify_file
 from kvtier.tiers.disk.names import scan
 
 CHUNK = 64  # tokens per chunk: two engine blocks of 32

@@ -20,10 +20,10 @@ import numpy as np
 from kvtier.config_parse import mapping, positive_int, required
 from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
-from kvtier.tiers.chunk_format import Buffer, ChunkError
-from kvtier.tiers.chunk_io import TierLoadHandler, TierWriteHandler
-from kvtier.tiers.chunk_tier import view_bytes
-from kvtier.tiers.spec import SchedulerContext, TierSpec, WorkerContext, WorkerTier
+from kvtier.tiers.base.chunk_format import Buffer, ChunkError
+from kvtier.tiers.base.chunk_io import TierLoadHandler, TierWriteHandler
+from kvtier.tiers.base.chunk_tier import view_bytes
+from kvtier.tiers.base.spec import SchedulerContext, TierSpec, WorkerContext, WorkerTier
 
 NAME = "memory"
 STORE: dict[tuple[ChunkKey, int], bytes] = {}  # (key, rank) -> the rank's record of the chunk

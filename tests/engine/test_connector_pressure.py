@@ -9,7 +9,7 @@ import pytest
 from harness import connector, engine, generate, greedy, kvtier_transfer, prompts, settle
 
 import kvtier
-from kvtier.worker.copy_cpu import CpuCopyHandler
+from kvtier.tiers.host.io.copy_cpu import CpuCopyHandler
 
 
 def _expected(reference: Any, model: Path, token_prompts: list[list[int]]) -> list[list[int]]:

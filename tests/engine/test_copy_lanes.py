@@ -19,8 +19,8 @@ import pytest
 from harness import engine, full_chunks, generate, kvtier_transfer, prompts, settle
 
 import kvtier
-from kvtier.worker import copy_cpu, handlers
-from kvtier.worker.copy_lanes import CopyLanes
+from kvtier.tiers.host.io import copy_cpu, handlers
+from kvtier.tiers.host.io.copy_lanes import CopyLanes
 
 WATCHDOG_S = 600  # a hang dumps every thread's stack and ends the run instead of blocking it
 SETTLE_S = 120.0

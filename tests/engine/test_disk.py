@@ -31,7 +31,7 @@ from disk_helpers import (
 from harness import connector, engine, full_chunks, generate, kvtier_transfer, prompts, settle
 
 import kvtier
-from kvtier.tiers.chunk_format import read_header, write_chunk
+from kvtier.tiers.base.chunk_format import read_header, write_chunk
 
 LENGTHS = [100, 250, 300, 500, 129, 450]
 
@@ -124,7 +124,7 @@ def _foreign(path: Path) -> None:
     header, _ = read_header(path)
     other = msgspec.structs.replace(header, fingerprint=bytes(16), describe="another model")
     payload = [np.random.default_rng(0).bytes(n) for n in header.views]
-    from kvtier.tiers.chunk_format import payload_checksum
+    from kvtier.tiers.base.chunk_format import payload_checksum
 
     write_chunk(path, msgspec.structs.replace(other, checksum=payload_checksum(payload)), payload)
 

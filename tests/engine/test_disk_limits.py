@@ -13,7 +13,7 @@ from disk_helpers import CHUNK, chunk_files, disk_extra, tier_bytes
 from harness import connector, engine, full_chunks, generate, kvtier_transfer, prompts, settle
 
 import kvtier
-from kvtier.tiers import chunk_format as disk_format
+from kvtier.tiers.base import chunk_format as disk_format
 
 LENGTHS = [100, 250, 300, 500, 129, 450]
 

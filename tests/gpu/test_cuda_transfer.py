@@ -17,8 +17,9 @@ from kvtier.layout import KVLayout, build_layout
 from kvtier.media import Medium
 from kvtier.pages.mover import Mechanism
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.worker import TransferWorker, engine_host_handlers
-from kvtier.worker.copy_cuda import CudaCopyHandler
+from kvtier.tiers.host.io import engine_host_handlers
+from kvtier.tiers.host.io.copy_cuda import CudaCopyHandler
+from kvtier.worker import TransferWorker
 
 pytestmark = pytest.mark.gpu
 

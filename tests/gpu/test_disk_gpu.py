@@ -17,11 +17,11 @@ import torch
 from kvtier.addresses import EngineBlocks, HostChunks, TierChunks, TransferSpec
 from kvtier.keys import ChunkKey, key_group, make_key
 from kvtier.layout import KVLayout, build_layout
-from kvtier.tiers.chunk_format import HEADER_BYTES
-from kvtier.tiers.chunk_io import TierLoadHandler, TierWriteHandler
+from kvtier.tiers.base.chunk_format import HEADER_BYTES
+from kvtier.tiers.base.chunk_io import TierLoadHandler, TierWriteHandler
+from kvtier.tiers.base.handler import TransferResult
 from kvtier.tiers.disk.files import DiskTier
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.worker.base import TransferResult
 
 pytestmark = pytest.mark.gpu
 

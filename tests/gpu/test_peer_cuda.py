@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kvtier.layout import build_layout
-from kvtier.transfer import (
+from kvtier.tiers.peer.net import (
     CpuBlockRows,
     CudaBlockRows,
     PeerIdentity,

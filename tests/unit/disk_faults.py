@@ -22,4 +22,4 @@ def full_disk_for(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
             return real_writev(fd, buffers[:1])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("kvtier.tiers.chunk_format.os.writev", writev)
+    monkeypatch.setattr("kvtier.tiers.base.chunk_format.os.writev", writev)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from kvtier.transfer import CpuBlockRows, PeerIdentity, TransferClient, TransferServer
+from kvtier.tiers.peer.net import CpuBlockRows, PeerIdentity, TransferClient, TransferServer
 
 SECRET = b"kvtier-test-secret-0123456789abcdef"
 IDENTITY = PeerIdentity(

@@ -8,9 +8,9 @@ import threading
 
 import torch
 
-from kvtier.worker.base import TransferResult
-from kvtier.worker.copy_lanes import CopyLanes
-from kvtier.worker.job_thread import BACKGROUND_NICE, JobThread
+from kvtier.tiers.base.handler import TransferResult
+from kvtier.tiers.base.job_thread import BACKGROUND_NICE, JobThread
+from kvtier.tiers.host.io.copy_lanes import CopyLanes
 
 CPU = torch.device("cpu")
 

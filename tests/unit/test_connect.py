@@ -15,9 +15,9 @@ import pytest
 from peer_setup import IDENTITY, SECRET, Engine
 
 from kvtier.connect import ResolveTimeout, connect
+from kvtier.tiers.peer.net import TransferClient, TransferError
 from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.store import RedisStore
-from kvtier.transfer import TransferClient, TransferError
 
 TIMEOUT_S = 0.3
 MARGIN_S = 0.5

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from kvtier.keys import make_key
-from kvtier.tiers.chunk_format import (
+from kvtier.tiers.base.chunk_format import (
     HEADER_BYTES,
     MAX_DESCRIBE,
     ChunkError,
@@ -144,7 +144,7 @@ def _full_disk_after_one_buffer(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             return real_writev(fd, buffers[:1])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("kvtier.tiers.chunk_format.os.writev", writev)
+    monkeypatch.setattr("kvtier.tiers.base.chunk_format.os.writev", writev)
     return calls
 
 

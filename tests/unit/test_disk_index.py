@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvtier.keys import ChunkKey, LayoutFingerprint, make_key
-from kvtier.tiers.chunk_format import temp_name
+from kvtier.tiers.base.chunk_format import temp_name
 from kvtier.tiers.disk.index import STALE_TEMP_S, DiskIndex
 from kvtier.tiers.disk.names import chunk_path
 

@@ -22,11 +22,11 @@ from disk_faults import full_disk_for
 from kvtier.addresses import EngineBlocks, HostChunks, TierChunks, TransferSpec
 from kvtier.keys import ChunkKey, key_group, make_key
 from kvtier.layout import KVLayout, build_layout
-from kvtier.tiers.chunk_format import HEADER_BYTES, Buffer
-from kvtier.tiers.chunk_io import TierLoadHandler, TierWriteHandler
+from kvtier.tiers.base.chunk_format import HEADER_BYTES, Buffer
+from kvtier.tiers.base.chunk_io import TierLoadHandler, TierWriteHandler
+from kvtier.tiers.base.handler import TransferResult
 from kvtier.tiers.disk.files import DiskTier
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.worker.base import TransferResult
 
 NUM_BLOCKS, NUM_CHUNKS = 24, 6
 FP = bytes(range(16))  # the layout fingerprint digest in the file headers

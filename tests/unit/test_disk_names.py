@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvtier.keys import make_key
-from kvtier.tiers.chunk_format import temp_name
+from kvtier.tiers.base.chunk_format import temp_name
 from kvtier.tiers.disk.names import ChunkFile, chunk_path, parse_name, scan
 
 ROOT = Path("/tier")

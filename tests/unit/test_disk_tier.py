@@ -15,7 +15,7 @@ import torch
 
 from kvtier.keys import make_key
 from kvtier.layout import KVLayout, build_layout
-from kvtier.tiers.chunk_format import HEADER_BYTES, ChunkError, read_header
+from kvtier.tiers.base.chunk_format import HEADER_BYTES, ChunkError, read_header
 from kvtier.tiers.disk.files import DiskTier
 
 NUM_BLOCKS, FACTOR = 8, 2

@@ -7,7 +7,7 @@ from functools import partial
 
 import pytest
 
-from kvtier.worker.keyed_threads import KeyedThreads
+from kvtier.tiers.base.keyed_threads import KeyedThreads
 
 WAIT_S = 10.0
 

@@ -10,7 +10,7 @@ from functools import partial
 import pytest
 import torch
 
-from kvtier.worker.copy_lanes import CopyLanes
+from kvtier.tiers.host.io.copy_lanes import CopyLanes
 
 CPU = torch.device("cpu")
 BOUND_S = 10.0  # a barrier that is not met within this fails the test instead of hanging it

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvtier.scheduler import ChunkManager, Key, StorePlan
-from kvtier.scheduler.policies import ArcPolicy
+from kvtier.tiers.base.results import Key, StorePlan
+from kvtier.tiers.host.index import ChunkManager
+from kvtier.tiers.host.policies import ArcPolicy
 
 
 def store(manager: ChunkManager, keys: Sequence[Key]) -> StorePlan:

@@ -10,15 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.scheduler import (
-    ChunkManager,
-    EventKind,
-    Key,
-    LookupResult,
-    StorePlan,
-    TierEvent,
-    make_policy,
-)
+from kvtier.tiers.base.results import EventKind, Key, LookupResult, StorePlan, TierEvent
+from kvtier.tiers.host.index import ChunkManager
+from kvtier.tiers.host.policies import make_policy
 
 POLICIES = ["lru", "arc"]
 

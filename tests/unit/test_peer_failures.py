@@ -12,8 +12,8 @@ import pytest
 import xxhash
 from peer_setup import IDENTITY, SECRET, WAIT_S, Engine, StallingRows, deadline, peers, wait_done
 
-from kvtier.transfer import PeerIdentity, TransferClient, TransferError, auth, server, wire
-from kvtier.transfer import client as client_module
+from kvtier.tiers.peer.net import PeerIdentity, TransferClient, TransferError, auth, server, wire
+from kvtier.tiers.peer.net import client as client_module
 
 REMOTE, LOCAL = [[1, 2], [3]], [[4, 5], [6]]
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from peer_setup import IDENTITY, SECRET, WAIT_S, Engine, deadline, same_blocks
 
-from kvtier.transfer import TransferClient, TransferServer, auth, wire
+from kvtier.tiers.peer.net import TransferClient, TransferServer, auth, wire
 
 FUZZ = settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

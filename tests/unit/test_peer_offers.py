@@ -9,8 +9,8 @@ import time
 import pytest
 from peer_setup import WAIT_S, Engine, StallingRows, deadline, peers, wait_done
 
-from kvtier.transfer import TransferError, server
-from kvtier.transfer.offers import OfferTable, Refused
+from kvtier.tiers.peer.net import TransferError, server
+from kvtier.tiers.peer.net.offers import OfferTable, Refused
 
 BLOCKS = [[1, 2], [3]]
 

@@ -23,9 +23,9 @@ from peer_setup import (
     wait_done,
 )
 
-from kvtier.transfer import PeerIdentity, TransferClient, request_rows
-from kvtier.transfer import client as client_module
-from kvtier.transfer.client import _split
+from kvtier.tiers.peer.net import PeerIdentity, TransferClient, request_rows
+from kvtier.tiers.peer.net import client as client_module
+from kvtier.tiers.peer.net.client import _split
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 import xxhash
 
-from kvtier.transfer import wire
+from kvtier.tiers.peer.net import wire
 
 
 def header(magic: bytes = b"KVT1", kind: int = 5, flags: int = 0, reserved: int = 0,

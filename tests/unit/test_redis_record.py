@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvtier.keys import make_key
-from kvtier.tiers.chunk_format import ChunkError, ChunkHeader, payload_checksum
+from kvtier.tiers.base.chunk_format import ChunkError, ChunkHeader, payload_checksum
 from kvtier.tiers.redis.keys import redis_key
 from kvtier.tiers.redis.record import (
     MAGIC,

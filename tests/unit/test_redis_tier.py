@@ -17,7 +17,7 @@ import torch
 from kvtier.apps.bench.redis_server import RedisServer
 from kvtier.keys import ChunkKey, make_key
 from kvtier.layout import KVLayout, build_layout
-from kvtier.tiers.chunk_format import ChunkError
+from kvtier.tiers.base.chunk_format import ChunkError
 from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.store import RedisStore, RedisUnavailable
 from kvtier.tiers.redis.tier import RecordAbsent, RedisTier

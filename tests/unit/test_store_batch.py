@@ -13,11 +13,12 @@ import torch
 from kvtier.addresses import EngineBlocks, HostChunks
 from kvtier.layout import KVLayout, build_layout
 from kvtier.media import Medium
+from kvtier.tiers.base.chunk_plan import chunks_spanned, plan_copy
+from kvtier.tiers.base.handler import Transfer
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.worker import TransferWorker, copy_cpu, engine_host_handlers
-from kvtier.worker.base import Transfer
-from kvtier.worker.plan import chunks_spanned, plan_copy
-from kvtier.worker.row_batch import RowBatch, plan_rows
+from kvtier.tiers.host.io import copy_cpu, engine_host_handlers
+from kvtier.tiers.host.io.row_batch import RowBatch, plan_rows
+from kvtier.worker import TransferWorker
 
 NUM_BLOCKS, NUM_CHUNKS, FACTOR = 32, 12, 2
 

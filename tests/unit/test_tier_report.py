@@ -12,14 +12,14 @@ import pytest
 from kvtier.apps.cli import main
 from kvtier.apps.inspect_tier import BadFile, inspect_tier, render
 from kvtier.keys import make_key
-from kvtier.tiers.chunk_format import (
+from kvtier.tiers.base.chunk_format import (
     HEADER_BYTES,
     ChunkHeader,
     payload_checksum,
     read_header,
     temp_name,
 )
-from kvtier.tiers.chunk_format import write_chunk as write_file
+from kvtier.tiers.base.chunk_format import write_chunk as write_file
 from kvtier.tiers.disk.names import chunk_path
 
 FP_A, FP_B = bytes(range(16)), bytes(range(16, 32))

@@ -13,11 +13,11 @@ from kvtier.counters import TierStats
 from kvtier.keys import ChunkKey, LayoutFingerprint, make_key
 from kvtier.scheduler import tier_writes
 from kvtier.scheduler.job_table import JobTable
-from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.tier_writes import TierWrites
 from kvtier.step_plan import JobOutcome, TierWriteJob
 from kvtier.tiers.disk.index import DiskIndex
 from kvtier.tiers.disk.names import chunk_path
+from kvtier.tiers.host.index import ChunkManager
 
 FP = LayoutFingerprint("m", "f32", "test", 0, 1, 0, 4).digest()
 FILE = 100  # bytes of one chunk's file

@@ -18,14 +18,14 @@ from kvtier.counters import TierStats
 from kvtier.keys import ChunkKey, LayoutFingerprint, make_key
 from kvtier.scheduler import tier_writes
 from kvtier.scheduler.job_table import JobTable
-from kvtier.scheduler.manager import ChunkManager
 from kvtier.scheduler.tier_writes import TierWrites
 from kvtier.step_plan import JobOutcome, TierWriteJob
+from kvtier.tiers.base.spec import SchedulerContext
+from kvtier.tiers.host.index import ChunkManager
 from kvtier.tiers.redis import SPEC as REDIS
 from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.index import RedisIndex
 from kvtier.tiers.redis.keys import redis_key
-from kvtier.tiers.spec import SchedulerContext
 
 FP = LayoutFingerprint("m", "f32", "test", 0, 1, 0, 4).digest()
 WAIT_S = 5.0  # bound on every wait for the lookup thread or a restarted server

@@ -22,8 +22,9 @@ from kvtier.addresses import EngineBlocks, HostChunks
 from kvtier.layout import KVLayout, build_layout
 from kvtier.media import Medium
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.worker import TransferWorker, copy_cpu, engine_host_handlers, handlers
-from kvtier.worker.row_batch import RowBatch
+from kvtier.tiers.host.io import copy_cpu, engine_host_handlers, handlers
+from kvtier.tiers.host.io.row_batch import RowBatch
+from kvtier.worker import TransferWorker
 
 NUM_BLOCKS, NUM_CHUNKS = 24, 10
 LANES = [1, 2, 3]

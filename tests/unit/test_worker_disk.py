@@ -19,7 +19,7 @@ from tier_setup import disk_tier
 from kvtier.addresses import EngineBlocks, HostChunks, TierChunks, TransferSpec
 from kvtier.keys import ChunkKey, LayoutFingerprint, make_key
 from kvtier.step_plan import LoadJob, StepPlan, StoreJob, TierWriteJob
-from kvtier.tiers.chunk_format import HEADER_BYTES, Buffer
+from kvtier.tiers.base.chunk_format import HEADER_BYTES, Buffer
 from kvtier.tiers.disk.files import DiskTier
 from kvtier.worker.connector import WorkerConnector
 

@@ -18,8 +18,8 @@ import torch
 from kvtier.addresses import EngineBlocks
 from kvtier.step_plan import LoadJob, StepPlan
 from kvtier.tiers.peer.messages import PeerBlocks, PeerOffer
+from kvtier.tiers.peer.net import PeerIdentity
 from kvtier.tiers.peer.worker import PeerSettings, peer_worker_tier
-from kvtier.transfer import PeerIdentity
 from kvtier.worker.connector import WorkerConnector
 
 SECRET = b"worker-peer-test-secret"

@@ -18,7 +18,7 @@ from tier_setup import disk_tier, redis_tier
 from kvtier.addresses import EngineBlocks, HostChunks, TierChunks
 from kvtier.keys import ChunkKey, LayoutFingerprint, make_key
 from kvtier.step_plan import LoadJob, StepPlan, StoreJob
-from kvtier.tiers.chunk_format import ChunkError
+from kvtier.tiers.base.chunk_format import ChunkError
 from kvtier.tiers.disk.files import DiskTier
 from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.tier import RedisTier

@@ -9,12 +9,12 @@ from typing import Any
 
 from kvtier.keys import LayoutFingerprint
 from kvtier.layout import KVLayout
+from kvtier.tiers.base.spec import TierSpec, WorkerContext, WorkerTier
 from kvtier.tiers.disk import SPEC as DISK
 from kvtier.tiers.disk.config import DiskConfig
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.redis import SPEC as REDIS
 from kvtier.tiers.redis.config import RedisConfig
-from kvtier.tiers.spec import TierSpec, WorkerContext, WorkerTier
 from kvtier.worker.connector import TierBuilder
 
 

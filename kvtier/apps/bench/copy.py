@@ -39,10 +39,11 @@ from kvtier.addresses import EngineBlocks, HostChunks, TransferSpec  # noqa: E40
 from kvtier.apps.bench.report import median, time_call, write_json  # noqa: E402
 from kvtier.layout import KVLayout, build_layout  # noqa: E402
 from kvtier.media import Medium  # noqa: E402
-from kvtier.scheduler import ChunkManager  # noqa: E402
 from kvtier.tiers.host.buffers import HostTier  # noqa: E402
-from kvtier.worker import TransferWorker, engine_host_handlers  # noqa: E402
-from kvtier.worker.handlers import copy_lanes  # noqa: E402
+from kvtier.tiers.host.index import ChunkManager  # noqa: E402
+from kvtier.tiers.host.io import engine_host_handlers  # noqa: E402
+from kvtier.tiers.host.io.handlers import copy_lanes  # noqa: E402
+from kvtier.worker import TransferWorker  # noqa: E402
 
 # what the bound's OpenMP threads do between copies, recorded with the figures
 OMP_WAIT_POLICY = "unknown (torch loaded first)" if _TORCH_FIRST else os.environ["OMP_WAIT_POLICY"]

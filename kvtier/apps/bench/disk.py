@@ -36,10 +36,10 @@ from kvtier.apps.bench import disk_report, page_cache
 from kvtier.apps.bench.report import median, time_call, write_json
 from kvtier.keys import LayoutFingerprint, make_key
 from kvtier.layout import KVLayout, build_layout
-from kvtier.tiers.chunk_io import TierLoadHandler, TierWriteHandler
+from kvtier.tiers.base.chunk_io import TierLoadHandler, TierWriteHandler
+from kvtier.tiers.base.handler import TransferHandler
 from kvtier.tiers.disk.files import DiskTier
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.worker.base import TransferHandler
 
 KV_HEADS, HEAD_DIM, ENGINE_BLOCK, CHUNK_TOKENS = 8, 64, 32, 64
 FACTOR = CHUNK_TOKENS // ENGINE_BLOCK

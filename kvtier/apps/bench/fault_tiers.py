@@ -22,7 +22,7 @@ from typing import Protocol
 
 import msgspec
 
-from kvtier.tiers import chunk_format as disk_format
+from kvtier.tiers.base import chunk_format as disk_format
 from kvtier.tiers.disk.names import scan
 from kvtier.tiers.redis import record as redis_record
 

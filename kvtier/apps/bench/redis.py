@@ -54,13 +54,13 @@ from kvtier.apps.bench.report import median, time_call, write_json
 from kvtier.apps.bench.ttft_timing import OtherLoad, own_cpu_seconds
 from kvtier.keys import LayoutFingerprint, make_key
 from kvtier.layout import KVLayout, build_layout
-from kvtier.tiers.chunk_format import Buffer, payload_checksum
+from kvtier.tiers.base.chunk_format import Buffer, payload_checksum
+from kvtier.tiers.base.handler import TransferHandler
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.io import RedisLoadHandler
 from kvtier.tiers.redis.store import RedisStore
 from kvtier.tiers.redis.tier import RedisTier
-from kvtier.worker.base import TransferHandler
 
 LAYERS, KV_HEADS, HEAD_DIM, ENGINE_BLOCK = 8, 8, 64, 32
 CHUNK_TOKENS = (16, 64, 256)

@@ -45,7 +45,7 @@ from kvtier.apps.bench.transfer_peer import (
     PrefillProcess,
 )
 from kvtier.apps.bench.transfer_report import CHUNK_TOKENS, GOALS, plot, print_table
-from kvtier.transfer import TransferClient, wire
+from kvtier.tiers.peer.net import TransferClient, wire
 
 METHODS = ("kvtier-1", "kvtier-2", "raw-1", "raw-2", "mooncake")
 START_TIMEOUT_S = 120.0

@@ -28,7 +28,7 @@ import torch
 from kvtier.apps.bench.transfer_mooncake import MooncakeTarget
 from kvtier.apps.models import SPECS
 from kvtier.layout import KVLayout, build_layout
-from kvtier.transfer import CpuBlockRows, PeerIdentity, TransferServer, wire
+from kvtier.tiers.peer.net import CpuBlockRows, PeerIdentity, TransferServer, wire
 
 BLOCK_TOKENS = 16
 SECRET = b"kvtier-bench-transfer-secret-0123"

@@ -5,9 +5,9 @@ files.py    one rank's chunk files          names.py   file names, the directory
 build.py    both halves from the config     (loads and writes: ``tiers/chunk_io.py``)
 """
 
+from kvtier.tiers.base.spec import TierSpec
 from kvtier.tiers.disk.build import NAME, scheduler_index, worker_tier
 from kvtier.tiers.disk.config import DiskConfig
-from kvtier.tiers.spec import TierSpec
 
 SPEC = TierSpec(
     name=NAME,

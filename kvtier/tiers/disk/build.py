@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvtier.tiers.chunk_io import TierLoadHandler, TierWriteHandler
+from kvtier.tiers.base.chunk_io import TierLoadHandler, TierWriteHandler
+from kvtier.tiers.base.spec import SchedulerContext, WorkerContext, WorkerTier
 from kvtier.tiers.disk.files import DiskTier
 from kvtier.tiers.disk.index import DiskIndex
-from kvtier.tiers.spec import SchedulerContext, WorkerContext, WorkerTier
 
 NAME = "disk"
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
-from kvtier.tiers.chunk_format import (
+from kvtier.tiers.base.chunk_format import (
     HEADER_BYTES,
     Buffer,
     ChunkError,
@@ -28,7 +28,7 @@ from kvtier.tiers.chunk_format import (
     read_chunk,
     write_chunk,
 )
-from kvtier.tiers.chunk_tier import view_bytes
+from kvtier.tiers.base.chunk_tier import view_bytes
 from kvtier.tiers.disk.names import chunk_path
 
 logger = logging.getLogger(__name__)

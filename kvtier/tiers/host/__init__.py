@@ -5,7 +5,7 @@ Not an entry of the chain: every engine has it, sized by ``cpu_bytes_to_use``. I
 ``scheduler/manager.py``, its copies ``worker/copy_*.py``.
 """
 
-from kvtier.tiers.spec import TierSpec
+from kvtier.tiers.base.spec import TierSpec
 
 SPEC = TierSpec(name="cpu", hit_source="HOST")
 

@@ -20,9 +20,9 @@ import torch
 
 from kvtier.layout import KVLayout
 from kvtier.pages import Pages
+from kvtier.tiers.base.records import RecordLayout
 from kvtier.tiers.host.commit import commit
 from kvtier.tiers.host.pinning import Pinning
-from kvtier.tiers.host.records import RecordLayout
 
 HUGE_PAGE = 2 << 20  # where the memory starts
 

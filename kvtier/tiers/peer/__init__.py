@@ -8,9 +8,9 @@
 Not an entry of the chain: its loads are planned per request from the prefill engine's params.
 """
 
+from kvtier.tiers.base.spec import TierSpec
 from kvtier.tiers.peer.config import TransferConfig
 from kvtier.tiers.peer.messages import NAME
-from kvtier.tiers.spec import TierSpec
 
 SPEC = TierSpec(
     name=NAME,

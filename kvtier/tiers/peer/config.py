@@ -18,7 +18,7 @@ from kvtier.config_parse import (
 
 LOAD_FAILURE_POLICIES = ("recompute", "fail")
 SECRET_ENV = "KVTIER_TRANSFER_SECRET"
-MIN_SECRET_BYTES = 16  # the transfer engine's HMAC key (kvtier.transfer.auth checks it too)
+MIN_SECRET_BYTES = 16  # the transfer engine's HMAC key (kvtier.tiers.peer.net.auth checks it too)
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,12 @@ import torch
 
 from kvtier.addresses import EngineBlocks, TransferSpec
 from kvtier.layout import KVLayout
+from kvtier.tiers.base.handler import TransferResult
+from kvtier.tiers.base.job_thread import JobThread, ThreadedHandler
+from kvtier.tiers.base.keyed_threads import KeyedThreads
+from kvtier.tiers.base.spec import WorkerTier
 from kvtier.tiers.peer.messages import NAME, PeerBlocks, PeerOffer
-from kvtier.tiers.spec import WorkerTier
-from kvtier.transfer import (
+from kvtier.tiers.peer.net import (
     BlockRows,
     CpuBlockRows,
     PeerIdentity,
@@ -31,9 +34,6 @@ from kvtier.transfer import (
     TransferError,
     TransferServer,
 )
-from kvtier.worker.base import TransferResult
-from kvtier.worker.job_thread import JobThread, ThreadedHandler
-from kvtier.worker.keyed_threads import KeyedThreads
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class PeerSettings:
 def block_rows(layout: KVLayout) -> BlockRows:
     """The engine's blocks as the transfer engine reads and writes them (staged on a GPU)."""
     if layout.device.type == "cuda":
-        from kvtier.transfer import CudaBlockRows
+        from kvtier.tiers.peer.net import CudaBlockRows
 
         return CudaBlockRows(layout.views, layout.groups)
     return CpuBlockRows(layout.views, layout.groups)

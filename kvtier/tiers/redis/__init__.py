@@ -7,9 +7,9 @@ record.py  a record's bytes            keys.py    a record's key        start.py
 build.py   both halves from the config
 """
 
+from kvtier.tiers.base.spec import TierSpec
 from kvtier.tiers.redis.build import NAME, scheduler_index, worker_tier
 from kvtier.tiers.redis.config import RedisConfig
-from kvtier.tiers.spec import TierSpec
 
 SPEC = TierSpec(
     name=NAME,

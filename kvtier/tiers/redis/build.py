@@ -11,8 +11,8 @@ import logging
 from collections.abc import Sequence
 
 from kvtier.keys import ChunkKey
+from kvtier.tiers.base.spec import SchedulerContext, WorkerContext, WorkerTier
 from kvtier.tiers.redis.index import RedisIndex
-from kvtier.tiers.spec import SchedulerContext, WorkerContext, WorkerTier
 
 logger = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ import time
 
 from kvtier.keys import ChunkKey
 from kvtier.layout import KVLayout
-from kvtier.tiers.chunk_format import Buffer
-from kvtier.tiers.chunk_io import WARN_EVERY, TierLoadHandler, TierWriteHandler
-from kvtier.tiers.host.buffers import HostTier
+from kvtier.tiers.base.chunk_format import Buffer
+from kvtier.tiers.base.chunk_io import WARN_EVERY, TierLoadHandler, TierWriteHandler
+from kvtier.tiers.base.handler import TransferResult
+from kvtier.tiers.base.records import HostRecords
 from kvtier.tiers.redis.tier import RedisTier
-from kvtier.worker.base import TransferResult
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class RedisLoadHandler(TierLoadHandler):
 
 
 class RedisWriteHandler(TierWriteHandler):
-    def __init__(self, host: HostTier, tier: RedisTier) -> None:
+    def __init__(self, host: HostRecords, tier: RedisTier) -> None:
         super().__init__(host, tier, "redis")
         self.redis = tier
 

@@ -30,7 +30,7 @@ import msgspec
 import numpy as np
 import xxhash
 
-from kvtier.tiers.chunk_format import (
+from kvtier.tiers.base.chunk_format import (
     MAX_DESCRIBE,
     Buffer,
     ChunkError,

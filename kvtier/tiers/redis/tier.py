@@ -26,8 +26,8 @@ import numpy as np
 
 from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
-from kvtier.tiers.chunk_format import Buffer, ChunkError, ChunkHeader, payload_checksum
-from kvtier.tiers.chunk_tier import view_bytes
+from kvtier.tiers.base.chunk_format import Buffer, ChunkError, ChunkHeader, payload_checksum
+from kvtier.tiers.base.chunk_tier import view_bytes
 from kvtier.tiers.redis.conn import Bulk
 from kvtier.tiers.redis.keys import redis_key
 from kvtier.tiers.redis.record import (

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from kvtier.addresses import TransferSpec
-from kvtier.worker.base import TransferHandler, TransferResult
+from kvtier.tiers.base.handler import TransferHandler, TransferResult
 
 
 class Clock:

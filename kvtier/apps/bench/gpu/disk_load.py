@@ -30,7 +30,7 @@ from kvtier.apps.bench.gpu.figures import Measured, ratios, summary
 from kvtier.apps.bench.gpu.host_copy import HostRig, mechanisms
 from kvtier.apps.bench.gpu.shapes import Shape
 from kvtier.keys import LayoutFingerprint
-from kvtier.tiers.chunk_io import TierLoadHandler
+from kvtier.tiers.base.chunk_io import TierLoadHandler
 from kvtier.tiers.disk.files import DiskTier
 
 RAW_IO = 4 << 20  # bytes per raw read call

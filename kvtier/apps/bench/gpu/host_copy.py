@@ -42,8 +42,9 @@ from kvtier.media import Medium
 from kvtier.pages import kernel
 from kvtier.pages.mover import Mechanism
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.worker import TransferWorker, engine_host_handlers
-from kvtier.worker.engine_host import EngineHostHandler
+from kvtier.tiers.host.io import engine_host_handlers
+from kvtier.tiers.host.io.engine_host import EngineHostHandler
+from kvtier.worker import TransferWorker
 
 PIN_WAIT_S = 120.0  # the host tier must be pinned before anything is timed
 

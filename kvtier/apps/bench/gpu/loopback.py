@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 
-from kvtier.transfer import wire
+from kvtier.tiers.peer.net import wire
 
 
 class Loopback:

@@ -26,7 +26,7 @@ from kvtier.apps.bench.gpu.request import Request, engine_blocks_for, same_pages
 from kvtier.apps.bench.gpu.shapes import Shape, build_engine
 from kvtier.layout import KVLayout
 from kvtier.tiers.peer.config import TransferConfig
-from kvtier.transfer import (
+from kvtier.tiers.peer.net import (
     BlockRows,
     CpuBlockRows,
     CudaBlockRows,

@@ -21,8 +21,8 @@ import torch
 
 from kvtier.apps.bench.gpu.figures import Measured, Unavailable, summary
 from kvtier.apps.bench.gpu.shapes import SHAPES, build_engine
+from kvtier.tiers.base.records import RecordLayout
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.tiers.host.records import RecordLayout
 
 FIGURES = ("pinning_rate_bytes_s", "pinning_engine_held_s")
 PROBE_GAP_S = 0.001

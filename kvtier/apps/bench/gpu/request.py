@@ -24,7 +24,7 @@ from kvtier.addresses import EngineBlocks, HostChunks
 from kvtier.apps.bench.gpu.shapes import Shape
 from kvtier.keys import ChunkKey, make_key
 from kvtier.layout import KVLayout
-from kvtier.worker.plan import chunks_spanned
+from kvtier.tiers.base.chunk_plan import chunks_spanned
 
 
 @dataclass(frozen=True)

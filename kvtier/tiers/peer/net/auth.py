@@ -24,8 +24,8 @@ from typing import TypeVar
 
 import msgspec
 
-from kvtier.transfer import wire
-from kvtier.transfer.base import PeerIdentity
+from kvtier.tiers.peer.net import wire
+from kvtier.tiers.peer.net.base import PeerIdentity
 
 NONCE_BYTES = 32
 MIN_SECRET_BYTES = 16

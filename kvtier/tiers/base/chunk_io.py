@@ -31,14 +31,12 @@ from kvtier.addresses import EngineBlocks, HostChunks, TierChunks, TransferSpec
 from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
 from kvtier.pages import PageMover, Pages
-from kvtier.tiers.chunk_format import Buffer, ChunkError
-from kvtier.tiers.chunk_tier import ChunkTier
-from kvtier.tiers.host.buffers import HostTier
-from kvtier.tiers.host.records import RecordLayout
-from kvtier.worker.base import TransferResult
-from kvtier.worker.engine_host import check_range
-from kvtier.worker.job_thread import JobThread, ThreadedHandler
-from kvtier.worker.plan import GroupCopy, plan_copy
+from kvtier.tiers.base.chunk_format import Buffer, ChunkError
+from kvtier.tiers.base.chunk_plan import GroupCopy, check_range, plan_copy
+from kvtier.tiers.base.chunk_tier import ChunkTier
+from kvtier.tiers.base.handler import TransferResult
+from kvtier.tiers.base.job_thread import JobThread, ThreadedHandler
+from kvtier.tiers.base.records import HostRecords, RecordLayout
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +206,7 @@ def _reads(plan: list[GroupCopy], factor: int) -> list[_Read]:
 
 
 class TierWriteHandler(ThreadedHandler):
-    def __init__(self, host: HostTier, tier: ChunkTier, name: str) -> None:
+    def __init__(self, host: HostRecords, tier: ChunkTier, name: str) -> None:
         self.host = host
         self.tier = tier
         self.name = name

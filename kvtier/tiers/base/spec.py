@@ -25,10 +25,10 @@ from typing import Any
 
 from kvtier.keys import LayoutFingerprint
 from kvtier.layout import KVLayout
-from kvtier.scheduler.lower_tier import LowerTier
-from kvtier.tiers.host.buffers import HostTier
-from kvtier.worker.base import TransferHandler
-from kvtier.worker.shutdown_flush import FlushTier
+from kvtier.tiers.base.chunk_tier import FlushTier
+from kvtier.tiers.base.handler import TransferHandler
+from kvtier.tiers.base.index import LowerTier
+from kvtier.tiers.base.records import HostRecords
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class WorkerContext:
 
     config: Any
     layout: KVLayout  # this rank's engine KV tensors, as block views
-    host: HostTier  # this rank's host tier: writes read their chunks from it
+    host: HostRecords  # this rank's host tier: writes read their chunks from it
     rank: int  # among all ranks (pipeline stage, then tensor rank): names its share of a chunk
     fingerprint: LayoutFingerprint  # this rank's: records are checked against it
     factor: int  # engine blocks per chunk

@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 
-from kvtier.scheduler.base import Key
+from kvtier.tiers.base.results import Key
 
 KeyPredicate = Callable[[Key], bool]
 

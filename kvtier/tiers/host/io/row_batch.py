@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvtier.addresses import EngineBlocks, HostChunks
-from kvtier.worker.plan import GroupCopy, check_groups, checked_spans
+from kvtier.tiers.base.chunk_plan import GroupCopy, check_groups, checked_spans
 
 
 def plan_rows(

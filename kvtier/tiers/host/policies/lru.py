@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 
-from kvtier.scheduler.base import Key
-from kvtier.scheduler.policies.base import EvictionPolicy, KeyPredicate
+from kvtier.tiers.base.results import Key
+from kvtier.tiers.host.policies.base import EvictionPolicy, KeyPredicate
 
 
 class LruPolicy(EvictionPolicy):

@@ -12,6 +12,10 @@ kvtier may be; the load and write handlers of ``chunk_io.py`` move chunks throug
     write(key, payload) -> n   write this rank's share: its record, the concatenation of the
                                ``payload`` buffers (usually one); OSError when it could not
 
+A tier that a shutdown should write the host chunks it lacks to is also a ``FlushTier``
+(``worker/shutdown_flush.py``): ``file_bytes(group)``, ``holds_many(keys)``,
+``write_many(keys, payloads)``.
+
 A chunk's record is its bytes as ``host/records.py`` lays them out: its group's views in order,
 each its ``factor`` pages back to back (``view_bytes`` gives their lengths). A tier stores and
 returns it as it is; the handlers hand it over in one piece, straight from a host slot or into a
@@ -27,7 +31,7 @@ import numpy as np
 
 from kvtier.keys import ChunkKey
 from kvtier.layout import KVLayout
-from kvtier.tiers.chunk_format import Buffer
+from kvtier.tiers.base.chunk_format import Buffer
 
 
 class ChunkTier(Protocol):
@@ -45,3 +49,19 @@ class ChunkTier(Protocol):
 def view_bytes(layout: KVLayout, group: int, factor: int) -> list[int]:
     """Payload bytes of a chunk of ``group`` (``factor`` blocks) in each of its views, in order."""
     return [layout.page_bytes[view] * factor for view in layout.groups[group]]
+
+
+class FlushTier(Protocol):
+    """A tier below host memory as one worker rank writes it at shutdown (``DiskTier``,
+    ``RedisTier``): the bytes a chunk of ``group`` takes there, which keys it holds, and
+    pipelined writes (the bytes of each, None where it refused one; OSError: down)."""
+
+    layout: KVLayout
+
+    def file_bytes(self, group: int) -> int: ...
+
+    def holds_many(self, keys: Sequence[ChunkKey]) -> list[bool]: ...
+
+    def write_many(
+        self, keys: Sequence[ChunkKey], payloads: Sequence[Sequence[Buffer]]
+    ) -> list[int | None]: ...

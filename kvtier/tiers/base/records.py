@@ -17,12 +17,14 @@ group leaves the rest of its slot unused.
     .group_bytes(g) -> int               bytes of group g's record
     .offsets(g) -> (int, ...)            where each view of group g starts in the record
     .page_offsets(g, subs) -> (V, n)     byte offsets of sub-blocks ``subs`` in every view
+    HostRecords                          host memory as a tier writes from it: a record a slot
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import Protocol
 
 import numpy as np
 
@@ -63,3 +65,15 @@ class RecordLayout:
         pages = np.array([self.page_bytes[v] for v in self.groups[group]], dtype=np.int64)
         starts = np.array(self.offsets(group), dtype=np.int64)
         return starts[:, None] + pages[:, None] * np.asarray(subs, dtype=np.int64)[None, :]
+
+
+class HostRecords(Protocol):
+    """Host memory as a tier's writes read it (``tiers/host/buffers.py``'s ``HostTier``):
+    ``num_chunks`` slots, each holding a chunk's record."""
+
+    @property
+    def num_chunks(self) -> int: ...
+
+    def record(self, slot: int, group: int) -> np.ndarray:
+        """The bytes of ``slot`` a chunk of ``group`` uses (a view)."""
+        ...

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from kvtier.pages import PageMover, Pages
-from kvtier.transfer.base import row_bytes
+from kvtier.tiers.peer.net.base import row_bytes
 
 STAGE_ALIGN = 1 << 20  # staging buffers grow in whole MiB
 MOVER_STAGE_BYTES = 16 << 20  # each thread's staging area on the device

@@ -6,9 +6,9 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Final
 
-from kvtier.scheduler.policies.arc import ArcPolicy
-from kvtier.scheduler.policies.base import EvictionPolicy, KeyPredicate
-from kvtier.scheduler.policies.lru import LruPolicy
+from kvtier.tiers.host.policies.arc import ArcPolicy
+from kvtier.tiers.host.policies.base import EvictionPolicy, KeyPredicate
+from kvtier.tiers.host.policies.lru import LruPolicy
 
 POLICIES: Final[Mapping[str, Callable[[int], EvictionPolicy]]] = MappingProxyType(
     {"lru": LruPolicy, "arc": ArcPolicy}

@@ -26,10 +26,10 @@ import torch
 from kvtier.layout import KVLayout
 from kvtier.pages import PageMover, Pages
 from kvtier.pages.mover import STAGE_BYTES, Mechanism
+from kvtier.tiers.base.chunk_plan import GroupCopy
+from kvtier.tiers.base.handler import TransferResult
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.worker.base import TransferResult
-from kvtier.worker.engine_host import EngineHostHandler
-from kvtier.worker.plan import GroupCopy
+from kvtier.tiers.host.io.engine_host import EngineHostHandler
 
 
 class _Job(NamedTuple):

@@ -76,3 +76,10 @@ def checked_spans(engine: EngineBlocks, num_slots: int, factor: int) -> list[int
             f"kvtier: {num_slots} host slots for a transfer spanning {sum(spans)} chunks"
         )
     return spans
+
+
+def check_range(what: str, ids: np.ndarray, limit: int) -> None:
+    """``ValueError`` unless every id lies in ``[0, limit)``."""
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= limit):
+        low, high = int(ids.min()), int(ids.max())
+        raise ValueError(f"{what}s must lie in [0, {limit}), got {low}..{high}")

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import xxhash
 
 from kvtier.connect import connect
-from kvtier.transfer import auth, wire
-from kvtier.transfer.base import BlockRows, PeerIdentity, TransferError, request_rows
-from kvtier.transfer.pool import ConnectionPool
+from kvtier.tiers.peer.net import auth, wire
+from kvtier.tiers.peer.net.base import BlockRows, PeerIdentity, TransferError, request_rows
+from kvtier.tiers.peer.net.pool import ConnectionPool
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, fields
 
 import xxhash
 
-from kvtier.transfer import auth, wire
-from kvtier.transfer.base import BlockRows, PeerIdentity, request_rows, row_bytes
-from kvtier.transfer.offers import OfferTable, Refused
+from kvtier.tiers.peer.net import auth, wire
+from kvtier.tiers.peer.net.base import BlockRows, PeerIdentity, request_rows, row_bytes
+from kvtier.tiers.peer.net.offers import OfferTable, Refused
 
 log = logging.getLogger(__name__)
 

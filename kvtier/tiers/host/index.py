@@ -17,7 +17,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvtier.scheduler.base import (
+from kvtier.tiers.base.results import (
     EventKind,
     Key,
     LoadPlan,
@@ -25,7 +25,7 @@ from kvtier.scheduler.base import (
     StorePlan,
     TierEvent,
 )
-from kvtier.scheduler.policies import EvictionPolicy, make_policy
+from kvtier.tiers.host.policies import EvictionPolicy, make_policy
 
 # The admission counter remembers at most this many keys per slot of capacity.
 TRACKED_KEYS_PER_SLOT = 4

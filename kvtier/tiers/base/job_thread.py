@@ -21,8 +21,8 @@ from concurrent.futures import Future, wait
 
 import torch
 
-from kvtier.worker.base import TransferHandler, TransferResult
-from kvtier.worker.keyed_threads import KeyedThreads
+from kvtier.tiers.base.handler import TransferHandler, TransferResult
+from kvtier.tiers.base.keyed_threads import KeyedThreads
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import os
 from kvtier.layout import KVLayout
 from kvtier.pages.mover import Mechanism
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.worker.engine_host import EngineHostHandler
+from kvtier.tiers.host.io.engine_host import EngineHostHandler
 
 MAX_COPY_LANES = 2  # two cores reach a plain copy's bandwidth; more would take the engine's
 
@@ -42,13 +42,13 @@ def engine_host_handlers(
     on cores the engine leaves idle then, the store costs its copy time once.
     """
     if layout.device.type == "cuda":
-        from kvtier.worker.copy_cuda import CudaCopyHandler
+        from kvtier.tiers.host.io.copy_cuda import CudaCopyHandler
 
         return (
             CudaCopyHandler(layout, host, store=True, mechanism=mechanism),
             CudaCopyHandler(layout, host, store=False, mechanism=mechanism),
         )
-    from kvtier.worker.copy_cpu import CpuCopyHandler
+    from kvtier.tiers.host.io.copy_cpu import CpuCopyHandler
 
     lanes = copy_lanes() if lanes is None else lanes
     return (

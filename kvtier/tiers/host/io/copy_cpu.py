@@ -52,13 +52,13 @@ from functools import partial
 
 from kvtier.layout import KVLayout
 from kvtier.pages import PageMover, Pages
+from kvtier.tiers.base.chunk_plan import GroupCopy
+from kvtier.tiers.base.handler import Transfer, TransferResult
+from kvtier.tiers.base.job_thread import JobThread
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.worker.base import Transfer, TransferResult
-from kvtier.worker.copy_lanes import CopyLanes
-from kvtier.worker.engine_host import EngineHostHandler
-from kvtier.worker.job_thread import JobThread
-from kvtier.worker.plan import GroupCopy
-from kvtier.worker.row_batch import RowBatch, plan_rows
+from kvtier.tiers.host.io.copy_lanes import CopyLanes
+from kvtier.tiers.host.io.engine_host import EngineHostHandler
+from kvtier.tiers.host.io.row_batch import RowBatch, plan_rows
 
 logger = logging.getLogger(__name__)
 

@@ -11,13 +11,11 @@ import logging
 from abc import abstractmethod
 from collections.abc import Sequence
 
-import numpy as np
-
 from kvtier.addresses import EngineBlocks, HostChunks, TransferSpec
 from kvtier.layout import KVLayout
+from kvtier.tiers.base.chunk_plan import GroupCopy, check_groups, check_range, plan_copy
+from kvtier.tiers.base.handler import Transfer, TransferHandler
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.worker.base import Transfer, TransferHandler
-from kvtier.worker.plan import GroupCopy, check_groups, plan_copy
 
 logger = logging.getLogger(__name__)
 
@@ -83,9 +81,3 @@ class EngineHostHandler(TransferHandler):
         check_range("engine block id", engine.block_ids, self.layout.num_blocks)
         check_range("host slot", host.slots, self.host.num_chunks)
         return plan_copy(engine, host, self.host.block_size_factor)
-
-
-def check_range(what: str, ids: np.ndarray, limit: int) -> None:
-    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= limit):
-        low, high = int(ids.min()), int(ids.max())
-        raise ValueError(f"{what}s must lie in [0, {limit}), got {low}..{high}")

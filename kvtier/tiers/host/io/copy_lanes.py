@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from kvtier.worker.job_thread import bind_thread
+from kvtier.tiers.base.job_thread import bind_thread
 
 Piece = Callable[[], None]
 

@@ -25,11 +25,11 @@ verified before the receiving rows are committed.
 
 from __future__ import annotations
 
-from kvtier.transfer.base import BlockRows, PeerIdentity, TransferError, request_rows
-from kvtier.transfer.client import TransferClient
-from kvtier.transfer.rows_cpu import CpuBlockRows
-from kvtier.transfer.rows_cuda import CudaBlockRows
-from kvtier.transfer.server import ServerCounters, TransferServer
+from kvtier.tiers.peer.net.base import BlockRows, PeerIdentity, TransferError, request_rows
+from kvtier.tiers.peer.net.client import TransferClient
+from kvtier.tiers.peer.net.rows_cpu import CpuBlockRows
+from kvtier.tiers.peer.net.rows_cuda import CudaBlockRows
+from kvtier.tiers.peer.net.server import ServerCounters, TransferServer
 
 __all__ = [
     "BlockRows",
