@@ -14,7 +14,8 @@ import pytest
 
 from kvtier.keys import ChunkKey, LayoutFingerprint, make_key
 from kvtier.tiers.base.chunk_format import temp_name
-from kvtier.tiers.disk.index import STALE_TEMP_S, DiskIndex
+from kvtier.tiers.disk.directory import STALE_TEMP_S
+from kvtier.tiers.disk.index import DiskIndex
 from kvtier.tiers.disk.names import chunk_path
 
 FP = LayoutFingerprint("m", "f32", "test", 0, 1, 0, 4).digest()

@@ -17,16 +17,12 @@ file: every load is verified by the worker that reads it.
 
 Eviction removes the files of the least recently used chunks (not pinned, not being written)
 until the directory's bytes (counted per file, of every model in it) plus the chunks being written
-fit the budget.
-
-Over 300 lines because the index, its budget and its eviction share one table of entries.
+fit the budget. The directory's files are ``directory.py``'s.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import stat
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -34,11 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvtier.keys import ChunkKey
-from kvtier.tiers.disk.names import chunk_path, scan
+from kvtier.tiers.disk.directory import ChunkFiles
 
 logger = logging.getLogger(__name__)
-
-STALE_TEMP_S = 3600.0  # a temporary file this old was left by a writer that died
 MAX_REFUSED = 100_000  # refused files remembered (then forgotten at once: a rare, bounded retry)
 
 
@@ -94,7 +88,7 @@ class DiskIndex:
         self.failed_lookups = 0  # a lookup reads memory: it always has an answer
         self._refused: dict[ChunkKey, float] = {}  # key -> newest mtime of files a load refused
         self._removed: list[ChunkKey] = []  # for ``take_removed``
-        root.mkdir(parents=True, exist_ok=True)
+        self.files = ChunkFiles(root, world_size)
         started = time.perf_counter()
         self._scan()
         logger.info(
@@ -112,36 +106,11 @@ class DiskIndex:
         return max(0, self.budget - self.used)
 
     def _scan(self) -> None:
-        found: dict[ChunkKey, _Entry] = {}
-        ranks: dict[ChunkKey, int] = {}  # bit mask of the ranks whose file is there
-        mtimes: dict[ChunkKey, float] = {}
-        now = time.time()
-        for entry, chunk in scan(self.root):
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if chunk is None:
-                temp = entry.name.startswith(".") and entry.name.endswith(".tmp")
-                if temp and now - info.st_mtime > STALE_TEMP_S:
-                    Path(entry.path).unlink(missing_ok=True)
-                continue
-            key, rank = chunk
-            known = found.get(key)
-            if known is None:
-                found[key] = _Entry(info.st_size, rank + 1)
-                ranks[key], mtimes[key] = 1 << rank, info.st_mtime
-            else:
-                known.nbytes += info.st_size
-                known.ranks = max(known.ranks, rank + 1)
-                ranks[key] |= 1 << rank
-                mtimes[key] = max(mtimes[key], info.st_mtime)
-        everyone = (1 << self.world_size) - 1
         ours = self.fingerprint
-        for key in sorted(found, key=mtimes.__getitem__):  # least recently written first
-            chunk_entry = self._entries[key] = found[key]
-            chunk_entry.loadable = ranks[key] == everyone and key[: len(ours)] == ours
-            self.used += chunk_entry.nbytes
+        for found in self.files.scan():  # least recently written first
+            entry = self._entries[found.key] = _Entry(found.nbytes, found.ranks)
+            entry.loadable = found.complete and found.key[: len(ours)] == ours
+            self.used += found.nbytes
 
     # ---- lookup and load -------------------------------------------------------------------
 
@@ -164,16 +133,10 @@ class DiskIndex:
         files a load already refused: those would fail again, forever)."""
         if key[: len(self.fingerprint)] != self.fingerprint:
             return None
-        nbytes, newest = 0, 0.0
-        for rank in range(self.world_size):
-            try:
-                found = os.stat(chunk_path(self.root, key, rank))
-            except OSError:
-                return None
-            if not stat.S_ISREG(found.st_mode):
-                return None
-            nbytes += found.st_size
-            newest = max(newest, found.st_mtime)
+        found = self.files.complete(key)
+        if found is None:
+            return None
+        nbytes, newest = found
         if self._refused.get(key) == newest:
             return None
         self._forget([key])
@@ -208,19 +171,10 @@ class DiskIndex:
             if entry is not None and entry.bad and entry.evictable:
                 if len(self._refused) > MAX_REFUSED:
                     self._refused.clear()
-                self._refused[key] = self._newest_mtime(key)
+                self._refused[key] = self.files.newest_mtime(key)
                 self._remove_files(key, entry.ranks)  # every rank's: the chunk is gone
         if not bad:
             self.touch(keys)
-
-    def _newest_mtime(self, key: ChunkKey) -> float:
-        newest = 0.0
-        for rank in range(self.world_size):
-            try:
-                newest = max(newest, os.stat(chunk_path(self.root, key, rank)).st_mtime)
-            except OSError:
-                pass
-        return newest
 
     def touch(self, keys: Sequence[ChunkKey]) -> None:
         """Mark ``keys`` most recently used (``keys[0]`` last), also for the next start-up."""
@@ -228,11 +182,7 @@ class DiskIndex:
         for key in reversed(keys):
             if key in self._entries:
                 self._entries.move_to_end(key)
-                for rank in range(self.world_size):
-                    try:
-                        os.utime(chunk_path(self.root, key, rank), (now, now))
-                    except OSError:
-                        pass
+                self.files.touch(key, now)
 
     # ---- store -----------------------------------------------------------------------------
 
@@ -288,11 +238,7 @@ class DiskIndex:
         if entry is not None and not entry.writing:
             self._removed.append(key)
         self._forget([key])
-        for rank in range(ranks):
-            try:
-                chunk_path(self.root, key, rank).unlink(missing_ok=True)
-            except OSError as error:
-                logger.warning("kvtier: could not remove a disk chunk: %s", error)
+        self.files.remove(key, ranks)
 
     def _forget(self, keys: Sequence[ChunkKey]) -> None:
         for key in keys:
