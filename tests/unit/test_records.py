@@ -14,10 +14,10 @@ from kvtier.addresses import EngineBlocks, HostChunks, TierChunks
 from kvtier.keys import make_key
 from kvtier.layout import build_layout
 from kvtier.tiers.base.chunk_io import TierLoadHandler
+from kvtier.tiers.base.records import RecordLayout
 from kvtier.tiers.disk.files import DiskTier
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.host.io import engine_host_handlers
-from kvtier.tiers.base.records import RecordLayout
 
 NUM_BLOCKS, FACTOR = 16, 2
 FP = bytes(range(16))

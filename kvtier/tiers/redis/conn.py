@@ -4,7 +4,7 @@
     send(commands)                        pipeline: write several commands, read replies later
     read_reply() -> value | RespError     the next reply (an error reply returned, not raised)
     read_bulk_head() -> length | None     the head of a bulk reply (GET): None when nil
-    Bulk(conn, length)                    then its bytes: read_into(view), read_bytes(n), finish()
+    Bulk(conn, length)                    then its bytes (``bulk.py``): read_into(view), ...
     skip_reply()                          drop a reply no longer wanted
     call(*command) -> value               one command, its reply; an error reply raised
 
@@ -16,9 +16,6 @@ name lookup, connect, handshake and login too: ``kvtier.connect``). An error rep
 ``-OOM``, ``-WRONGPASS`` ...) is a typed ``RespError`` and leaves the connection in step; any
 other failure closes the connection (``closed``) so that it is never read again from the middle
 of a reply.
-
-Over 300 lines because a RESP2 connection is one state machine (the socket, its buffer, the
-replies in flight): split, its halves would share every field.
 """
 
 from __future__ import annotations
@@ -276,36 +273,6 @@ class Connection:
             step = min(nbytes, self._end - self._start)
             self._start += step
             nbytes -= step
-
-
-class Bulk:
-    """The ``length`` bytes of one bulk reply, read in order; ``finish`` drops what was not
-    read and the reply's end, leaving the connection at the next reply."""
-
-    def __init__(self, conn: Connection, length: int) -> None:
-        self.conn = conn
-        self.length = length
-        self.consumed = 0
-
-    @property
-    def left(self) -> int:
-        return self.length - self.consumed
-
-    def read_into(self, out: memoryview) -> None:
-        if len(out) > self.left:
-            raise IndexError(f"{len(out)} bytes asked of a reply with {self.left} left")
-        self.conn.read_into(out)
-        self.consumed += len(out)
-
-    def read_bytes(self, nbytes: int) -> bytes:
-        out = bytearray(nbytes)
-        self.read_into(memoryview(out))
-        return bytes(out)
-
-    def finish(self) -> None:
-        self.conn.skip(self.left)
-        self.consumed = self.length
-        self.conn.end_bulk()
 
 
 def _left(deadline: float) -> float:

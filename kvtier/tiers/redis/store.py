@@ -22,22 +22,21 @@ refreshes the slot map and the command is retried once (``ASK``: once at the nod
 network. After the window one call tries (reconnecting); the others keep failing fast until it
 succeeded. Every socket call is bounded by ``timeout_s``, connect included.
 
-Over 300 lines because one client serves a server and a cluster alike (routing, retries and
-the breaker wrap every call the same way).
+Each thread's connections are ``connections.py``'s.
 """
 
 from __future__ import annotations
 
-import ssl
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from kvtier.tiers.redis.breaker import Breaker, RedisUnavailable
+from kvtier.tiers.redis.bulk import Bulk, Ticket
 from kvtier.tiers.redis.check import check_node
 from kvtier.tiers.redis.cluster import SlotMap, key_slot
 from kvtier.tiers.redis.config import RedisConfig
-from kvtier.tiers.redis.conn import Bulk, Connection, Value
+from kvtier.tiers.redis.conn import Connection, Value
+from kvtier.tiers.redis.connections import ThreadConnections
 from kvtier.tiers.redis.errors import AskError, AuthError, MovedError, RespError
 from kvtier.tiers.redis.url import RedisAddress, parse_url
 
@@ -47,14 +46,6 @@ T = TypeVar("T")
 __all__ = ["RedisStore", "RedisUnavailable", "Ticket"]
 
 
-class Ticket:
-    """A GET sent on ``conn``, its reply not read yet."""
-
-    def __init__(self, name: bytes, conn: Connection, lane: int) -> None:
-        self.name, self.conn, self.lane = name, conn, lane
-        self.dropped = False  # its reply was skipped: send it again to read it
-
-
 class RedisStore:
     def __init__(self, config: RedisConfig) -> None:
         self.config = config
@@ -62,13 +53,9 @@ class RedisStore:
         self.addresses = [parse_url(url, key, config.password_env)
                           for url, key in zip(config.urls, keys)]  # fmt: skip
         self.setting_names = keys
-        self._tls: ssl.SSLContext | None = None  # made at the first TLS connection
         self.breaker = Breaker(config.timeout_s * 2)
         self.slots = SlotMap()
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._generation = 0  # bumped by a failure: every thread drops its connections
-        self._all: set[Connection] = set()
+        self.connections = ThreadConnections(config)
 
     @property
     def available(self) -> bool:
@@ -82,7 +69,7 @@ class RedisStore:
     def check(self) -> None:
         """Connect to every URL once: ValueError naming the setting and the cause."""
         for address, key in zip(self.addresses, self.setting_names):
-            check_node(address, key, self.config, self._tls_for(address, checking=True))
+            check_node(address, key, self.config, self.connections.tls_for(address, checking=True))
 
     # ---- batched commands ------------------------------------------------------------------
 
@@ -185,7 +172,7 @@ class RedisStore:
         return self._guarded(lambda: self._read_get(ticket, into, redirects=1))
 
     def _read_get(self, ticket: Ticket, into: Callable[[Bulk], T], redirects: int) -> T | None:
-        self._connections()  # after a failure anywhere, old connections are closed first
+        self.connections.touch()  # after a failure anywhere, old connections are closed first
         if ticket.dropped or ticket.conn.closed or ticket not in ticket.conn.waiting:
             ticket = self._send_get(ticket.name, ticket.lane, self._address(ticket.name), False)
         conn = ticket.conn
@@ -238,9 +225,7 @@ class RedisStore:
         is tried once more afresh (a ``PING``); if Redis answers, only this call was lost (a
         miss) and the next ones use new connections, instead of every call failing for the
         breaker's window while Redis is back."""
-        with self._lock:
-            self._generation += 1
-        self._drop_connections()
+        self.connections.fail()
         if self._restarted(error):
             raise RedisUnavailable(f"Redis closed the connection ({type(error).__name__}: "
                                    f"{error}); reconnected") from error  # fmt: skip
@@ -258,7 +243,7 @@ class RedisStore:
             return False
         address = self.addresses[0]
         try:
-            probe = Connection(address, self.config.timeout_s, self._tls_for(address))
+            probe = Connection(address, self.config.timeout_s, self.connections.tls_for(address))
         except (OSError, AuthError):
             return False
         try:
@@ -270,47 +255,9 @@ class RedisStore:
 
     # ---- connections and routing -----------------------------------------------------------
 
-    def _connections(self) -> dict[tuple[str, int, int], Connection]:
-        """This thread's connections, by (host, port, lane); dropped after any failure."""
-        local = self._local
-        if getattr(local, "generation", None) != self._generation:
-            self._drop_connections()
-            local.conns, local.generation = {}, self._generation
-        conns: dict[tuple[str, int, int], Connection] = local.conns
-        return conns
-
-    def _drop_connections(self) -> None:
-        for conn in getattr(self._local, "conns", {}).values():
-            conn.close()
-            with self._lock:
-                self._all.discard(conn)
-        self._local.conns = {}
-
     def connection(self, address: RedisAddress, lane: int) -> Connection:
         """This thread's connection to ``address`` on ``lane``, opened when needed."""
-        conns = self._connections()
-        place = (*address.node, lane)
-        conn = conns.get(place)
-        if conn is None or conn.closed:
-            conn = Connection(address, self.config.timeout_s, self._tls_for(address))
-            conns[place] = conn
-            with self._lock:
-                self._all.add(conn)
-        return conn
-
-    def _tls_for(self, address: RedisAddress, checking: bool = False) -> ssl.SSLContext | None:
-        """The TLS context of ``rediss://`` addresses (the system's CAs, or ``tls_ca``)."""
-        if not address.tls:
-            return None
-        if self._tls is None:
-            try:
-                self._tls = ssl.create_default_context(cafile=self.config.tls_ca)
-            except (OSError, ssl.SSLError) as error:
-                if not checking:
-                    raise
-                raise ValueError(f"kvtier: 'redis.tls_ca': cannot load {self.config.tls_ca!r} "
-                                 f"as a CA file: {error}") from None  # fmt: skip
-        return self._tls
+        return self.connections.get(address, lane)
 
     def _address(self, name: bytes) -> RedisAddress:
         if not self.config.cluster:
@@ -339,11 +286,7 @@ class RedisStore:
 
     def close(self) -> None:
         """Close every thread's connections (a later call opens new ones)."""
-        with self._lock:
-            self._generation += 1
-            conns, self._all = self._all, set()
-        for conn in conns:
-            conn.close()
+        self.connections.close()
 
 
 def _redirect(reply: Any, address: RedisAddress) -> tuple[RedisAddress, bool]:

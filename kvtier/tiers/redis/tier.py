@@ -28,7 +28,7 @@ from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
 from kvtier.tiers.base.chunk_format import Buffer, ChunkError, ChunkHeader, payload_checksum
 from kvtier.tiers.base.chunk_tier import view_bytes
-from kvtier.tiers.redis.conn import Bulk
+from kvtier.tiers.redis.bulk import Bulk
 from kvtier.tiers.redis.keys import redis_key
 from kvtier.tiers.redis.record import (
     PREFIX,
