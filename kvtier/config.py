@@ -9,9 +9,10 @@ Extra-config keys (names follow vLLM's native offloading where it has them)::
     store_threshold    1           store a chunk once it was looked up this many times
     min_async_load_tokens None     unset: the measured costs decide how much of a hit to load,
                                    and whether the request waits for it (the engine computes
-                                   what loading would make slower). Set: a load that makes the
-                                   request wait must add at least this many tokens, and a
-                                   read from disk before the step's forward must be shorter
+                                   what loading would make slower). Set: the rules decide how
+                                   (a load that makes the request wait adds at least this many
+                                   tokens, a read from disk before the step's forward is
+                                   shorter), the costs only decline a tier slower than computing
     hash_algo          "xxh3_128"  sha256 | xxh3_128
     shutdown_flush_s   4.0         the longest an engine's shutdown spends writing the host
                                    tier's chunks the disk or Redis tier lacks (0: none); vLLM

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 
 from rich.table import Table
 
-NOT_TIERS = (
-    "prompt_tokens", "engine_cached_tokens", "failed_tokens", "computed", "load_ms", "declined",
-)  # fmt: skip
+from kvtier.scheduler.provenance import NOT_TIERS
+
 TIER_TITLES = {"cpu": "host\nmemory", "disk": "disk"}
 
 

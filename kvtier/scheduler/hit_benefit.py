@@ -15,11 +15,14 @@ computing its tokens, not within the noise of the measurements.
 
 The load runs before the step's forward (no wait) when the rules allow it (one group, the
 request's length known, no network tier: ``run.sync_end``) and its read from the chain is short:
-predicted to stall the step no longer than a wait would cost the request (with
-``min_async_load_tokens`` set: fewer tokens than that). Otherwise the request waits for it (and,
-with ``min_async_load_tokens`` set, only for as many tokens). Asking again next step, for a
-store in flight or a remote tier still looking up, is worth it when the tokens it may add save
-more than a wait costs.
+predicted to stall the step no longer than a wait would cost the request. Otherwise the request
+waits for it. Asking again next step, for a store in flight or a remote tier still looking up,
+is worth it when the tokens it may add save more than a wait costs.
+
+With ``min_async_load_tokens`` set, the rules decide how, as before: a read from the chain
+before the forward is shorter than it, a load that makes the request wait (and asking again)
+adds at least as many tokens, and a wait costs nothing more; the costs then decide only whether
+a tier's part is slower to load than to compute.
 
 The chunks of the run past the chosen end, up to the longest end the rules allow, are declined:
 loading them was predicted slower than computing them (``Hit.declined``, per tier).
@@ -105,8 +108,8 @@ class _Weighing:
     def could_pay(self, extra: int) -> bool:
         """Whether ``extra`` more tokens would be worth asking again next step (a wait)."""
         min_async = self.policy.min_async_load_tokens
-        if min_async is not None and extra < min_async:
-            return False
+        if min_async is not None:
+            return extra >= min_async
         return MARGIN * self.costs.compute * extra > self.costs.wait
 
     def option(self, end: int) -> _Option | None:
@@ -132,7 +135,8 @@ class _Weighing:
         )
         if not sync and min_async is not None and count < min_async:
             return None
-        cost = sum(reads.values()) + (0.0 if sync else costs.wait)
+        wait = 0.0 if sync or min_async is not None else costs.wait  # set: the rule's floor
+        cost = sum(reads.values()) + wait
         return _Option(end, count, not sync, MARGIN * costs.compute * count - cost, parts)
 
     def declined(

@@ -30,6 +30,10 @@ JOB_TIERS = {
     JobKind.STORE: "cpu",
 }
 LOAD_KINDS = (JobKind.LOAD, JobKind.TIER_LOAD, JobKind.SOURCE_LOAD)
+# the keys of ``Provenance.as_params()["kvtier"]`` that name no tier (every other is a tier's)
+NOT_TIERS = (
+    "prompt_tokens", "engine_cached_tokens", "failed_tokens", "computed", "load_ms", "declined",
+)  # fmt: skip
 
 
 @dataclass

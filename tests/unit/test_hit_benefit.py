@@ -129,3 +129,18 @@ def test_a_store_in_flight_is_waited_for_only_when_it_could_pay() -> None:
     costs = CostView(COMPUTE, 2e-3, {"cpu": MEMCPY})
     assert choose_hit(_run(0, retry=True), _request(1025, 16), POLICY, False, costs) == Hit(None)
     assert choose_hit(_run(0, retry=True), _request(100, 1), POLICY, False, costs) == Hit(0)
+
+
+def test_with_min_async_load_tokens_set_the_rules_decide_how_and_the_costs_only_decline() -> None:
+    """Set to 1 (every read from the chain makes the request wait), a one-chunk disk part is
+    waited for though a wait costs more than computing it (unset, the costs read it before the
+    forward); a disk slower than computing is still computed."""
+    policy = POLICY._replace(min_async_load_tokens=1)
+    costs = CostView(COMPUTE, 2e-3, {"disk": FAST})
+    run, request = _run(3, ("disk", 4)), _request(293, 4)
+    assert choose_hit(run, request, policy, False, costs) == Hit(256, True, ("cpu", "disk"))
+    unset = choose_hit(run, request, POLICY, False, costs)  # the costs: a short read, no wait
+    assert unset == Hit(256, False, ("cpu", "disk"))
+    slow = CostView(COMPUTE, 2e-3, {"disk": SLOW})
+    hit = choose_hit(run, request, policy, False, slow)
+    assert hit == Hit(192, False, ("cpu",), (Declined("disk", 1, 64),))
