@@ -52,7 +52,7 @@ DRAIN_S = 15.0  # the longest a pass waits for the tiers' writes to land after i
 # would open the circuit breaker and make the healed passes' loads misses
 REDIS_TIMEOUT_S = 5.0
 COUNTED = ("failed_lookups", "failed_loads", "bad_chunks", "failed_stores", "skipped_stores",
-           *(f"lost_{cause}" for cause in LOST_CAUSES))  # fmt: skip
+           "declined_chunks", *(f"lost_{cause}" for cause in LOST_CAUSES))  # fmt: skip
 
 
 @dataclass(frozen=True)

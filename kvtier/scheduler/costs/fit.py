@@ -2,9 +2,11 @@
 
     Smoothed.add(sample); .value          one quantity: the median of its last three samples,
                                           followed by an EWMA (None before any sample)
-    CostFit.add(units, seconds)           one sample: a step of the engine, a tier's load job
+    Smoothed.steady                       three samples at least: no single one decides
+    CostFit.add(units, seconds)           one sample: a step of the engine
     CostFit.line() -> Line | None         seconds ~ fixed + per_unit * units (None: no sample)
     CostFit.predict(units) -> float|None  the line at ``units``
+    CostFit.largest() -> float | None     seconds per unit of the largest samples
 
 A sample enters its size class (its units by powers of two: 1, 2-3, 4-7, ...). Each class keeps
 the seconds per unit of its recent samples and the units they had (``Smoothed``); the line is fit
@@ -22,6 +24,7 @@ from typing import NamedTuple
 
 ALPHA = 0.3  # the EWMA's weight of a new (median-filtered) sample
 WINDOW = 3  # samples a median is taken over: one outlier among them never enters the EWMA
+JUMP = 2.0  # the last WINDOW samples all this far off the value: a lasting change, taken at once
 WEIGHT_CAP = 4  # samples a size class weighs at most in the line's fit
 
 
@@ -29,7 +32,7 @@ class Smoothed:
     """One measured quantity. While it has at most WINDOW samples, its value is their median;
     after that, an EWMA fed with the median of the last WINDOW samples: a single outlier (a page
     fault, a pause, another process on the core) never moves it, a lasting change does after two
-    samples."""
+    samples, and at once when the last WINDOW samples are all more than JUMP times off it."""
 
     __slots__ = ("count", "value", "_recent")
 
@@ -38,14 +41,24 @@ class Smoothed:
         self.count = 0
         self._recent: deque[float] = deque(maxlen=WINDOW)
 
+    @property
+    def steady(self) -> bool:
+        """Whether its value is a median of WINDOW samples at least: no single outlier."""
+        return self.count >= WINDOW
+
     def add(self, sample: float) -> None:
         self._recent.append(sample)
         self.count += 1
         middle = statistics.median(self._recent)
-        if self.value is None or self.count <= WINDOW:
+        value = self.value
+        if value is None or self.count <= WINDOW or _all_off(self._recent, value):
             self.value = middle
         else:
-            self.value += ALPHA * (middle - self.value)
+            self.value = value + ALPHA * (middle - value)
+
+
+def _all_off(samples: deque[float], value: float) -> bool:
+    return all(s > JUMP * value for s in samples) or all(s * JUMP < value for s in samples)
 
 
 class Line(NamedTuple):
@@ -87,6 +100,12 @@ class CostFit:
     def predict(self, units: float) -> float | None:
         line = self.line()
         return None if line is None else line.at(units)
+
+    def largest(self) -> float | None:
+        """Seconds per unit of the largest size class (None: no sample)."""
+        if not self._classes:
+            return None
+        return self._classes[max(self._classes)].per_unit.value
 
     def line(self) -> Line | None:
         """The weighted least-squares line through the size classes; through the origin when a

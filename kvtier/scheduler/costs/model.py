@@ -10,13 +10,20 @@
 The costs, in seconds (``CostView``):
 
     compute   per prompt token the engine computes: the slope of a step's period ~ fixed +
-              per_token * tokens (``steps.py``, ``fit.py``)
+              per_token * tokens (``steps.py``, ``fit.py``), but never less than COMPUTE_FLOOR
+              of the average per token of the largest steps: where a step's fixed part dwarfs
+              its tokens' (a loaded machine), the slope, fit through class means taken at
+              different moments, is mostly noise, and crediting computing with too little
+              would decline hits that are cheaper
     wait      what a load that makes its request wait costs it beyond its reads: a step. While
               the engine computes for other requests, the least such a step costs (the line's
               ``fixed``); otherwise a step that computes nothing (measured while requests wait
-              for their loads). Until measured, what computing ``wait_tokens`` tokens costs
-    tier      a tier's load job ~ fixed + per_token * tokens; a tier not measured yet costs
-              nothing: it is loaded (optimism), and so measured
+              for their loads). Never more than computing ``wait_tokens`` tokens (what the
+              rules took a wait to cost): a loaded machine's step is the noisiest measure
+    tier      per token its loads delivered (a job's seconds over its tokens: for one engine,
+              its bytes per second), the median of its last three loads, then an EWMA. A tier
+              with fewer than three loads is not measured yet and costs nothing: it is loaded
+              (optimism), and so measured; no single slow load ever declines it
 
 A tier judged too slow is loaded no more, so no new sample would ever tell that it got faster:
 once PROBE_AFTER_DECLINED hits declined it and PROBE_AFTER_S passed since a hit last loaded it,
@@ -33,6 +40,7 @@ from kvtier.scheduler.costs.fit import CostFit, Line, Smoothed
 from kvtier.scheduler.costs.steps import StepTimer
 
 MIN_STEPS = 3  # step samples before computing is taken as measured
+COMPUTE_FLOOR = 0.5  # of the largest steps' average per token
 PROBE_AFTER_S = 10.0
 PROBE_AFTER_DECLINED = 8
 
@@ -61,14 +69,14 @@ class _Probe:
 
 class HitCosts:
     def __init__(self, clock: Callable[[], float], wait_tokens: int) -> None:
-        """``clock``: seconds, monotonic; ``wait_tokens``: the prior of ``wait``, in tokens
+        """``clock``: seconds, monotonic; ``wait_tokens``: the most a wait costs, in tokens
         computed."""
         self.clock = clock
         self.wait_tokens = wait_tokens
         self.steps = StepTimer(clock)
         self.compute = CostFit()
         self.empty = Smoothed()  # seconds of a step that computes nothing
-        self.tiers: dict[str, CostFit] = {}
+        self.tiers: dict[str, Smoothed] = {}  # seconds per token loaded
         self._probes: dict[str, _Probe] = {}
 
     def started(self) -> None:
@@ -87,27 +95,28 @@ class HitCosts:
             self.empty.add(sample.seconds)
 
     def loaded(self, tier: str, tokens: int, seconds: float) -> None:
-        if tokens <= 0:
+        if tokens <= 0 or seconds < 0:
             return
-        self.tiers.setdefault(tier, CostFit()).add(tokens, seconds)
+        self.tiers.setdefault(tier, Smoothed()).add(seconds / tokens)
         self._probes.setdefault(tier, _Probe(self.clock()))
 
     def view(self) -> CostView | None:
         line = self.compute.line()
         if line is None or self.compute.samples < MIN_STEPS or line.per_unit <= 0:
             return None
+        compute = max(line.per_unit, COMPUTE_FLOOR * (self.compute.largest() or 0.0))
         now = self.clock()
-        tiers = {}
-        for name, fit in self.tiers.items():
-            tier_line = fit.line()
-            if tier_line is not None and not self._due(name, now):
-                tiers[name] = tier_line
-        prior = self.wait_tokens * line.per_unit
+        tiers = {
+            name: Line(0.0, rate.value)
+            for name, rate in self.tiers.items()
+            if rate.steady and rate.value is not None and not self._due(name, now)
+        }
+        most = self.wait_tokens * compute
         if self.steps.busy:
-            wait = line.fixed if line.fixed > 0 else prior
+            wait = line.fixed if line.fixed > 0 else most
         else:
-            wait = prior if self.empty.value is None else self.empty.value
-        return CostView(line.per_unit, wait, tiers)
+            wait = most if self.empty.value is None else self.empty.value
+        return CostView(compute, min(wait, most), tiers)
 
     def decided(self, loaded: Iterable[str], declined: Iterable[str]) -> None:
         now = self.clock()
