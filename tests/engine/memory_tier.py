@@ -70,7 +70,8 @@ class MemoryIndex:
 
     @property
     def used(self) -> int:
-        return sum(len(b) for views in STORE.values() for b in views)
+        # a snapshot: the ranks' write threads add chunks meanwhile (list() holds the GIL)
+        return sum(len(b) for views in list(STORE.values()) for b in views)
 
     def lookup(self, keys: Sequence[ChunkKey]) -> int | None:
         found = 0
