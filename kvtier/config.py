@@ -7,8 +7,12 @@ Extra-config keys (names follow vLLM's native offloading where it has them)::
     block_size         None        tokens per chunk, a multiple of the engine block size
     eviction_policy    "lru"       lru | arc
     store_threshold    1           store a chunk once it was looked up this many times
-    min_async_load_tokens 256      an asynchronous load (from disk) must add at least this many
-                                   tokens, else the engine computes them: it costs a step
+    min_async_load_tokens None     unset: the measured costs decide how much of a hit to load,
+                                   and whether the request waits for it (the engine computes
+                                   what loading would make slower). Set: the rules decide how
+                                   (a load that makes the request wait adds at least this many
+                                   tokens, a read from disk before the step's forward is
+                                   shorter), the costs only decline a tier slower than computing
     hash_algo          "xxh3_128"  sha256 | xxh3_128
     shutdown_flush_s   4.0         the longest an engine's shutdown spends writing the host
                                    tier's chunks the disk or Redis tier lacks (0: none); vLLM
@@ -74,7 +78,7 @@ class KVTierConfig:
     block_size: int | None = None
     eviction_policy: str = "lru"
     store_threshold: int = 1
-    min_async_load_tokens: int = 256
+    min_async_load_tokens: int | None = None
     hash_algo: str = "xxh3_128"
     shutdown_flush_s: float = 4.0
     tiers: tuple[str, ...] = ()  # outside tiers' import paths
@@ -86,7 +90,8 @@ class KVTierConfig:
             positive_int(self.block_size, "block_size")
         choice(EVICTION_POLICIES)(self.eviction_policy, "eviction_policy")
         positive_int(self.store_threshold, "store_threshold")
-        positive_int(self.min_async_load_tokens, "min_async_load_tokens")
+        if self.min_async_load_tokens is not None:
+            positive_int(self.min_async_load_tokens, "min_async_load_tokens")
         choice(HASH_ALGOS)(self.hash_algo, "hash_algo")
         non_negative_float(self.shutdown_flush_s, "shutdown_flush_s")
 
@@ -138,7 +143,7 @@ class KVTierConfig:
             block_size=optional(raw, "", "block_size", positive_int, None),
             eviction_policy=optional(raw, "", "eviction_policy", choice(EVICTION_POLICIES), "lru"),
             store_threshold=optional(raw, "", "store_threshold", positive_int, 1),
-            min_async_load_tokens=optional(raw, "", "min_async_load_tokens", positive_int, 256),
+            min_async_load_tokens=optional(raw, "", "min_async_load_tokens", positive_int, None),
             hash_algo=optional(raw, "", "hash_algo", choice(HASH_ALGOS), "xxh3_128"),
             shutdown_flush_s=optional(raw, "", "shutdown_flush_s", non_negative_float, 4.0),
             tiers=tiers,

@@ -16,6 +16,9 @@ LOST_CAUSES = ("evicted_dirty", "no_room", "tier_down", "write_error", "reset") 
 class TierStats:
     hit_chunks: int = 0  # chunks a lookup found ready (and the engine then loaded)
     miss_chunks: int = 0  # chunks looked up and not found
+    # chunks a lookup found that the engine computed instead: loading them was predicted
+    # slower than computing them (``scheduler/hit_benefit.py``); neither hits nor misses
+    declined_chunks: int = 0
     failed_lookups: int = 0  # lookups that got no answer (timed out, store down): misses
     loaded_chunks: int = 0
     loaded_bytes: int = 0  # summed over ranks
@@ -72,9 +75,10 @@ class KVTierStats:
 
 
 def _tier_line(name: str, tier: TierStats) -> str:
-    looked = tier.hit_chunks + tier.miss_chunks
+    looked = tier.hit_chunks + tier.miss_chunks + tier.declined_chunks
     rate = tier.hit_chunks / looked if looked else 0.0
-    bad = f", bad chunks {tier.bad_chunks}" if tier.bad_chunks else ""
+    bad = f", computed instead {tier.declined_chunks}" if tier.declined_chunks else ""
+    bad += f", bad chunks {tier.bad_chunks}" if tier.bad_chunks else ""
     bad += f", failed lookups {tier.failed_lookups}" if tier.failed_lookups else ""
     if lost := tier.lost:
         causes = ", ".join(f"{cause} {count}" for cause, count in lost.items())

@@ -28,11 +28,12 @@ hands its work to the planners it imports.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from kvtier.config import KVTierConfig
 from kvtier.counters import KVTierStats, TierStats
 from kvtier.keys import ChunkKey, ChunkKeyMaker
+from kvtier.scheduler.costs import HitCosts
 from kvtier.scheduler.failed_loads import offer_again, untrusted_stores
 from kvtier.scheduler.hit_policy import HitPolicy, HitRequest, choose_hit
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
@@ -69,9 +70,12 @@ class SchedulerConnector:
         key_maker: ChunkKeyMaker,
         lower: Sequence[LowerTier] = (),
         prefix_events: bool = False,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         """``lower``: the tier chain below host memory, in order. ``prefix_events``: tell a
-        router which prefixes each tier holds (``take_events``)."""
+        router which prefixes each tier holds (``take_events``). ``clock`` (seconds,
+        monotonic): what the engine's steps are timed with, so that a hit is decided by
+        its measured costs (``costs/``); None: never timed, the rules decide."""
         block_tokens = {g.block_tokens for g in groups}
         if len(block_tokens) != 1:
             raise ValueError(f"kvtier: KV cache groups with different block sizes {block_tokens}")
@@ -81,6 +85,7 @@ class SchedulerConnector:
         self.chunk_tokens = self.block_tokens * self.factor
         self.num_workers = num_workers
         self._policy = HitPolicy(self.chunk_tokens, len(groups) == 1, config.min_async_load_tokens)
+        self.costs = HitCosts(clock, self._policy.wait_tokens) if clock is not None else None
         self.keys = key_maker
         self.manager = ChunkManager(num_chunks, config.eviction_policy, config.store_threshold)
         self.stats = KVTierStats()
@@ -151,7 +156,7 @@ class SchedulerConnector:
         full = len(block_hashes) // self.factor
         state.num_computed_tokens = num_computed_tokens
         state.lookup_start, state.lookup_end = first, max(first, full)
-        state.load_async = False
+        state.load_async, state.declined = False, ()
         state.due = self._slack = 0  # its tail may be new: looked at in its next step
         if state.load_jobs:
             return 0
@@ -162,10 +167,12 @@ class SchedulerConnector:
         if run.end == first < full and not (run.retry or run.pending) and not self._counted:
             return 0  # a miss from the first chunk on (no tail can follow): most new prompts
         tail_ready = tail is not None and self.manager.lookup([tail]).ready == 1
-        hit = choose_hit(
-            run, HitRequest(num_computed_tokens, num_tokens, first, full), self._policy, tail_ready
-        )
-        state.load_async = hit.load_async
+        costs = self.costs.view() if self.costs is not None else None
+        request = HitRequest(num_computed_tokens, num_tokens, first, full)
+        hit = choose_hit(run, request, self._policy, tail_ready, costs)
+        state.load_async, state.declined = hit.load_async, hit.declined
+        if self.costs is not None and costs is not None and hit.tokens is not None:
+            self.costs.decided(hit.tiers, [part.tier for part in hit.declined])
         return hit.tokens
 
     def state(
@@ -177,6 +184,8 @@ class SchedulerConnector:
             state = self.requests[req_id] = RequestState(
                 req_id, block_hashes, len(self.groups), token_ids
             )
+            if self.costs is not None:
+                self.costs.started()
         return state
 
     def loads_async(self, req_id: str) -> bool:
@@ -214,6 +223,10 @@ class SchedulerConnector:
         nothing to store (``RequestState.due``) costs no Python step at all.
         """
         step = scheduled if isinstance(scheduled, StepRequests) else StepRequests.of(scheduled)
+        if self.costs is not None:  # a step whose forward waits for a load times no compute
+            tokens = sum(step.num_new_tokens.values()) if forward else 0
+            sync = any(load.sync for load in self._plan.loads)
+            self.costs.step(tokens, len(step) if forward else 0, timed=not sync)
         self._tier_events()  # before this step's writes: a chunk is told in a tier once written
         flush: set[int] = set()
         for req_id in preempted:  # its blocks went back to the pool: finish what reads them
@@ -385,6 +398,8 @@ class SchedulerConnector:
             return
         if lower is None:
             self.manager.touch(job.keys)
+        if self.costs is not None:
+            self.costs.loaded(job.tier if lower is not None else "cpu", job.tokens, outcome.seconds)
         stats.loaded_chunks += len(job.keys)
         stats.loaded_bytes += outcome.bytes
         stats.load_seconds += outcome.seconds
@@ -414,6 +429,8 @@ class SchedulerConnector:
         if offered or storing:
             self._plan.held.append(req_id)
         if state is not None:
+            if self.costs is not None and not state.finished:
+                self.costs.ended()
             state.finished = True
             if state.idle:
                 del self.requests[req_id]

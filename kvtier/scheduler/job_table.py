@@ -52,6 +52,7 @@ class Job:
     tier: str = ""  # the tier (or source) a TIER_LOAD or SOURCE_LOAD reads, a TIER_WRITE writes
     sync: bool = False  # a load read before its step's forward (that step's stores follow it)
     parts: list[StorePart] = field(default_factory=list)  # a store's, in its keys' order
+    tokens: int = 0  # a load's tokens (its request's, from its tier): what its seconds cost
 
     def parts_of(self, req_id: str) -> list[StorePart]:
         """A store's parts of request ``req_id``."""

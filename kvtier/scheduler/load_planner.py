@@ -39,22 +39,27 @@ class HitRun(NamedTuple):
     """Chunks ``first..host_end`` are in the host tier and ``first..end`` across the tiers;
     ``retry``: the run stops at a chunk whose store is in flight; ``sync_end`` (None: ``end``):
     the run's part a load may read before the forward; ``pending``: a remote tier is still
-    looking the run up (it may be longer on a later step)."""
+    looking the run up (it may be longer on a later step); ``parts``: each tier of the chain,
+    in order, and the chunk where its part of the run ends (its part starts where the one
+    before ended, the first at ``host_end``)."""
 
     host_end: int
     end: int
     retry: bool = False
     sync_end: int | None = None
     pending: bool = False
+    parts: tuple[tuple[str, int], ...] = ()
 
 
 class Below(NamedTuple):
     """The leading chunks of some keys the chain below host memory holds: ``chunks`` in all,
-    ``sync`` of them in tiers read before the forward; ``pending``: a tier has not answered."""
+    ``sync`` of them in tiers read before the forward; ``pending``: a tier has not answered;
+    ``counts``: each tier's chunks of them, in the chain's order."""
 
     chunks: int
     sync: int
     pending: bool
+    counts: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,7 @@ class LoadPlanner:
             end = first + found.ready
             return HitRun(end, end, found.retry_later, end, False)
         end, host_end, sync_end, retry, pending = full, full, full, False, False
+        stops = [full] * len(self.lower)  # where each tier's part ends, the least of the groups
         for g, spec in enumerate(self.groups):
             if spec.sliding_window is None:
                 keys = state.group_keys(self.keys, g, full)[first:end]
@@ -109,6 +115,10 @@ class LoadPlanner:
                 sync_end = min(sync_end, first + found.ready + below.sync)
                 retry = retry or found.retry_later
                 pending = pending or below.pending
+                at = first + found.ready
+                for i, count in enumerate(below.counts):
+                    at += count
+                    stops[i] = min(stops[i], at)
         host_end = min(host_end, end)
         while end > first and not (ready := self._window_ready(state, end, below=True)):
             if ready is None:  # a remote tier is still looking the window up: ask again
@@ -118,7 +128,10 @@ class LoadPlanner:
         host_end, sync_end = min(host_end, end), min(sync_end, end)
         while host_end > first and not self._window_ready(state, host_end, below=False):
             host_end -= 1
-        return HitRun(host_end, end, retry, sync_end, pending)
+        parts = tuple(
+            (tier.name, max(host_end, min(stop, end))) for tier, stop in zip(self.lower, stops)
+        )
+        return HitRun(host_end, end, retry, sync_end, pending, parts)
 
     def _window_ready(self, state: RequestState, end: int, below: bool) -> bool | None:
         """Whether every sliding-window group holds the chunks its window needs at chunk ``end``
@@ -140,19 +153,21 @@ class LoadPlanner:
     def _below(self, keys: Sequence[ChunkKey]) -> Below:
         """How many leading ``keys`` the chain below host memory holds, tier after tier."""
         count = sync = 0
+        counts = [0] * len(self.lower)
         synchronous = True  # every tier with chunks so far is read before the forward
-        for tier in self.lower:
+        for i, tier in enumerate(self.lower):
             if count == len(keys):
                 break
             found = tier.lookup(keys[count:])
             if found is None:
-                return Below(count, sync, True)
+                return Below(count, sync, True, tuple(counts))
             count += found
+            counts[i] = found
             if tier.synchronous and synchronous:
                 sync = count
             elif found:
                 synchronous = False
-        return Below(count, sync, False)
+        return Below(count, sync, False, tuple(counts))
 
     def _ready(self, chunk_keys: list[ChunkKey], block: int) -> bool:
         key = chunk_keys[block // self.factor]
@@ -224,12 +239,14 @@ class LoadPlanner:
             slots = HostChunks(np.array(self.manager.prepare_load(host.keys).slots, np.int64))
             if sync:  # read before this step's forward, so before its stores write any slot:
                 self.manager.complete_load(host.keys)  # this step's stores may evict them
-            job = Job(state.req_id, host.keys, JobKind.LOAD, pinned=not sync)
+            job = Job(state.req_id, host.keys, JobKind.LOAD, pinned=not sync,
+                      tokens=state.loaded_tokens.get("cpu", 0))  # fmt: skip
             loads.append(self._load(state, job, slots, host, sync))
         for tier, part in zip(self.lower, lower):
             if part.keys:
                 tier.prepare_load(part.keys)
-                job = Job(state.req_id, part.keys, JobKind.TIER_LOAD, tier=tier.name)
+                job = Job(state.req_id, part.keys, JobKind.TIER_LOAD, tier=tier.name,
+                          tokens=state.loaded_tokens.get(tier.name, 0))  # fmt: skip
                 chunks = TierChunks(tier.name, tuple(part.keys))
                 loads.append(self._load(state, job, chunks, part, sync=not state.load_async))
         return loads
@@ -263,11 +280,15 @@ class LoadPlanner:
         # full chunks only: a prompt's tail loaded after them is not a chunk looked up
         left = state.lookup_end - state.lookup_start
         self.stats.lookups += 1
+        declined = {part.tier: part.chunks for part in state.declined}
         for name, count in zip(["cpu", *(tier.name for tier in self.lower)], counts):
             served = min(count, left)
-            self.stats.tiers[name].hit_chunks += served
-            self.stats.tiers[name].miss_chunks += left - served
-            left -= served
+            computed = min(declined.get(name, 0), left - served)  # found, loading it too slow
+            stats = self.stats.tiers[name]
+            stats.hit_chunks += served
+            stats.declined_chunks += computed
+            stats.miss_chunks += left - served - computed
+            left -= served + computed
         for tier in self.lower:  # counted by the tier, off the step
             self.stats.tiers[tier.name].failed_lookups = tier.failed_lookups
         state.lookup_start = state.lookup_end = 0

@@ -9,13 +9,16 @@
 
 Every prompt token is counted once: from the engine's own prefix cache (its hit when kvtier looked
 the request up), from a kvtier tier, or computed. A tier whose load failed is computed, and so is
-every tier after it (the engine recomputes from the first block that failed to load).
+every tier after it (the engine recomputes from the first block that failed to load). Tokens a
+tier held that the engine computed instead, as loading them was predicted slower, are computed
+too, and named per tier in ``declined``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvtier.counters import JobSeconds
 from kvtier.scheduler.job_table import Job, JobKind
@@ -27,6 +30,10 @@ JOB_TIERS = {
     JobKind.STORE: "cpu",
 }
 LOAD_KINDS = (JobKind.LOAD, JobKind.TIER_LOAD, JobKind.SOURCE_LOAD)
+# the keys of ``Provenance.as_params()["kvtier"]`` that name no tier (every other is a tier's)
+NOT_TIERS = (
+    "prompt_tokens", "engine_cached_tokens", "failed_tokens", "computed", "load_ms", "declined",
+)  # fmt: skip
 
 
 @dataclass
@@ -48,19 +55,24 @@ class Provenance:
     failed_tokens: int  # tokens kvtier planned to load but whose load failed: computed
     computed_tokens: int  # everything the engine computed, ``failed_tokens`` included
     load_seconds: float  # kvtier's loads for this request (summed over its load jobs)
+    # of ``computed_tokens``, those a tier held and the engine computed instead, per tier:
+    # loading them was predicted slower (``hit_benefit.py``)
+    declined: dict[str, int] = field(default_factory=dict)
 
     def as_params(self) -> dict[str, object]:
-        """``{"kvtier": {...}}``, as returned in a completion's ``kv_transfer_params``."""
-        return {
-            "kvtier": {
-                "prompt_tokens": self.prompt_tokens,
-                "engine_cached_tokens": self.engine_cached_tokens,
-                **self.tiers,
-                "failed_tokens": self.failed_tokens,
-                "computed": self.computed_tokens,
-                "load_ms": round(self.load_seconds * 1e3, 3),
-            }
+        """``{"kvtier": {...}}``, as returned in a completion's ``kv_transfer_params``
+        (``declined`` only when a tier's tokens were computed instead)."""
+        found: dict[str, Any] = {
+            "prompt_tokens": self.prompt_tokens,
+            "engine_cached_tokens": self.engine_cached_tokens,
+            **self.tiers,
+            "failed_tokens": self.failed_tokens,
+            "computed": self.computed_tokens,
+            "load_ms": round(self.load_seconds * 1e3, 3),
         }
+        if self.declined:
+            found["declined"] = dict(self.declined)
+        return {"kvtier": found}
 
 
 class JobLog:
@@ -113,4 +125,11 @@ def provenance(
             failed += tokens
         else:
             served[tier] = served.get(tier, 0) + tokens
-    return Provenance(prompt_tokens, engine, served, failed, left + failed, record.seconds)
+    declined, room = {}, left + failed  # never more than what was computed
+    for part in state.declined:
+        if part.tier and min(part.tokens, room) > 0:
+            declined[part.tier] = min(part.tokens, room)
+            room -= declined[part.tier]
+    return Provenance(
+        prompt_tokens, engine, served, failed, left + failed, record.seconds, declined
+    )

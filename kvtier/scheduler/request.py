@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtier.keys import ChunkKey, ChunkKeyMaker
+from kvtier.scheduler.hit import Declined
 
 
 @dataclass(slots=True)
@@ -53,6 +54,8 @@ class RequestState:
     # provenance of the prompt's KV: tokens each kvtier tier loads ("cpu", "disk", ...), summing
     # to the engine's num_external_tokens; set when the load is planned
     loaded_tokens: dict[str, int] = field(default_factory=dict)
+    # what the last lookup's hit left to compute, per tier, as loading it was predicted slower
+    declined: tuple[Declined, ...] = ()
     # a request source's claim (``request_source.py``), e.g. the params of a pull from a prefill
     # engine, until its load is planned
     source_params: Mapping[str, Any] | None = None

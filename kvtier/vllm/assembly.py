@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -106,8 +107,9 @@ class SchedulerSide:
         events = vllm_config.kv_events_config  # a router is told what each tier holds
         publish = events is not None and events.enable_kv_cache_events
         scheduler = SchedulerConnector(
-            config, specs, num_chunks, world_size, key_maker, lower, prefix_events=publish
-        )
+            config, specs, num_chunks, world_size, key_maker, lower, prefix_events=publish,
+            clock=time.perf_counter,  # a hit is decided by the costs measured with it
+        )  # fmt: skip
         role.scheduler(scheduler, engine_block, [spec.sliding_window for spec in specs])
         logger.info(
             "kvtier: host tier of %d chunks of %d tokens, %d KV cache group(s), %d rank(s)%s",

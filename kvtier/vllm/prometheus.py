@@ -13,6 +13,11 @@ Every series carries vLLM's labels (``model_name``, ``engine``) and, per tier, `
                                                             memory) and cause: chunks bound for
                                                             the tier that never reached it
                                                             (``TierStats.lost_*``)
+    vllm:kvtier_hit_decisions{decision}                     counter per tier and decision:
+                                                            chunks a lookup found and loaded
+                                                            (``load``), or left to compute as
+                                                            loading them was predicted slower
+                                                            (``compute``)
     vllm:kvtier_{load,store}_seconds                        histograms per tier (one per job)
     vllm:kvtier_used_bytes                                  gauge per tier
     vllm:kvtier_lookups, vllm:kvtier_preemptions            counters
@@ -60,6 +65,11 @@ LOST_DOC = (
     "no_room (the tier had no room), tier_down (the tier was down), write_error (its write "
     "failed for good)."
 )
+DECISIONS = {"load": "hit_chunks", "compute": "declined_chunks"}  # decision -> TierStats field
+DECISIONS_DOC = (
+    "Chunks a lookup found in the tier, by what was decided: load (loaded) or compute (the engine "
+    "computed them instead: loading them was predicted slower than computing them)."
+)
 ENGINE_DOCS = {
     "lookups": "Requests kvtier looked up.",
     "preemptions": "Requests the engine preempted (kvtier flushed their pending stores).",
@@ -100,6 +110,7 @@ class KVTierPromMetrics(KVConnectorPromMetrics):
             multiprocess_mode="mostrecent",
         )
         self._lost = self._counter("lost_chunks", LOST_DOC, [*by_tier, "cause"])
+        self._decisions = self._counter("hit_decisions", DECISIONS_DOC, [*by_tier, "decision"])
         self._engine_metrics = {
             name: self._counter(name, doc, labelnames) for name, doc in ENGINE_DOCS.items()
         }
@@ -111,6 +122,8 @@ class KVTierPromMetrics(KVConnectorPromMetrics):
                     metric.labels(*labelvalues, tier)
                 for cause in LOST_CAUSES if tier != "cpu" else ():
                     self._lost.labels(*labelvalues, tier, cause)
+                for decision in DECISIONS:
+                    self._decisions.labels(*labelvalues, tier, decision)
 
     def _counter(self, name: str, documentation: str, labelnames: list[str]) -> Any:
         return self._counter_cls(
@@ -134,6 +147,9 @@ class KVTierPromMetrics(KVConnectorPromMetrics):
             for name, chunks in TOKEN_COUNTERS.items():
                 if tokens := changes.get(chunks, 0) * chunk_tokens:
                     self._tier_metrics[name].labels(*labels, tier).inc(tokens)
+            for decision, field in DECISIONS.items():
+                if (count := changes.get(field, 0)) > 0:
+                    self._decisions.labels(*labels, tier, decision).inc(count)
         for tier, used in data.get("used_bytes", {}).items():
             self._tier_metrics["used_bytes"].labels(*labels, tier).set(used)
         for name in ("load_seconds", "store_seconds"):

@@ -25,6 +25,7 @@ from kvtier.counters import TIER_COUNTERS, JobSeconds, KVTierStats
 Payload = dict[str, Any]
 ENGINE_COUNTERS = ("lookups", "preemptions")
 SAMPLES = ("load_seconds", "store_seconds")
+LOOKED_UP = ("hit_chunks", "miss_chunks", "declined_chunks")  # a hit rate's denominator
 
 
 class StatsInterval:
@@ -107,7 +108,7 @@ def summary(payload: Payload) -> dict[str, int | float]:
     used = payload.get("used_bytes", {})
     for tier in dict.fromkeys([*tiers, *used]):
         changes = tiers.get(tier, {})
-        looked = changes.get("hit_chunks", 0) + changes.get("miss_chunks", 0)
+        looked = sum(changes.get(name, 0) for name in LOOKED_UP)
         if looked:
             out[f"{tier}_hit_rate"] = round(changes.get("hit_chunks", 0) / looked, 3)
         for name, value in changes.items():

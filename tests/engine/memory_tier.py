@@ -5,6 +5,9 @@ Plugged in by its import path alone, with no change under ``kvtier/``::
 
     {"cpu_bytes_to_use": ..., "tiers": ["memory_tier:SPEC"], "memory": {"max_chunks": 512}}
 
+``read_delay_s`` (tests only; default 0) makes each chunk's read take that much longer: a tier
+slower than the engine computing the same tokens (``test_hit_cost.py``).
+
 The scheduler half's index (``MemoryIndex``) answers lookups from the dict, in order; each rank's
 side (``MemoryChunks``) reads and writes its share of a chunk, and kvtier's generic handlers
 (``kvtier.tiers.chunk_io``) move it between the dict and the engine or the host tier.
@@ -12,12 +15,13 @@ side (``MemoryChunks``) reads and writes its share of a chunk, and kvtier's gene
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from kvtier.config_parse import mapping, positive_int, required
+from kvtier.config_parse import mapping, non_negative_float, optional, positive_int, required
 from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
 from kvtier.tiers.base.chunk_format import Buffer, ChunkError
@@ -32,11 +36,15 @@ STORE: dict[tuple[ChunkKey, int], bytes] = {}  # (key, rank) -> the rank's recor
 @dataclass(frozen=True)
 class MemoryConfig:
     max_chunks: int
+    read_delay_s: float = 0.0  # added to each chunk's read
 
     @classmethod
     def parse(cls, raw: object, key: str) -> MemoryConfig:
-        section = mapping(raw, key, ("max_chunks",))
-        return cls(required(section, key, "max_chunks", positive_int))
+        section = mapping(raw, key, ("max_chunks", "read_delay_s"))
+        return cls(
+            required(section, key, "max_chunks", positive_int),
+            optional(section, key, "read_delay_s", non_negative_float, 0.0),
+        )
 
 
 class MemoryIndex:
@@ -62,7 +70,8 @@ class MemoryIndex:
 
     @property
     def used(self) -> int:
-        return sum(len(record) for record in STORE.values())
+        # a snapshot: the ranks' write threads add chunks meanwhile (list() holds the GIL)
+        return sum(len(record) for record in list(STORE.values()))
 
     def lookup(self, keys: Sequence[ChunkKey]) -> int | None:
         found = 0
@@ -139,13 +148,16 @@ class MemoryChunks:
 
     read_ahead = 0
 
-    def __init__(self, layout: KVLayout, rank: int, factor: int) -> None:
+    def __init__(self, layout: KVLayout, rank: int, factor: int, read_delay_s: float = 0.0) -> None:
         self.layout, self.rank, self.factor = layout, rank, factor
+        self.read_delay_s = read_delay_s
 
     def prefetch(self, key: ChunkKey) -> None:
         return None
 
     def read(self, key: ChunkKey, out: Sequence[np.ndarray]) -> None:
+        if self.read_delay_s:
+            time.sleep(self.read_delay_s)  # a slow medium, as the tests configure it
         record = STORE.get((key, self.rank))
         size = sum(view_bytes(self.layout, key_group(key), self.factor))
         if record is None or len(record) != size or sum(o.nbytes for o in out) != size:
@@ -177,7 +189,7 @@ def _scheduler(ctx: SchedulerContext) -> MemoryIndex:
 
 
 def _worker(ctx: WorkerContext) -> WorkerTier:
-    chunks = MemoryChunks(ctx.layout, ctx.rank, ctx.factor)
+    chunks = MemoryChunks(ctx.layout, ctx.rank, ctx.factor, ctx.config.read_delay_s)
     return WorkerTier(
         NAME,
         load=TierLoadHandler(ctx.layout, chunks, NAME),

@@ -101,6 +101,7 @@ def test_defaults_when_only_cpu_bytes_given() -> None:
     assert config.store_threshold == 1
     assert config.hash_algo == "xxh3_128"
     assert config.shutdown_flush_s == 4.0
+    assert config.min_async_load_tokens is None  # the measured costs decide (hit_benefit.py)
     assert config.disk is None
     assert config.redis is None
 
@@ -205,6 +206,8 @@ BAD_EXTRA: list[tuple[dict[str, object], str]] = [
     ({"shutdown_flush_s": "5s"}, r"'shutdown_flush_s'"),
     ({"store_threshold": 0}, r"'store_threshold'"),
     ({"store_threshold": "2"}, r"'store_threshold'"),
+    ({"min_async_load_tokens": 0}, r"'min_async_load_tokens' must be a positive integer"),
+    ({"min_async_load_tokens": "256"}, r"'min_async_load_tokens'"),
     ({"disk": {"bytes": "1GiB"}}, r"'disk\.path' is required"),
     ({"disk": {"path": "", "bytes": 1}}, r"'disk\.path'"),
     ({"disk": {"path": "/d"}}, r"'disk\.bytes' is required"),

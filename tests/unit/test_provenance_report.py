@@ -29,3 +29,14 @@ def test_the_table_shows_each_sources_share_of_the_prompt_tokens() -> None:
     round_1 = next(line for line in text.splitlines() if "round 1" in line)
     for cell in ("500", "100 (20%)", "300 (60%)", "3.00"):
         assert cell in round_1
+
+
+def test_tokens_computed_instead_of_loaded_add_up_and_get_a_column() -> None:
+    declined = _params(0, 200, 0.0, cpu=64)
+    declined["kvtier"]["declined"] = {"redis": 128}  # type: ignore[index]
+    totals = add_up([declined, _params(0, 10, 1.0, cpu=0)])
+    assert totals == ProvenanceTotals(2, 274, 0, {"cpu": 64}, 0, 210, 1.0, declined_tokens=128)
+    console = Console(width=140, record=True)
+    console.print(provenance_table("where the KV came from", [("round 0", totals)]))
+    text = console.export_text()
+    assert "instead" in text and "128 (47%)" in text

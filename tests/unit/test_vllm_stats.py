@@ -161,6 +161,27 @@ def test_chunks_lost_on_the_way_to_a_tier_are_one_counter_by_tier_and_cause() ->
     assert stats.as_dict()["tiers"]["redis"]["lost_tier_down"] == 3  # type: ignore[index]
 
 
+def test_hit_decisions_count_chunks_loaded_and_computed_instead_per_tier() -> None:
+    metrics, registry = _prom({"cpu_bytes_to_use": "1GiB", "redis": {"url": "redis://h:1/0"}})
+    labels = {"model_name": "m", "engine": "0"}
+    cpu, redis = (labels | {"tier": tier} for tier in ("cpu", "redis"))
+    value = registry.get_sample_value
+    assert value("vllm:kvtier_hit_decisions_total", redis | {"decision": "compute"}) == 0.0
+    stats = KVTierStats(tiers={"cpu": TierStats(hit_chunks=3, miss_chunks=7),
+                               "redis": TierStats(hit_chunks=2, declined_chunks=5)})  # fmt: skip
+    payload = StatsInterval().take(stats, JobSeconds(), {}, 64)
+    assert payload is not None
+    metrics.observe(payload, 0)
+    assert value("vllm:kvtier_hit_decisions_total", cpu | {"decision": "load"}) == 3
+    assert value("vllm:kvtier_hit_decisions_total", cpu | {"decision": "compute"}) == 0
+    assert value("vllm:kvtier_hit_decisions_total", redis | {"decision": "load"}) == 2
+    assert value("vllm:kvtier_hit_decisions_total", redis | {"decision": "compute"}) == 5
+    fields = KVTierConnectorStats(data=payload).reduce()
+    assert fields["redis_declined_chunks"] == 5 and fields["redis_hit_rate"] == round(2 / 7, 3)
+    assert "redis hit 2/7 chunks (29%)" in stats.log_line()
+    assert "computed instead 5" in stats.log_line()
+
+
 @pytest.mark.parametrize(
     ("loaded", "external", "expected"),
     [

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvtier.apps.bench.fault_tiers import DiskFaults, Fault, RedisFaults, TierFaults
 from kvtier.counters import LOST_CAUSES
+from kvtier.scheduler.provenance import NOT_TIERS
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -51,7 +52,7 @@ DRAIN_S = 15.0  # the longest a pass waits for the tiers' writes to land after i
 # would open the circuit breaker and make the healed passes' loads misses
 REDIS_TIMEOUT_S = 5.0
 COUNTED = ("failed_lookups", "failed_loads", "bad_chunks", "failed_stores", "skipped_stores",
-           *(f"lost_{cause}" for cause in LOST_CAUSES))  # fmt: skip
+           "declined_chunks", *(f"lost_{cause}" for cause in LOST_CAUSES))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -374,8 +375,7 @@ def _served_tokens(params: dict[str, Any] | None, prompt: list[int]) -> int:
     """Tokens of ``prompt``'s full chunks kvtier loaded (its provenance, in the completion's
     ``kv_transfer_params``): loaded from any tier, less those whose load failed."""
     found = (params or {}).get("kvtier") or {}
-    skip = {"prompt_tokens", "engine_cached_tokens", "failed_tokens", "computed", "load_ms"}
-    loaded = sum(int(v) for k, v in found.items() if k not in skip)
+    loaded = sum(int(v) for k, v in found.items() if k not in NOT_TIERS)
     return max(0, min(loaded - int(found.get("failed_tokens", 0)), len(prompt) // CHUNK * CHUNK))
 
 

@@ -1,0 +1,141 @@
+"""A cost measured as the engine runs, kept current and robust to an outlier.
+
+    Smoothed.add(sample); .value          one quantity: the median of its last three samples,
+                                          followed by an EWMA (None before any sample)
+    Smoothed.steady                       three samples at least: no single one decides
+    CostFit.add(units, seconds)           one sample: a step of the engine
+    CostFit.line() -> Line | None         seconds ~ fixed + per_unit * units (None: no sample)
+    CostFit.predict(units) -> float|None  the line at ``units``
+    CostFit.largest() -> float | None     seconds per unit of the largest samples
+
+A sample enters its size class (its units by powers of two: 1, 2-3, 4-7, ...). Each class keeps
+the seconds per unit of its recent samples and the units they had (``Smoothed``); the line is fit
+through the classes' points, each weighing as many samples as it has seen, up to WEIGHT_CAP. So
+steps of one size (a long decode) never wash out what steps of another size (a prefill) taught,
+and each class follows its own recent samples. One class alone gives a line through the origin.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from typing import NamedTuple
+
+ALPHA = 0.3  # the EWMA's weight of a new (median-filtered) sample
+WINDOW = 3  # samples a median is taken over: one outlier among them never enters the EWMA
+JUMP = 2.0  # the last WINDOW samples all this far off the value: a lasting change, taken at once
+WEIGHT_CAP = 4  # samples a size class weighs at most in the line's fit
+
+
+class Smoothed:
+    """One measured quantity. While it has at most WINDOW samples, its value is their median;
+    after that, an EWMA fed with the median of the last WINDOW samples: a single outlier (a page
+    fault, a pause, another process on the core) never moves it, a lasting change does after two
+    samples, and at once when the last WINDOW samples are all more than JUMP times off it."""
+
+    __slots__ = ("count", "value", "_recent")
+
+    def __init__(self) -> None:
+        self.value: float | None = None
+        self.count = 0
+        self._recent: deque[float] = deque(maxlen=WINDOW)
+
+    @property
+    def steady(self) -> bool:
+        """Whether its value is a median of WINDOW samples at least: no single outlier."""
+        return self.count >= WINDOW
+
+    def add(self, sample: float) -> None:
+        self._recent.append(sample)
+        self.count += 1
+        middle = statistics.median(self._recent)
+        value = self.value
+        if value is None or self.count <= WINDOW or _all_off(self._recent, value):
+            self.value = middle
+        else:
+            self.value = value + ALPHA * (middle - value)
+
+
+def _all_off(samples: deque[float], value: float) -> bool:
+    return all(s > JUMP * value for s in samples) or all(s * JUMP < value for s in samples)
+
+
+class Line(NamedTuple):
+    """seconds ~ fixed + per_unit * units."""
+
+    fixed: float
+    per_unit: float
+
+    def at(self, units: float) -> float:
+        return self.fixed + self.per_unit * units
+
+
+class _SizeClass:
+    __slots__ = ("per_unit", "units")
+
+    def __init__(self) -> None:
+        self.units = Smoothed()
+        self.per_unit = Smoothed()
+
+
+class CostFit:
+    """seconds ~ fixed + per_unit * units, fit online from samples of any size."""
+
+    def __init__(self) -> None:
+        self._classes: dict[int, _SizeClass] = {}
+        self._line: Line | None = None
+        self.samples = 0
+
+    def add(self, units: float, seconds: float) -> None:
+        """One sample; ignored unless ``units`` > 0 and ``seconds`` >= 0, both finite."""
+        if not (units > 0 and seconds >= 0 and math.isfinite(units) and math.isfinite(seconds)):
+            return
+        size = self._classes.setdefault(int(units).bit_length(), _SizeClass())
+        size.units.add(units)
+        size.per_unit.add(seconds / units)
+        self.samples += 1
+        self._line = None
+
+    def predict(self, units: float) -> float | None:
+        line = self.line()
+        return None if line is None else line.at(units)
+
+    def largest(self) -> float | None:
+        """Seconds per unit of the largest size class (None: no sample)."""
+        if not self._classes:
+            return None
+        return self._classes[max(self._classes)].per_unit.value
+
+    def line(self) -> Line | None:
+        """The weighted least-squares line through the size classes; through the origin when a
+        single class is known, or when the fit has a negative slope or intercept (noise)."""
+        if self._line is None and self._classes:
+            self._line = _fit(
+                [
+                    (size.units.value or 0.0, size.per_unit.value or 0.0,
+                     min(size.per_unit.count, WEIGHT_CAP))
+                    for size in self._classes.values()
+                ]
+            )  # fmt: skip
+        return self._line
+
+
+def _fit(points: list[tuple[float, float, int]]) -> Line:
+    """The line through ``(units, seconds per unit, weight)`` points."""
+    xs = [x for x, _, _ in points]
+    ys = [x * per_unit for x, per_unit, _ in points]
+    ws = [float(w) for _, _, w in points]
+    total = sum(ws)
+    mean_x = sum(w * x for w, x in zip(ws, xs)) / total
+    mean_y = sum(w * y for w, y in zip(ws, ys)) / total
+    sxx = sum(w * (x - mean_x) ** 2 for w, x in zip(ws, xs))
+    if sxx > 0:
+        slope = sum(w * (x - mean_x) * (y - mean_y) for w, x, y in zip(ws, xs, ys)) / sxx
+        fixed = mean_y - slope * mean_x
+        if slope > 0 and fixed >= 0:
+            return Line(fixed, slope)
+    through_origin = sum(w * x * y for w, x, y in zip(ws, xs, ys)) / sum(
+        w * x * x for w, x in zip(ws, xs)
+    )
+    return Line(0.0, through_origin)
