@@ -13,6 +13,8 @@ import numpy as np
 from kvtier.keys import ChunkKey
 from kvtier.media import Medium
 
+NULL_BLOCK = 0  # vLLM's placeholder for blocks a group does not keep (outside a sliding window)
+
 
 class TransferSpec:
     """Where the chunks of one side of a transfer are, in one medium (its name)."""

@@ -28,7 +28,8 @@ hands its work to the planners it imports.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from kvtier.config import KVTierConfig
 from kvtier.counters import KVTierStats, TierStats
@@ -41,7 +42,6 @@ from kvtier.scheduler.load_planner import GroupSpec, HitRun, LoadPlanner
 from kvtier.scheduler.prefix_events import HOST, PrefixEvent, PrefixEvents
 from kvtier.scheduler.provenance import JobLog, Provenance, provenance
 from kvtier.scheduler.request import RequestState
-from kvtier.scheduler.request_source import RequestSource
 from kvtier.scheduler.scheduled import (
     NEVER,
     ScheduledRequest,
@@ -49,15 +49,17 @@ from kvtier.scheduler.scheduled import (
     forget_blocks,
     take_blocks,
 )
-from kvtier.scheduler.store_planner import NULL_BLOCK, StorePlanner
+from kvtier.scheduler.sources import Sources
+from kvtier.scheduler.store_planner import StorePlanner
 from kvtier.scheduler.tail_store import TailStore
 from kvtier.scheduler.tier_writes import TierWrites
 from kvtier.step_plan import StepPlan, WorkerReport
 from kvtier.tiers.base.index import LowerTier
 from kvtier.tiers.base.results import EventKind
+from kvtier.tiers.base.source import RequestSource
 from kvtier.tiers.host.index import ChunkManager
 
-__all__ = ["NULL_BLOCK", "GroupSpec", "ScheduledRequest", "SchedulerConnector", "StepRequests"]
+__all__ = ["GroupSpec", "ScheduledRequest", "SchedulerConnector", "StepRequests"]
 
 
 class SchedulerConnector:
@@ -102,7 +104,7 @@ class SchedulerConnector:
             self.stats,
         )  # fmt: skip
         self._plan = StepPlan(num_chunks=num_chunks)
-        self.sources: dict[str, RequestSource] = {}
+        self.sources = Sources(self.stats, self.jobs, self.chunk_tokens)
         self._writes: dict[str, TierWrites] = {}  # per lower tier, by name
         for tier in self.lower:
             if tier.name in self.stats.tiers:
@@ -123,11 +125,25 @@ class SchedulerConnector:
         self._reported: dict[int, Job] = {}  # jobs the report being handled completed
 
     def add_source(self, source: RequestSource) -> None:
-        """A request source (``request_source.py``), counted under its name in the stats."""
-        if source.name in self.stats.tiers or source.name in self.sources:
-            raise ValueError(f"kvtier: two tiers named {source.name!r}")
-        self.stats.tiers[source.name] = TierStats()
-        self.sources[source.name] = source
+        """A request source (``tiers/base/source.py``), counted under its name in the stats."""
+        self.sources.add(source)
+
+    def source_lookup(
+        self,
+        name: str,
+        req_id: str,
+        block_hashes: Sequence[bytes],
+        params: Mapping[str, Any] | None,
+        num_prompt_tokens: int,
+        num_computed_tokens: int,
+    ) -> int:
+        """Tokens request source ``name`` loads for ``req_id`` (a decode's pull), beyond
+        ``num_computed_tokens``, asynchronously (0: not its request); planned by ``on_alloc``."""
+        tokens = self.sources.by_name[name].lookup(params, num_prompt_tokens, num_computed_tokens)
+        if tokens == 0 or params is None:
+            return 0
+        self.sources.claim(name, self.state(req_id, block_hashes), params, num_computed_tokens)
+        return tokens
 
     def tier(self, name: str) -> LowerTier:
         """The chain's tier ``name`` (KeyError: none)."""
@@ -201,11 +217,10 @@ class SchedulerConnector:
         state.block_ids = [list(ids) for ids in block_ids]
         state.table_set = True
         state.due = self._slack = 0  # its next step reads its whole table
-        for source in self.sources.values():
-            load = source.plan_load(state, num_external_tokens)
-            if load is not None:
-                self._plan.loads.append(load)
-                return
+        load = self.sources.plan(state, num_external_tokens)
+        if load is not None:
+            self._plan.loads.append(load)
+            return
         self._plan.loads += self._loads.plan(state, num_external_tokens)
 
     # ---- each step -------------------------------------------------------------------------
@@ -283,10 +298,7 @@ class SchedulerConnector:
         plan.flush = sorted(flush)
         plan.forward = forward
         plan.tier_room = {tier.name: tier.room for tier in self.lower if tier.room is not None}
-        for source in self.sources.values():
-            messages = source.take_messages()
-            if messages:
-                plan.messages[source.name] = messages
+        plan.messages.update(self.sources.messages())
         return plan
 
     def _due(self, state: RequestState) -> int:
@@ -370,7 +382,7 @@ class SchedulerConnector:
     def _complete_load(self, job: Job) -> None:
         outcome = job.outcome
         if job.kind is JobKind.SOURCE_LOAD:
-            self.sources[job.tier].complete_load(job)
+            self.sources.complete(job, self.requests.get(job.req_id))
             return
         lower = self._tiers.get(job.tier) if job.kind is JobKind.TIER_LOAD else None
         stats = self.stats.tiers[job.tier if lower is not None else "cpu"]
@@ -423,7 +435,7 @@ class SchedulerConnector:
         Its provenance is gone after this call: ask ``provenance`` before.
         """
         self.job_log.forget(req_id)
-        offered = any(source.holds(req_id) for source in self.sources.values())
+        offered = self.sources.holds(req_id)
         state = self.requests.get(req_id)
         storing = state is not None and bool(state.store_jobs)
         if offered or storing:
@@ -464,8 +476,7 @@ class SchedulerConnector:
         """Transfers in flight, chunks to write to a tier once the engine is idle, or finished
         requests a request source holds."""
         writes = any(writes.pending for writes in self._writes.values())
-        sources = any(source.pending for source in self.sources.values())
-        return bool(self.jobs) or writes or sources
+        return bool(self.jobs) or writes or self.sources.pending
 
     def take_events(self) -> list[PrefixEvent]:
         """The prefixes each tier started or stopped holding since the last call, in the

@@ -24,12 +24,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvtier.addresses import EngineBlocks, HostChunks, TierChunks
+from kvtier.addresses import NULL_BLOCK, EngineBlocks, HostChunks, TierChunks
 from kvtier.counters import KVTierStats
 from kvtier.keys import ChunkKey, ChunkKeyMaker
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.scheduler.request import RequestState
-from kvtier.scheduler.store_planner import NULL_BLOCK
 from kvtier.step_plan import LoadJob
 from kvtier.tiers.base.index import LowerTier
 from kvtier.tiers.host.index import ChunkManager

@@ -58,6 +58,7 @@ class RequestState:
     declined: tuple[Declined, ...] = ()
     # a request source's claim (``request_source.py``), e.g. the params of a pull from a prefill
     # engine, until its load is planned
+    source: str | None = None  # the request source that claimed it (its load not planned yet)
     source_params: Mapping[str, Any] | None = None
     store_jobs: set[int] = field(default_factory=set)
     load_jobs: set[int] = field(default_factory=set)  # one per tier it loads from

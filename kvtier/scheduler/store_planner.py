@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvtier.addresses import EngineBlocks, HostChunks
+from kvtier.addresses import NULL_BLOCK, EngineBlocks, HostChunks
 from kvtier.counters import TierStats
 from kvtier.keys import ChunkKey, ChunkKeyMaker
 from kvtier.scheduler.job_table import Job, JobKind, JobTable, StorePart
@@ -24,8 +24,6 @@ from kvtier.scheduler.request import RequestState
 from kvtier.step_plan import StoreJob
 from kvtier.tiers.base.results import Key, StorePlan
 from kvtier.tiers.host.index import ChunkManager
-
-NULL_BLOCK = 0  # vLLM's placeholder for blocks a group does not keep (outside a sliding window)
 
 
 class ChunkOffer(NamedTuple):

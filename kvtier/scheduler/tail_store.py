@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvtier.addresses import NULL_BLOCK
 from kvtier.keys import ChunkKey, ChunkKeyMaker
 from kvtier.scheduler.request import RequestState
-from kvtier.scheduler.store_planner import NULL_BLOCK, TailOffer
+from kvtier.scheduler.store_planner import TailOffer
 
 
 class TailStore:

@@ -66,6 +66,7 @@ class KVRole:
             transfer.secret_bytes()
         self.role, self.transfer, self._vllm_config = role, transfer, vllm_config
         self.planner: PeerPlanner | None = None  # the scheduler half's
+        self._scheduler: SchedulerConnector | None = None
         self._address: tuple[int, str, int] | None = None  # a prefill rank's (rank, host, port)
 
     @property
@@ -104,8 +105,9 @@ class KVRole:
             producer = PeerProducer(engine_id, hold_s, tp, world, block_tokens, windows)
         else:
             consumer = PeerConsumer(block_tokens, len(windows), tp, world, windows)
-        self.planner = PeerPlanner(scheduler, producer, consumer)
+        self.planner = PeerPlanner(producer, consumer)
         scheduler.add_source(self.planner)
+        self._scheduler = scheduler
 
     def worker_tier(self, layout: KVLayout, description: str, rank: int) -> PeerWorkerTier | None:
         """A worker rank's side: a prefill rank listens, a decode rank gets a puller."""
@@ -186,9 +188,10 @@ class KVRole:
             return None
         if not params.get("do_remote_prefill"):
             return None
-        tokens = planner.lookup(
-            request.request_id, request.block_hashes, params, request.num_prompt_tokens,
-            num_computed_tokens,
+        assert self._scheduler is not None
+        tokens = self._scheduler.source_lookup(
+            planner.name, request.request_id, request.block_hashes, params,
+            request.num_prompt_tokens, num_computed_tokens,
         )  # fmt: skip
         if tokens > 0:
             return tokens, True

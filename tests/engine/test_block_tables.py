@@ -14,7 +14,8 @@ from vllm import LLM
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 
 import kvtier
-from kvtier.scheduler.connector import NULL_BLOCK, ScheduledRequest, SchedulerConnector
+from kvtier.addresses import NULL_BLOCK
+from kvtier.scheduler.connector import ScheduledRequest, SchedulerConnector
 from kvtier.step_plan import StepPlan
 from kvtier.vllm.schedule import scheduled_requests
 

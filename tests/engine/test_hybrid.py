@@ -12,7 +12,8 @@ import pytest
 from harness import connector, engine, full_chunks, generate, kvtier_transfer, prompts, settle
 
 import kvtier
-from kvtier.scheduler.connector import NULL_BLOCK, SchedulerConnector
+from kvtier.addresses import NULL_BLOCK
+from kvtier.scheduler.connector import SchedulerConnector
 from kvtier.step_plan import StepPlan
 
 LENGTHS = [300, 200, 450, 130]  # all longer than the 64-token sliding window

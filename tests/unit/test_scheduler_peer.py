@@ -28,13 +28,13 @@ def _connector(producer: bool) -> SchedulerConnector:
         peer["consumer"] = PeerConsumer(block_tokens=4, num_groups=1, tp_size=2, world_size=2)
     config = KVTierConfig(cpu_bytes_to_use=1)
     connector = SchedulerConnector(config, [GroupSpec(4)], 8, 2, ChunkKeyMaker(fingerprint, 1))
-    connector.add_source(PeerPlanner(connector, **peer))
+    connector.add_source(PeerPlanner(**peer))
     return connector
 
 
 def _peer(connector: SchedulerConnector) -> PeerPlanner:
     """The connector's peer tier (a request source)."""
-    planner = connector.sources["peer"]
+    planner = connector.sources.by_name["peer"]
     assert isinstance(planner, PeerPlanner)
     return planner
 
@@ -93,8 +93,9 @@ def test_a_decode_request_pulls_its_prompt_past_its_own_hit_into_its_blocks() ->
     _, params = _prefilled()
     decode = _connector(producer=False)
     # the engine has the first block itself: 10 of 14 tokens are pulled, asynchronously
-    assert _peer(decode).lookup("d1", HASHES, params, 14, 4) == 10
-    assert _peer(decode).lookup("d2", HASHES, params, 14, 10) == 4  # one block: worth a pull
+    assert decode.source_lookup("peer", "d1", HASHES, params, 14, 4) == 10
+    # one block: worth a pull
+    assert decode.source_lookup("peer", "d2", HASHES, params, 14, 10) == 4
     decode.on_alloc("d1", [[40, 41, 42, 43]], 10)
     (load,) = decode.build_plan([]).loads
     assert isinstance(load.src, PeerBlocks) and not load.sync
@@ -116,7 +117,7 @@ def test_a_decode_request_pulls_its_prompt_past_its_own_hit_into_its_blocks() ->
 def test_a_failed_pull_is_counted_and_named_in_the_provenance() -> None:
     _, params = _prefilled()
     decode = _connector(producer=False)
-    assert _peer(decode).lookup("d1", HASHES, params, 14, 0) == 14
+    assert decode.source_lookup("peer", "d1", HASHES, params, 14, 0) == 14
     decode.on_alloc("d1", [[40, 41, 42, 43]], 14)
     (load,) = decode.build_plan([]).loads
     decode.on_report(WorkerReport({load.job_id: JobOutcome(ranks=2, failed=1)}))
@@ -139,7 +140,7 @@ def test_a_failed_pull_is_counted_and_named_in_the_provenance() -> None:
 def test_params_a_decode_engine_cannot_pull_are_computed(change: dict[str, Any]) -> None:
     _, params = _prefilled()
     decode = _connector(producer=False)
-    assert _peer(decode).lookup("d1", HASHES, {**params, **change}, 14, 0) == 0
+    assert decode.source_lookup("peer", "d1", HASHES, {**params, **change}, 14, 0) == 0
     assert "d1" not in decode.requests
 
 
@@ -147,7 +148,8 @@ def test_nixl_style_params_without_per_rank_ports_use_port_plus_rank() -> None:
     _, params = _prefilled()
     del params["remote_ports"], params["remote_hosts"]
     decode = _connector(producer=False)
-    assert _peer(decode).lookup("d1", HASHES, {**params, "remote_block_ids": [7, 8, 9, 3]}, 14, 0)
+    flat = {**params, "remote_block_ids": [7, 8, 9, 3]}
+    assert decode.source_lookup("peer", "d1", HASHES, flat, 14, 0)
     decode.on_alloc("d1", [[40, 41, 42, 43]], 14)
     (load,) = decode.build_plan([]).loads
     assert isinstance(load.src, PeerBlocks)
@@ -160,7 +162,7 @@ def test_a_decode_request_that_pulls_nothing_frees_the_offer_at_once(own_hit: in
     decode = _connector(producer=False)
     # its own prefix cache holds the prompt but for less than a block (4 tokens): those few are
     # computed with the last one, not worth a step's wait; the offer is released
-    assert _peer(decode).lookup("d1", HASHES, params, 14, own_hit) == 0
+    assert decode.source_lookup("peer", "d1", HASHES, params, 14, own_hit) == 0
     assert "d1" not in decode.requests  # a request like any other: nothing waits for a pull
     assert _peer(decode).release(params) is True
     (release,) = decode.build_plan([]).messages["peer"]

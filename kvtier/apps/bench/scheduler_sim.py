@@ -21,9 +21,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvtier.addresses import NULL_BLOCK
 from kvtier.scheduler.connector import SchedulerConnector
 from kvtier.scheduler.scheduled import ScheduledRequest, StepRequests
-from kvtier.scheduler.store_planner import NULL_BLOCK
 from kvtier.step_plan import JobOutcome, StepPlan, WorkerReport
 
 PHASES = ("admit", "plan", "report", "finish")  # the scheduler half's calls, timed apart

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.scheduler.store_planner import NULL_BLOCK
+from kvtier.addresses import NULL_BLOCK
 from kvtier.tiers.peer.messages import PeerBlocks, PeerOffer
 
 logger = logging.getLogger(__name__)
