@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "kvtier"
@@ -89,3 +91,109 @@ def test_vllm_is_imported_only_by_its_adapter_and_the_applications() -> None:
         and re.search(r"^\s*(import vllm|from vllm[ .])", path.read_text(), re.MULTILINE)
     ]
     assert outside == []
+
+
+# The layers, lowest first: a module imports only from its own layer or below (every import,
+# inside functions and for typing too). The halves never import each other.
+LAYERS = (
+    (
+        "base",
+        (
+            "kvtier.addresses",
+            "kvtier.config_parse",
+            "kvtier.connect",
+            "kvtier.counters",
+            "kvtier.keys",
+            "kvtier.layout",
+            "kvtier.media",
+            "kvtier.sizes",
+            "kvtier.step_plan",
+            "kvtier.pages",
+        ),
+    ),
+    ("tier contracts", ("kvtier.tiers.base",)),
+    ("tiers", ("kvtier.tiers",)),
+    ("config", ("kvtier.config",)),
+    ("halves", ("kvtier.scheduler", "kvtier.worker")),
+    ("vllm", ("kvtier.vllm",)),
+    ("apps", ("kvtier.apps",)),
+)
+FACADE = "kvtier"  # the package itself: ``kvtier.stats(llm)`` reaches the adapter lazily
+APART = (("kvtier.scheduler", "kvtier.worker"), ("kvtier.worker", "kvtier.scheduler"))
+
+
+def _layer(module: str) -> int:
+    """The index of the layer ``module`` belongs to (the longest prefix that names it)."""
+    best, found = -1, -1
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, found = len(prefix), index
+    assert found >= 0, f"{module} is in no layer of test_code_shape.LAYERS"
+    return found
+
+
+def _all_imports(path: Path) -> set[str]:
+    """Every kvtier module ``path`` imports, anywhere in it."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return {name for name in names if name.startswith("kvtier.")}
+
+
+def test_every_import_points_down_the_layers() -> None:
+    wrong = []
+    for name, path in sorted(_modules().items()):
+        if name == FACADE:
+            continue
+        mine = _layer(name)
+        for imported in sorted(_all_imports(path)):
+            theirs = _layer(imported)
+            apart = any(name.startswith(a) and imported.startswith(b) for a, b in APART)
+            if theirs > mine or apart:
+                wrong.append(f"{name} ({LAYERS[mine][0]}) imports {imported} "
+                             f"({LAYERS[theirs][0]})")  # fmt: skip
+    assert wrong == []
+
+
+def test_a_tier_imports_no_other_tier() -> None:
+    """Each tier's package imports the contracts (``tiers.base``), never another tier."""
+    wrong = []
+    for name, path in sorted(_modules().items()):
+        parts = name.split(".")
+        if len(parts) < 3 or parts[1] != "tiers" or parts[2] in ("base", "registry"):
+            continue
+        for imported in _all_imports(path):
+            other = imported.split(".")
+            if len(other) > 2 and other[1] == "tiers" and other[2] not in ("base", parts[2]):
+                wrong.append(f"{name} imports {imported}")
+    assert wrong == []
+
+
+LIGHT = ("config", "build", "messages")  # what a tier's package may load for its spec
+
+
+def test_the_config_loads_neither_torch_nor_a_tier_implementation() -> None:
+    """``import kvtier.config`` and a config with every tier's section parsed (what a launcher
+    does to check one) stay light: the tiers' specs are imported, their implementations only
+    when a tier is built, and torch not at all."""
+    code = (
+        "import sys, kvtier.config\n"
+        "kvtier.config.KVTierConfig.from_extra_config({'cpu_bytes_to_use': '1GiB',"
+        " 'disk': {'path': '/nonexistent', 'bytes': '1GiB'}, 'redis': {'url': 'redis://x:1'},"
+        " 'transfer': {'secret': 's' * 32}}, 16)\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = out.stdout.split()
+    assert "torch" not in loaded
+    heavy = [
+        name for name in loaded
+        if name.startswith("kvtier.tiers.") and not name.startswith("kvtier.tiers.base")
+        and name != "kvtier.tiers.registry" and len(name.split(".")) > 3
+        and name.split(".")[-1] not in LIGHT
+    ]  # fmt: skip
+    assert heavy == []

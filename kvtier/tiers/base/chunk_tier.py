@@ -25,13 +25,15 @@ staging area.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from kvtier.keys import ChunkKey
-from kvtier.layout import KVLayout
 from kvtier.tiers.base.chunk_format import Buffer
+
+if TYPE_CHECKING:  # (the engine's views are torch's: not imported to parse a config)
+    from kvtier.layout import KVLayout
 
 
 class ChunkTier(Protocol):

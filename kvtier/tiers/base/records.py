@@ -24,11 +24,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from kvtier.layout import KVLayout
+if TYPE_CHECKING:  # (the engine's views are torch's: not imported to parse a config)
+    from kvtier.layout import KVLayout
 
 
 @dataclass(frozen=True)

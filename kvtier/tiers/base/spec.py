@@ -21,14 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtier.keys import LayoutFingerprint
-from kvtier.layout import KVLayout
 from kvtier.tiers.base.chunk_tier import FlushTier
 from kvtier.tiers.base.handler import TransferHandler
 from kvtier.tiers.base.index import LowerTier
 from kvtier.tiers.base.records import HostRecords
+
+if TYPE_CHECKING:  # (the engine's views are torch's: not imported to parse a config)
+    from kvtier.layout import KVLayout
 
 
 @dataclass(frozen=True)

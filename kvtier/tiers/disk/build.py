@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kvtier.tiers.base.chunk_io import TierLoadHandler, TierWriteHandler
 from kvtier.tiers.base.spec import SchedulerContext, WorkerContext, WorkerTier
-from kvtier.tiers.disk.files import DiskTier
-from kvtier.tiers.disk.index import DiskIndex
+
+if TYPE_CHECKING:  # built only when the tier is (a config is parsed without them)
+    from kvtier.tiers.disk.index import DiskIndex
 
 NAME = "disk"
 
 
 def scheduler_index(ctx: SchedulerContext) -> DiskIndex:
     """The directory's index, built from its file names (a restarted engine finds its chunks)."""
+    from kvtier.tiers.disk.index import DiskIndex
+
     config = ctx.config
     return DiskIndex(
         Path(config.path), config.bytes, ctx.world_size, ctx.fingerprint,
@@ -23,6 +26,9 @@ def scheduler_index(ctx: SchedulerContext) -> DiskIndex:
 
 def worker_tier(ctx: WorkerContext) -> WorkerTier:
     """This rank's files: named by its rank, checked against its fingerprint."""
+    from kvtier.tiers.base.chunk_io import TierLoadHandler, TierWriteHandler
+    from kvtier.tiers.disk.files import DiskTier
+
     files = DiskTier(
         Path(ctx.config.path), ctx.rank, ctx.fingerprint.digest(), ctx.fingerprint.describe(),
         ctx.layout, ctx.factor,

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from kvtier.keys import ChunkKey
 from kvtier.tiers.base.spec import SchedulerContext, WorkerContext, WorkerTier
-from kvtier.tiers.redis.index import RedisIndex
+
+if TYPE_CHECKING:  # built only when the tier is (a config is parsed without them)
+    from kvtier.tiers.redis.index import RedisIndex
 
 logger = logging.getLogger(__name__)
 
@@ -20,6 +23,7 @@ NAME = "redis"
 
 
 def scheduler_index(ctx: SchedulerContext) -> RedisIndex | None:
+    from kvtier.tiers.redis.index import RedisIndex
     from kvtier.tiers.redis.keys import redis_key
     from kvtier.tiers.redis.start import checked_store
 
