@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from kvtier.config_parse import (
     choice,
@@ -57,6 +57,8 @@ from kvtier.tiers.registry import specs
 
 __all__ = ["KVTierConfig", "parse_size"]
 
+C = TypeVar("C")  # a tier's parsed config section
+
 EVICTION_POLICIES = ("lru", "arc")
 HASH_ALGOS = ("sha256", "xxh3_128")
 
@@ -70,8 +72,8 @@ class KVTierConfig:
     multiple and gives the number of engine blocks per chunk (``from_extra_config`` checks it
     once up front, so a parsed config never fails there for the same engine block size).
 
-    A tier's section is ``sections[key]``, also read as an attribute (``config.disk``): None
-    when absent, unless its spec has a default (``config.transfer``).
+    A tier's section is ``section(spec)``, typed by its spec: None when absent, unless the
+    spec has a default (the peer tier's).
     """
 
     cpu_bytes_to_use: int
@@ -95,27 +97,16 @@ class KVTierConfig:
         choice(HASH_ALGOS)(self.hash_algo, "hash_algo")
         non_negative_float(self.shutdown_flush_s, "shutdown_flush_s")
 
-    def section(self, spec: TierSpec) -> Any:
+    def section(self, spec: TierSpec[C]) -> C | None:
         """``spec``'s config: its section, else its default (None: the tier is off)."""
         if spec.section is None:
             return spec.default
-        return self.sections.get(spec.section, spec.default)
+        found: C | None = self.sections.get(spec.section, spec.default)
+        return found
 
-    def chain(self) -> list[TierSpec]:
+    def chain(self) -> list[TierSpec[Any]]:
         """The configured tiers of the chain below host memory, in its order."""
         return [spec for spec in specs(self.tiers) if spec.in_chain and self.section(spec)]
-
-    def __getattr__(self, name: str) -> Any:
-        """A tier's config section by its key (``config.disk``): only names no field has."""
-        if name.startswith("__"):
-            raise AttributeError(name)
-        sections = self.__dict__.get("sections", {})
-        if name in sections:
-            return sections[name]
-        for spec in specs(self.__dict__.get("tiers", ())):
-            if spec.section == name:
-                return spec.default
-        raise AttributeError(f"kvtier: KVTierConfig has no field or tier section {name!r}")
 
     @classmethod
     def from_extra_config(

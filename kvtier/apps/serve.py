@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvtier.config import KVTierConfig
+from kvtier.tiers.peer import SPEC as PEER
 
 DEFAULT_EXTRA: dict[str, object] = {"cpu_bytes_to_use": "1GiB"}
 DEFAULT_HOST = "127.0.0.1"
@@ -134,8 +135,9 @@ def kv_transfer_config(kvtier_json: str | None, kv_role: str = "kv_both") -> dic
             raise ValueError("kvtier serve: --kvtier must be a JSON object, e.g. '{\"disk\": ...}'")
         extra.update(given)
     config = KVTierConfig.from_extra_config(extra, 1)  # every key, value (the chunk size: vLLM)
-    if kv_role != "kv_both":
-        config.transfer.secret_bytes()  # the roles need the shared secret
+    transfer = config.section(PEER)
+    if kv_role != "kv_both" and transfer is not None:
+        transfer.secret_bytes()  # the roles need the shared secret
     return {
         "kv_connector": "KVTierConnector",
         "kv_connector_module_path": "kvtier.vllm",

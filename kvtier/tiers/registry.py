@@ -1,9 +1,9 @@
 """Which tiers kvtier knows, in the chain's order: its own, then those from outside.
 
-    specs(extra)        -> [TierSpec]   kvtier's tiers, then the ``kvtier.tiers`` entry points
+    specs(extra)        -> [TierSpec[Any]]   kvtier's tiers, then the ``kvtier.tiers`` entry points
                                         (an installed package's), then ``extra`` (import paths
                                         ``"package.module:NAME"``, the extra-config key ``tiers``)
-    load_spec(path, key) -> TierSpec    one import path, or a ValueError naming ``key``
+    load_spec(path, key) -> TierSpec[Any]    one import path, or a ValueError naming ``key``
 
 The chain below host memory is the specs with a scheduler builder whose config is set, in this
 order: disk first (local, read before the forward when short), then Redis (shared by a fleet),
@@ -17,6 +17,7 @@ import importlib
 import importlib.metadata
 from collections.abc import Sequence
 from functools import cache
+from typing import Any
 
 from kvtier.tiers.base.spec import TierSpec
 
@@ -29,7 +30,7 @@ BUILTIN = (
 ENTRY_POINTS = "kvtier.tiers"  # [project.entry-points."kvtier.tiers"] name = "pkg.mod:SPEC"
 
 
-def load_spec(path: str, key: str = "tiers") -> TierSpec:
+def load_spec(path: str, key: str = "tiers") -> TierSpec[Any]:
     """The ``TierSpec`` at ``path`` (``"package.module:NAME"``); ValueError naming ``key``."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
@@ -45,12 +46,12 @@ def load_spec(path: str, key: str = "tiers") -> TierSpec:
 
 
 @cache
-def _installed() -> tuple[TierSpec, ...]:
+def _installed() -> tuple[TierSpec[Any], ...]:
     found = importlib.metadata.entry_points(group=ENTRY_POINTS)
     return tuple(load_spec(entry.value, f"entry point {entry.name!r}") for entry in found)
 
 
-def specs(extra: Sequence[str] = ()) -> list[TierSpec]:
+def specs(extra: Sequence[str] = ()) -> list[TierSpec[Any]]:
     """Every known tier, in the chain's order; ValueError on two tiers of one name or section."""
     found = [load_spec(path, "builtin") for path in BUILTIN]
     found += _installed()

@@ -147,7 +147,7 @@ class WorkerSide:
         base = fingerprint(self._vllm_config, "", tp_rank, pp_rank, self._factor)
         config = self._config
 
-        def builder(spec: TierSpec) -> TierBuilder:
+        def builder(spec: TierSpec[Any]) -> TierBuilder:
             def build(layout: KVLayout, host: HostTier, description: str) -> WorkerTier | None:
                 assert spec.worker is not None
                 mine = dataclasses.replace(base, layout=description)

@@ -77,7 +77,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             transfer.kv_connector_extra_config, self._engine_block
         )
         self._multi_group = len(kv_cache_config.kv_cache_groups) > 1
-        self._kv_role = KVRole(vllm_config, self.config.transfer)
+        self._kv_role = KVRole(vllm_config, self.config)
         self._scheduler: SchedulerConnector | None = None
         self._observe: Observability | None = None
         self._worker_side: WorkerSide | None = None

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorHandshakeMetadata
 from vllm.v1.request import RequestStatus
 
+from kvtier.config import KVTierConfig
 from kvtier.layout import KVLayout
-from kvtier.tiers.peer.config import TransferConfig
+from kvtier.tiers.peer import SPEC as PEER
 from kvtier.tiers.peer.net import PeerIdentity
 from kvtier.tiers.peer.planner import PeerPlanner
 from kvtier.tiers.peer.roles import PeerConsumer, PeerProducer
@@ -57,7 +58,9 @@ class KVRole:
     """The engine's kv_role (ValueError on an unknown one, or a transfer role without the
     shared secret)."""
 
-    def __init__(self, vllm_config: VllmConfig, transfer: TransferConfig) -> None:
+    def __init__(self, vllm_config: VllmConfig, config: KVTierConfig) -> None:
+        transfer = config.section(PEER)
+        assert transfer is not None  # the peer tier's section has a default
         kv_transfer = vllm_config.kv_transfer_config
         role = str(kv_transfer.kv_role) if kv_transfer and kv_transfer.kv_role else "kv_both"
         if role not in ROLES:

@@ -10,7 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvtier.config import KVTierConfig, parse_size
+from kvtier.tiers.disk import SPEC as DISK
 from kvtier.tiers.disk.config import DiskConfig
+from kvtier.tiers.peer import SPEC as PEER
+from kvtier.tiers.redis import SPEC as REDIS
 from kvtier.tiers.redis.config import RedisConfig
 
 ENGINE_BLOCK = 32
@@ -102,8 +105,8 @@ def test_defaults_when_only_cpu_bytes_given() -> None:
     assert config.hash_algo == "xxh3_128"
     assert config.shutdown_flush_s == 4.0
     assert config.min_async_load_tokens is None  # the measured costs decide (hit_benefit.py)
-    assert config.disk is None
-    assert config.redis is None
+    assert config.section(DISK) is None
+    assert config.section(REDIS) is None
 
 
 def test_full_config() -> None:
@@ -141,8 +144,8 @@ def test_optional_keys_set_to_none_are_defaults() -> None:
 
 def test_nested_defaults() -> None:
     config = parse(disk={"path": "/tmp/kv", "bytes": 1000}, redis={"url": "unix:///run/r.sock"})
-    assert config.disk == DiskConfig(path="/tmp/kv", bytes=1000, write_through=False)
-    assert config.redis == RedisConfig(url="unix:///run/r.sock", timeout_s=1.0)
+    assert config.section(DISK) == DiskConfig(path="/tmp/kv", bytes=1000, write_through=False)
+    assert config.section(REDIS) == RedisConfig(url="unix:///run/r.sock", timeout_s=1.0)
 
 
 def test_a_redis_cluster_and_its_settings() -> None:
@@ -152,12 +155,13 @@ def test_a_redis_cluster_and_its_settings() -> None:
         "password_env": "FLEET_REDIS_PASSWORD", "required": False, "tls_ca": "/etc/ca.pem",
     }  # fmt: skip
     config = parse(redis=redis)
-    assert config.redis == RedisConfig(
+    assert config.section(REDIS) == RedisConfig(
         url="rediss://:pw@a:7000", cluster=True, seeds=("rediss://b:7000",), prefix="fleet",
         ttl_s=3600.0, connections=4, max_queued_chunks=64, password_env="FLEET_REDIS_PASSWORD",
         required=False, tls_ca="/etc/ca.pem",
     )  # fmt: skip
-    assert config.redis.urls == ("rediss://:pw@a:7000", "rediss://b:7000")
+    section = config.section(REDIS)
+    assert section is not None and section.urls == ("rediss://:pw@a:7000", "rediss://b:7000")
 
 
 def test_block_size_equal_to_engine_block() -> None:
@@ -168,11 +172,12 @@ def test_configs_are_frozen() -> None:
     config = parse(disk={"path": "/tmp/kv", "bytes": 1000}, redis={"url": "redis://h"})
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.cpu_bytes_to_use = 1  # type: ignore[misc]
-    assert config.disk is not None and config.redis is not None
+    disk, redis = config.section(DISK), config.section(REDIS)
+    assert disk is not None and redis is not None
     with pytest.raises(dataclasses.FrozenInstanceError):
-        config.disk.path = "/elsewhere"  # type: ignore[misc]
+        disk.path = "/elsewhere"  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        config.redis.url = "redis://other"  # type: ignore[misc]
+        redis.url = "redis://other"  # type: ignore[misc]
 
 
 # --- bad input: a ValueError that starts with "kvtier: " and names the key ---
@@ -282,16 +287,17 @@ def test_the_transfer_secret_comes_from_the_config_or_the_environment(
 ) -> None:
     monkeypatch.delenv("KVTIER_TRANSFER_SECRET", raising=False)
     config = KVTierConfig.from_extra_config({"cpu_bytes_to_use": 1, "transfer": {}}, 16)
-    assert config.transfer.host == "127.0.0.1" and config.transfer.port == 0
+    transfer = config.section(PEER)
+    assert transfer is not None and transfer.host == "127.0.0.1" and transfer.port == 0
     with pytest.raises(ValueError, match=r"'transfer\.secret'.*KVTIER_TRANSFER_SECRET"):
-        config.transfer.secret_bytes()
+        transfer.secret_bytes()
     monkeypatch.setenv("KVTIER_TRANSFER_SECRET", "short")
     with pytest.raises(ValueError, match=r"at least 16 bytes, got 5"):
-        config.transfer.secret_bytes()
+        transfer.secret_bytes()
     monkeypatch.setenv("KVTIER_TRANSFER_SECRET", "from-the-environment")
-    assert config.transfer.secret_bytes() == b"from-the-environment"
+    assert transfer.secret_bytes() == b"from-the-environment"
     secret = "from-the-config-file"
     given = {"cpu_bytes_to_use": 1, "transfer": {"secret": secret, "advertise_host": "10.0.0.2"}}
-    config = KVTierConfig.from_extra_config(given, 16)
-    assert config.transfer.secret_bytes() == secret.encode()
-    assert config.transfer.reach_host == "10.0.0.2"
+    transfer = KVTierConfig.from_extra_config(given, 16).section(PEER)
+    assert transfer is not None and transfer.secret_bytes() == secret.encode()
+    assert transfer.reach_host == "10.0.0.2"

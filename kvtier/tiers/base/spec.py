@@ -5,10 +5,12 @@ A spec is everything the rest of kvtier knows about a tier:
     name            its stats, log line, ``/metrics`` label (``tier``), provenance, and the
                     medium of its chunks in a transfer (``TierChunks.tier``)
     section         its key in ``kv_connector_extra_config`` (None: it takes no config)
-    parse(raw, key) that section parsed, or a ValueError naming the key (``config_parse.py``)
+    parse(raw, key) that section parsed, or a ValueError naming the key (``config_parse.py``):
+                    a ``TierSpec[C]`` parses a ``C``, and ``KVTierConfig.section(spec)`` gives
+                    it back typed
     default         its config when the section is absent (None: the tier is off)
     hit_source      the vLLM ``CacheHitSource`` its loaded tokens count under
-    scheduler(ctx)  the scheduler half's index (``scheduler/lower_tier.py``), or None: the tier
+    scheduler(ctx)  the scheduler half's index (``tiers/base/index.py``), or None: the tier
                     is off (e.g. a store that did not answer and is not required)
     worker(ctx)     one worker rank's side (``WorkerTier``), or None
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from kvtier.keys import LayoutFingerprint
 from kvtier.tiers.base.chunk_tier import FlushTier
@@ -32,22 +34,24 @@ from kvtier.tiers.base.records import HostRecords
 if TYPE_CHECKING:  # (the engine's views are torch's: not imported to parse a config)
     from kvtier.layout import KVLayout
 
+C = TypeVar("C")  # a tier's parsed config section
+
 
 @dataclass(frozen=True)
-class SchedulerContext:
+class SchedulerContext(Generic[C]):
     """What a tier's scheduler-side index is built from, in the engine's scheduler process."""
 
-    config: Any  # the tier's config section, parsed
+    config: C  # the tier's config section, parsed
     world_size: int  # worker ranks: a chunk is loadable when every rank's share is there
     fingerprint: bytes  # the engine's layout digest: tiers shared by several models keep apart
     chunk_bytes: int  # one rank's bytes of one chunk, an upper bound (record headers included)
 
 
 @dataclass(frozen=True)
-class WorkerContext:
+class WorkerContext(Generic[C]):
     """What one worker rank's side of a tier is built from."""
 
-    config: Any
+    config: C
     layout: KVLayout  # this rank's engine KV tensors, as block views
     host: HostRecords  # this rank's host tier: writes read their chunks from it
     rank: int  # among all ranks (pipeline stage, then tensor rank): names its share of a chunk
@@ -89,16 +93,16 @@ class WorkerTier:
 
 
 @dataclass(frozen=True)
-class TierSpec:
+class TierSpec(Generic[C]):
     """A tier's names, config section and builders (module docstring)."""
 
     name: str
     hit_source: str = "EXTERNAL_UNSPECIFIED"
     section: str | None = None
-    parse: Callable[[object, str], Any] | None = None
-    default: Any = None
-    scheduler: Callable[[SchedulerContext], LowerTier | None] | None = None
-    worker: Callable[[WorkerContext], WorkerTier | None] | None = None
+    parse: Callable[[object, str], C] | None = None
+    default: C | None = None
+    scheduler: Callable[[SchedulerContext[C]], LowerTier | None] | None = None
+    worker: Callable[[WorkerContext[C]], WorkerTier | None] | None = None
     doc: str = field(default="", compare=False)  # one line for the config's documentation
 
     @property

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvtier.tiers.base.spec import SchedulerContext, WorkerContext, WorkerTier
+from kvtier.tiers.disk.config import DiskConfig
 
 if TYPE_CHECKING:  # built only when the tier is (a config is parsed without them)
     from kvtier.tiers.disk.index import DiskIndex
@@ -13,7 +14,7 @@ if TYPE_CHECKING:  # built only when the tier is (a config is parsed without the
 NAME = "disk"
 
 
-def scheduler_index(ctx: SchedulerContext) -> DiskIndex:
+def scheduler_index(ctx: SchedulerContext[DiskConfig]) -> DiskIndex:
     """The directory's index, built from its file names (a restarted engine finds its chunks)."""
     from kvtier.tiers.disk.index import DiskIndex
 
@@ -24,7 +25,7 @@ def scheduler_index(ctx: SchedulerContext) -> DiskIndex:
     )  # fmt: skip
 
 
-def worker_tier(ctx: WorkerContext) -> WorkerTier:
+def worker_tier(ctx: WorkerContext[DiskConfig]) -> WorkerTier:
     """This rank's files: named by its rank, checked against its fingerprint."""
     from kvtier.tiers.base.chunk_io import TierLoadHandler, TierWriteHandler
     from kvtier.tiers.disk.files import DiskTier

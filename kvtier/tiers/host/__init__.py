@@ -7,6 +7,6 @@ Not an entry of the chain: every engine has it, sized by ``cpu_bytes_to_use``. I
 
 from kvtier.tiers.base.spec import TierSpec
 
-SPEC = TierSpec(name="cpu", hit_source="HOST")
+SPEC: TierSpec[None] = TierSpec(name="cpu", hit_source="HOST")
 
 __all__ = ["SPEC"]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from kvtier.keys import ChunkKey
 from kvtier.tiers.base.spec import SchedulerContext, WorkerContext, WorkerTier
+from kvtier.tiers.redis.config import RedisConfig
 
 if TYPE_CHECKING:  # built only when the tier is (a config is parsed without them)
     from kvtier.tiers.redis.index import RedisIndex
@@ -22,7 +23,7 @@ logger = logging.getLogger(__name__)
 NAME = "redis"
 
 
-def scheduler_index(ctx: SchedulerContext) -> RedisIndex | None:
+def scheduler_index(ctx: SchedulerContext[RedisConfig]) -> RedisIndex | None:
     from kvtier.tiers.redis.index import RedisIndex
     from kvtier.tiers.redis.keys import redis_key
     from kvtier.tiers.redis.start import checked_store
@@ -50,7 +51,7 @@ def scheduler_index(ctx: SchedulerContext) -> RedisIndex | None:
     return index
 
 
-def worker_tier(ctx: WorkerContext) -> WorkerTier | None:
+def worker_tier(ctx: WorkerContext[RedisConfig]) -> WorkerTier | None:
     """This rank's records; none (loads fail, stores are skipped) when Redis did not answer at
     start-up and ``redis.required`` is false."""
     from kvtier.tiers.redis.io import RedisLoadHandler, RedisWriteHandler
