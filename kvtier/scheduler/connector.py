@@ -54,7 +54,7 @@ from kvtier.scheduler.store_planner import StorePlanner
 from kvtier.scheduler.tail_store import TailStore
 from kvtier.scheduler.tier_writes import TierWrites
 from kvtier.step_plan import StepPlan, WorkerReport
-from kvtier.tiers.base.index import LowerTier
+from kvtier.tiers.base.index import TierIndex
 from kvtier.tiers.base.results import EventKind
 from kvtier.tiers.base.source import RequestSource
 from kvtier.tiers.host.index import ChunkManager
@@ -70,14 +70,16 @@ class SchedulerConnector:
         num_chunks: int,
         num_workers: int,
         key_maker: ChunkKeyMaker,
-        lower: Sequence[LowerTier] = (),
+        lower: Sequence[TierIndex] = (),
         prefix_events: bool = False,
         clock: Callable[[], float] | None = None,
+        chunk_bytes: int = 0,
     ) -> None:
         """``lower``: the tier chain below host memory, in order. ``prefix_events``: tell a
         router which prefixes each tier holds (``take_events``). ``clock`` (seconds,
         monotonic): what the engine's steps are timed with, so that a hit is decided by
-        its measured costs (``costs/``); None: never timed, the rules decide."""
+        its measured costs (``costs/``); None: never timed, the rules decide.
+        ``chunk_bytes``: a host chunk's bytes on all ranks (its ``usage``)."""
         block_tokens = {g.block_tokens for g in groups}
         if len(block_tokens) != 1:
             raise ValueError(f"kvtier: KV cache groups with different block sizes {block_tokens}")
@@ -89,7 +91,9 @@ class SchedulerConnector:
         self._policy = HitPolicy(self.chunk_tokens, len(groups) == 1, config.min_async_load_tokens)
         self.costs = HitCosts(clock, self._policy.wait_tokens) if clock is not None else None
         self.keys = key_maker
-        self.manager = ChunkManager(num_chunks, config.eviction_policy, config.store_threshold)
+        self.manager = ChunkManager(
+            num_chunks, config.eviction_policy, config.store_threshold, chunk_bytes=chunk_bytes
+        )
         self.stats = KVTierStats()
         self.job_log = JobLog()  # finished jobs: latency samples, each request's load record
         self.requests: dict[str, RequestState] = {}
@@ -145,7 +149,7 @@ class SchedulerConnector:
         self.sources.claim(name, self.state(req_id, block_hashes), params, num_computed_tokens)
         return tokens
 
-    def tier(self, name: str) -> LowerTier:
+    def tier(self, name: str) -> TierIndex:
         """The chain's tier ``name`` (KeyError: none)."""
         return self._tiers[name]
 
@@ -297,7 +301,8 @@ class SchedulerConnector:
         plan, self._plan = self._plan, StepPlan(num_chunks=self.manager.capacity)
         plan.flush = sorted(flush)
         plan.forward = forward
-        plan.tier_room = {tier.name: tier.room for tier in self.lower if tier.room is not None}
+        rooms = {tier.name: tier.usage().room for tier in self.lower}
+        plan.tier_room = {name: room for name, room in rooms.items() if room is not None}
         plan.messages.update(self.sources.messages())
         return plan
 
@@ -352,7 +357,7 @@ class SchedulerConnector:
             untrusted = bool(self._untrusted) and (job_id, part.req_id) in self._untrusted
             if outcome.failed or untrusted:
                 ok[i] = False
-                self.manager.complete_store(part.keys, success=False)
+                self.manager.complete_store({}, part.keys)
                 cpu.failed_stores += 1
                 cpu.untrusted_stores += untrusted * len(part.keys)
                 if part.keys:  # the workers' host copies name no chunk (a shutdown flush skips)
@@ -362,7 +367,7 @@ class SchedulerConnector:
                 if not part.host_only:
                     below += part.keys
         if stored:
-            self.manager.complete_store(stored)
+            self.manager.complete_store(dict.fromkeys(stored, 0))
             cpu.stored_chunks += len(stored)
             cpu.stored_bytes += outcome.bytes * len(stored) // max(1, len(job.keys))
             cpu.store_seconds += outcome.seconds

@@ -30,7 +30,7 @@ from kvtier.keys import ChunkKey, ChunkKeyMaker
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.scheduler.request import RequestState
 from kvtier.step_plan import LoadJob
-from kvtier.tiers.base.index import LowerTier
+from kvtier.tiers.base.index import TierIndex
 from kvtier.tiers.host.index import ChunkManager
 
 
@@ -76,7 +76,7 @@ class LoadPlanner:
         keys: ChunkKeyMaker,
         block_tokens: int,
         manager: ChunkManager,
-        lower: Sequence[LowerTier],
+        lower: Sequence[TierIndex],
         jobs: JobTable,
         stats: KVTierStats,
     ) -> None:
@@ -101,7 +101,7 @@ class LoadPlanner:
         if self._host_only:  # one full-attention group, nothing below host memory
             found = self.manager.lookup(state.chunk_keys(self.keys, 0, full)[first:full])
             end = first + found.ready
-            return HitRun(end, end, found.retry_later, end, False)
+            return HitRun(end, end, found.pending, end, False)
         end, host_end, sync_end, retry, pending = full, full, full, False, False
         stops = [full] * len(self.lower)  # where each tier's part ends, the least of the groups
         for g, spec in enumerate(self.groups):
@@ -112,7 +112,7 @@ class LoadPlanner:
                 below = self._below(keys[found.ready :])
                 end = first + found.ready + below.chunks
                 sync_end = min(sync_end, first + found.ready + below.sync)
-                retry = retry or found.retry_later
+                retry = retry or found.pending
                 pending = pending or below.pending
                 at = first + found.ready
                 for i, count in enumerate(below.counts):
@@ -158,13 +158,13 @@ class LoadPlanner:
             if count == len(keys):
                 break
             found = tier.lookup(keys[count:])
-            if found is None:
+            if found.pending and not found.ready:
                 return Below(count, sync, True, tuple(counts))
-            count += found
-            counts[i] = found
-            if tier.synchronous and synchronous:
+            count += found.ready
+            counts[i] = found.ready
+            if tier.traits.reads_before_forward and synchronous:
                 sync = count
-            elif found:
+            elif found.ready:
                 synchronous = False
         return Below(count, sync, False, tuple(counts))
 
@@ -235,7 +235,8 @@ class LoadPlanner:
         loads = []
         if host.keys:
             sync = not state.load_async
-            slots = HostChunks(np.array(self.manager.prepare_load(host.keys).slots, np.int64))
+            self.manager.prepare_load(host.keys)
+            slots = HostChunks(np.array(self.manager.slots(host.keys), np.int64))
             if sync:  # read before this step's forward, so before its stores write any slot:
                 self.manager.complete_load(host.keys)  # this step's stores may evict them
             job = Job(state.req_id, host.keys, JobKind.LOAD, pinned=not sync,
@@ -265,7 +266,7 @@ class LoadPlanner:
         stops, at = [], split
         for i, tier in enumerate(self.lower):
             if at < last and i < len(self.lower) - 1:
-                found = tier.lookup(chunk_keys[at // self.factor : -(-last // self.factor)]) or 0
+                found = tier.lookup(chunk_keys[at // self.factor : -(-last // self.factor)]).ready
                 at = min(last, (at // self.factor + found) * self.factor) if found else at
             elif at < last:
                 at = last
@@ -289,7 +290,7 @@ class LoadPlanner:
             stats.miss_chunks += left - served - computed
             left -= served + computed
         for tier in self.lower:  # counted by the tier, off the step
-            self.stats.tiers[tier.name].failed_lookups = tier.failed_lookups
+            self.stats.tiers[tier.name].failed_lookups = tier.usage().failed_lookups
         state.lookup_start = state.lookup_end = 0
 
     def _load(

@@ -110,7 +110,7 @@ class StorePlanner:
         load fails alone). Each part is a ``StoreJob`` of the job's id for the workers.
         """
         keys = [key for offer in offers for key in offer.keys] + [tail.key for tail in tails]
-        plan = self.manager.prepare_store(keys) if keys else None
+        plan = self.manager.place(keys) if keys else None
         parts: list[_Part] = []
         if plan is not None:  # a chunk two requests offer is stored by the first
             self._evicted(plan)
@@ -232,7 +232,7 @@ class StorePlanner:
     def _reserve(self, offered: list[ChunkKey]) -> tuple[StorePlan | None, int]:
         """``reserve``, uncounted: the plan, and how many leading chunks of ``offered`` it took."""
         for count in range(min(len(offered), self.manager.room), 0, -1):
-            plan = self.manager.prepare_store(offered[:count])
+            plan = self.manager.place(offered[:count])
             if plan is not None:
                 self._evicted(plan)
                 return plan, count

@@ -51,7 +51,7 @@ from kvtier.counters import TierStats
 from kvtier.keys import ChunkKey
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.step_plan import TierWriteJob
-from kvtier.tiers.base.index import LowerTier
+from kvtier.tiers.base.index import TierIndex
 from kvtier.tiers.host.index import ChunkManager
 
 MAX_STAGED = 128  # chunks copied aside (staged writes) or being written, when chunks are evicted
@@ -67,7 +67,7 @@ SWEEP_STEP = 2048  # clean chunks a sweep offers the tier to verify per step (it
 class TierWrites:
     def __init__(
         self,
-        index: LowerTier,
+        index: TierIndex,
         host: ChunkManager,
         jobs: JobTable,
         stats: TierStats,
@@ -77,8 +77,8 @@ class TierWrites:
         self.host = host
         self.jobs = jobs
         self.stats = stats
-        self.write_through = index.write_through
-        self.max_in_flight = index.max_in_flight
+        self.write_through = index.traits.write_through
+        self.max_in_flight = index.traits.max_in_flight
         self._clock = clock
         self._dirty: OrderedDict[ChunkKey, None] = OrderedDict()  # oldest first
         self._clean: OrderedDict[ChunkKey, None] = OrderedDict()  # least recently verified first
@@ -89,7 +89,7 @@ class TierWrites:
         self._failed_jobs = 0  # write jobs in a row that wrote nothing
         self._verify_at = clock() + VERIFY_S
         self._sweep = 0  # clean chunks still to verify after the tier lost some
-        self._forgotten = index.forgotten
+        self._forgotten = index.usage().forgotten
 
     @property
     def pending(self) -> bool:
@@ -151,7 +151,7 @@ class TierWrites:
 
     def _refusal(self) -> str:
         """Why the tier refuses chunks now: it is down, or it has no room."""
-        return "no_room" if self.index.available else "tier_down"
+        return "no_room" if self.index.usage().available else "tier_down"
 
     def flush(self, idle: bool) -> None:
         """Verify the clean chunks in turn; write the oldest dirty chunks: always with
@@ -182,8 +182,8 @@ class TierWrites:
         if admitted and staged:  # copied by the worker before this step's stores
             self._add_job(admitted, self.host.slots(admitted), staged=True)
         elif admitted:
-            slots = self.host.prepare_load(admitted).slots  # pinned until written
-            self._add_job(admitted, slots, staged=False)
+            self.host.prepare_load(admitted)  # pinned until written
+            self._add_job(admitted, self.host.slots(admitted), staged=False)
 
     def _watch(self, now: float) -> None:
         """Dirty again the clean chunks the tier lost; verify a sample of them, or all of them
@@ -193,8 +193,9 @@ class TierWrites:
                 del self._clean[key]
                 self._dirty[key] = None
                 self._sweep = self._sweep or len(self._clean)
-        if self.index.forgotten != self._forgotten:
-            self._forgotten = self.index.forgotten
+        forgotten = self.index.usage().forgotten
+        if forgotten != self._forgotten:
+            self._forgotten = forgotten
             self._sweep = self._sweep or len(self._clean)
         self._sweep = min(self._sweep, len(self._clean))
         if not self._sweep and now < self._verify_at:
@@ -244,7 +245,7 @@ class TierWrites:
         stats.stored_bytes += outcome.bytes
         stats.store_seconds += outcome.seconds
         stats.failed_stores += len(bad)
-        stats.evicted_chunks = self.index.evicted
+        stats.evicted_chunks = self.index.usage().evicted
 
     def _failed(self, keys: list[ChunkKey], wrote: bool) -> None:
         """Writes of ``keys`` failed (``wrote``: others of their job did not). Those the host
@@ -263,7 +264,7 @@ class TierWrites:
             attempts = self._failures.pop(key, 0) + wrote  # counted when the tier was up
             if attempts >= MAX_ATTEMPTS or not self.host.is_ready(key):
                 self._dirty.pop(key, None)
-                self.stats.lose("write_error" if self.index.available else "tier_down", 1)
+                self.stats.lose("write_error" if self.index.usage().available else "tier_down", 1)
                 continue
             self._failures[key] = attempts
             self._dirty[key] = None

@@ -106,9 +106,11 @@ class SchedulerSide:
         key_maker = ChunkKeyMaker(keys, factor, config.hash_algo)
         events = vllm_config.kv_events_config  # a router is told what each tier holds
         publish = events is not None and events.enable_kv_cache_events
+        chunk_bytes = per_block * factor * world_size
         scheduler = SchedulerConnector(
             config, specs, num_chunks, world_size, key_maker, lower, prefix_events=publish,
             clock=time.perf_counter,  # a hit is decided by the costs measured with it
+            chunk_bytes=chunk_bytes,
         )  # fmt: skip
         role.scheduler(scheduler, engine_block, [spec.sliding_window for spec in specs])
         logger.info(
@@ -116,7 +118,6 @@ class SchedulerSide:
             num_chunks, engine_block * factor, len(groups), world_size,
             "".join(f", then {tier.name}" for tier in lower),
         )  # fmt: skip
-        chunk_bytes = per_block * factor * world_size
         return cls(scheduler, Observability(scheduler, chunk_bytes, config.tiers))
 
 

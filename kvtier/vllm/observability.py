@@ -54,9 +54,9 @@ class Observability:
         """What changed since the previous call (vLLM asks after every step), or None."""
         scheduler = self.scheduler
         host = scheduler.manager
-        used = {"cpu": (host.capacity - host.num_free) * self.chunk_bytes}
+        used = {"cpu": host.usage().used}
         for tier in scheduler.lower:
-            used[tier.name] = tier.used
+            used[tier.name] = tier.usage().used
         seconds = scheduler.job_log.seconds.take()
         payload = self._stats_interval.take(scheduler.stats, seconds, used, scheduler.chunk_tokens)
         return None if payload is None else KVTierConnectorStats(data=payload)

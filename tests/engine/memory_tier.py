@@ -16,7 +16,7 @@ side (``MemoryChunks``) reads and writes its share of a chunk, and kvtier's gene
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +27,7 @@ from kvtier.layout import KVLayout
 from kvtier.tiers.base.chunk_format import Buffer, ChunkError
 from kvtier.tiers.base.chunk_io import TierLoadHandler, TierWriteHandler
 from kvtier.tiers.base.chunk_tier import view_bytes
+from kvtier.tiers.base.index import Found, Traits, Usage
 from kvtier.tiers.base.spec import SchedulerContext, TierSpec, WorkerContext, WorkerTier
 
 NAME = "memory"
@@ -52,13 +53,7 @@ class MemoryIndex:
     every rank's share is in ``STORE``; at most ``max_chunks`` of them, oldest evicted first."""
 
     name = NAME
-    synchronous = True  # in memory: a short load may run before the forward
-    write_through = True
-    max_in_flight = 64
-    room: int | None = None
-    failed_lookups = 0
-    available = True
-    forgotten = 0
+    traits = Traits(reads_before_forward=True, write_through=True, max_in_flight=64)
 
     def __init__(self, max_chunks: int, world_size: int) -> None:
         self.max_chunks, self.world_size = max_chunks, world_size
@@ -68,18 +63,17 @@ class MemoryIndex:
         self.evicted = 0
         self.removed: list[ChunkKey] = []  # ready chunks dropped since ``take_removed``
 
-    @property
-    def used(self) -> int:
+    def usage(self) -> Usage:
         # a snapshot: the ranks' write threads add chunks meanwhile (list() holds the GIL)
-        return sum(len(record) for record in list(STORE.values()))
+        return Usage(sum(len(record) for record in list(STORE.values())), None, self.evicted)
 
-    def lookup(self, keys: Sequence[ChunkKey]) -> int | None:
+    def lookup(self, keys: Sequence[ChunkKey]) -> Found:
         found = 0
         for key in keys:
             if key not in self.ready:
                 break
             found += 1
-        return found
+        return Found(found)
 
     def prepare_load(self, keys: Sequence[ChunkKey]) -> None:
         for key in keys:
@@ -106,7 +100,7 @@ class MemoryIndex:
                 taken.append(key)
         return taken
 
-    def complete_store(self, ok: dict[ChunkKey, int], failed: Sequence[ChunkKey]) -> None:
+    def complete_store(self, ok: Mapping[ChunkKey, int], failed: Sequence[ChunkKey]) -> None:
         for key in ok:
             self.writing.discard(key)
             self.ready[key] = None

@@ -87,7 +87,7 @@ def test_a_restarted_index_finds_keys_bytes_and_lru_order_from_the_files(tmp_pat
     assert len(disk) == 3
     assert disk.used == 2 * FILE + 40
     assert disk.ready_keys() == [key(1), key(3), key(2)]  # oldest mtime first
-    assert disk.lookup([key(1), key(2), key(3), key(4)]) == 3
+    assert disk.lookup([key(1), key(2), key(3), key(4)]).ready == 3
     disk.check_integrity()
 
 
@@ -99,8 +99,8 @@ def test_only_chunks_with_every_rank_file_are_ready(tmp_path: Path) -> None:
     disk = index(tmp_path, world_size=2)
 
     assert disk.ready_keys() == [key(1)]
-    assert disk.lookup([key(1), key(2)]) == 1
-    assert disk.lookup([key(3)]) == 0
+    assert disk.lookup([key(1), key(2)]).ready == 1
+    assert disk.lookup([key(3)]).ready == 0
     assert disk.used == 6 * FILE  # incomplete chunks still take room
     with pytest.raises(ValueError):
         disk.prepare_load([key(2)])
@@ -114,7 +114,7 @@ def test_another_layouts_files_take_room_and_are_evicted_but_never_ready(tmp_pat
     disk = index(tmp_path, budget=2 * FILE)
     assert disk.used == 2 * FILE
     assert disk.ready_keys() == [key(2)]
-    assert disk.lookup([key(1, OTHER_FP)]) == 0
+    assert disk.lookup([key(1, OTHER_FP)]).ready == 0
 
     assert disk.prepare_store([key(3)]) == [key(3)]  # the other layout's chunk is the LRU one
 
@@ -150,7 +150,7 @@ def test_a_chunk_another_engine_wrote_after_start_up_is_adopted_by_lookup(tmp_pa
     write_files(tmp_path, key(1), ranks=(0, 1))
     write_files(tmp_path, key(2), ranks=(0,))  # its rank 1 file is not there yet
 
-    assert disk.lookup([key(1), key(2)]) == 1
+    assert disk.lookup([key(1), key(2)]).ready == 1
 
     assert disk.holds(key(1)) and not disk.holds(key(2))
     assert disk.used == 2 * FILE
@@ -162,11 +162,11 @@ def test_a_chunk_another_engine_wrote_after_start_up_is_adopted_by_lookup(tmp_pa
 def test_a_chunk_incomplete_at_scan_is_adopted_once_its_files_are_complete(tmp_path: Path) -> None:
     write_files(tmp_path, key(1), ranks=(0,))  # another engine is writing it: rank 1 still to come
     disk = index(tmp_path, world_size=2)
-    assert disk.lookup([key(1)]) == 0
+    assert disk.lookup([key(1)]).ready == 0
 
     write_files(tmp_path, key(1), ranks=(1,))
 
-    assert disk.lookup([key(1)]) == 1
+    assert disk.lookup([key(1)]).ready == 1
 
 
 def test_a_chunk_incomplete_at_scan_can_be_stored_again(tmp_path: Path) -> None:
@@ -250,7 +250,7 @@ def test_prepare_store_stops_at_the_first_key_that_does_not_fit(tmp_path: Path) 
 def test_a_chunk_larger_than_the_budget_is_never_admitted(tmp_path: Path) -> None:
     disk = index(tmp_path, budget=FILE, chunk_bytes=2 * FILE)
     write_files(tmp_path, key(1), size=FILE // 2)
-    assert disk.lookup([key(1)]) == 1  # adopted
+    assert disk.lookup([key(1)]).ready == 1  # adopted
 
     assert disk.prepare_store([key(2)]) == []
 
@@ -284,7 +284,7 @@ def test_a_load_with_bad_chunks_forgets_only_those(tmp_path: Path) -> None:
     disk.complete_load([key(1), key(2), key(3)], bad=[key(2)])
 
     assert not disk.holds(key(2))
-    assert disk.lookup([key(1), key(2), key(3)]) == 1
+    assert disk.lookup([key(1), key(2), key(3)]).ready == 1
     assert disk.ready_keys() == [key(1), key(3)]
     assert disk.used == disk_bytes(tmp_path) == 2 * FILE
     disk.check_integrity()
@@ -345,7 +345,7 @@ def test_a_long_random_run_keeps_the_budget_the_lru_order_and_the_pins(
             ready = disk.ready_keys()
             if ready:
                 k = rng.choice(ready)
-                assert disk.lookup([k]) == 1
+                assert disk.lookup([k]).ready == 1
                 disk.prepare_load([k])
                 pins[k] += 1
                 loads.append(k)

@@ -10,9 +10,9 @@ from kvtier.tiers.host.policies import ArcPolicy
 
 
 def store(manager: ChunkManager, keys: Sequence[Key]) -> StorePlan:
-    plan = manager.prepare_store(keys)
+    plan = manager.place(keys)
     assert plan is not None
-    manager.complete_store(plan.keys)
+    manager.complete_store(dict.fromkeys(plan.keys, 0))
     return plan
 
 
@@ -33,12 +33,12 @@ def test_new_chunks_enter_t1() -> None:
 
 def test_chunk_moves_to_t2_on_its_second_touch() -> None:
     manager = ChunkManager(4, "arc")
-    assert manager.prepare_store([1]) is not None
+    assert manager.place([1]) is not None
 
     manager.touch([1])  # first touch: the storing request itself, the chunk is not ready
     assert (arc(manager).t1_keys, arc(manager).t2_keys) == ([1], [])
 
-    manager.complete_store([1])
+    manager.complete_store(dict.fromkeys([1], 0))
     manager.touch([1])  # second touch: a reuse
     assert (arc(manager).t1_keys, arc(manager).t2_keys) == ([], [1])
     manager.check_integrity()
@@ -61,7 +61,7 @@ def test_eviction_takes_t1_while_it_holds_the_target() -> None:
     store(manager, [1, 2, 3, 4])
     manager.touch([1])  # 1 -> T2; T1 = [2, 3, 4], target 0
 
-    plan = manager.prepare_store([5])
+    plan = manager.place([5])
 
     assert plan is not None
     assert plan.evicted == [2]
@@ -75,7 +75,7 @@ def test_eviction_takes_t2_when_t1_has_nothing_evictable() -> None:
     manager.touch([1, 2, 3, 4])
     assert arc(manager).t2_keys == [4, 3, 2, 1]
 
-    plan = manager.prepare_store([5])
+    plan = manager.place([5])
 
     assert plan is not None
     assert plan.evicted == [4]
@@ -125,7 +125,7 @@ def test_failed_admission_leaves_target_and_ghosts_unchanged() -> None:
     store(manager, [5])  # evicts 1 to B1
     manager.prepare_load([2, 3, 4, 5])
 
-    assert manager.prepare_store([1]) is None  # would be a B1 hit, but there is no room
+    assert manager.place([1]) is None  # would be a B1 hit, but there is no room
 
     assert arc(manager).target_t1_size == 0
     assert arc(manager).b1_keys == [1]
@@ -138,9 +138,9 @@ def test_failed_store_of_a_ghost_leaves_no_trace() -> None:
     manager = ChunkManager(4, "arc")
     store(manager, [1, 2, 3, 4])
     store(manager, [5])  # evicts 1 to B1
-    assert manager.prepare_store([1]) is not None
+    assert manager.place([1]) is not None
 
-    manager.complete_store([1], success=False)
+    manager.complete_store({}, [1])
 
     policy = arc(manager)
     assert 1 not in policy.t1_keys + policy.t2_keys + policy.b1_keys + policy.b2_keys

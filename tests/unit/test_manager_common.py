@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.tiers.base.results import EventKind, Key, LookupResult, StorePlan, TierEvent
+from kvtier.tiers.base.index import Found
+from kvtier.tiers.base.results import EventKind, Key, StorePlan, TierEvent
 from kvtier.tiers.host.index import ChunkManager
 from kvtier.tiers.host.policies import make_policy
 
@@ -25,9 +26,9 @@ def policy(request: pytest.FixtureRequest) -> str:
 
 def store(manager: ChunkManager, keys: Sequence[Key]) -> StorePlan:
     """prepare_store + successful complete_store."""
-    plan = manager.prepare_store(keys)
+    plan = manager.place(keys)
     assert plan is not None
-    manager.complete_store(plan.keys)
+    manager.complete_store(dict.fromkeys(plan.keys, 0))
     return plan
 
 
@@ -41,7 +42,7 @@ def test_store_skips_present_keys_and_evicts_the_oldest(policy: str) -> None:
     assert first == StorePlan([1, 2], first.slots, [])
     assert sorted(first.slots) == [0, 1]
 
-    plan = manager.prepare_store([2, 3, 4, 5])
+    plan = manager.place([2, 3, 4, 5])
 
     assert plan is not None
     assert plan.keys == [3, 4, 5]
@@ -49,9 +50,9 @@ def test_store_skips_present_keys_and_evicts_the_oldest(policy: str) -> None:
     # key 2 keeps its slot; the three new keys get the other three, including 1's old slot.
     slot_of_2 = first.slots[1]
     assert sorted([*plan.slots, slot_of_2]) == [0, 1, 2, 3]
-    manager.complete_store(plan.keys)
-    assert manager.lookup([2, 3, 4, 5]) == LookupResult(4, False)
-    assert manager.lookup([1]) == LookupResult(0, False)
+    manager.complete_store(dict.fromkeys(plan.keys, 0))
+    assert manager.lookup([2, 3, 4, 5]) == Found(4, False)
+    assert manager.lookup([1]) == Found(0, False)
     assert manager.take_events() == [
         stored(EventKind.STORED, [1, 2]),
         stored(EventKind.REMOVED, [1]),
@@ -64,7 +65,7 @@ def test_keys_offered_again_are_not_evicted_to_store_their_tail(policy: str) -> 
     manager = ChunkManager(4, policy)
     store(manager, [1, 2, 3, 4])  # 1 is the oldest, hence the first victim...
 
-    plan = manager.prepare_store([1, 5])  # ...unless it is part of this very offer
+    plan = manager.place([1, 5])  # ...unless it is part of this very offer
 
     assert plan is not None
     assert (plan.keys, plan.evicted) == ([5], [2])
@@ -76,7 +77,7 @@ def test_pinned_chunk_is_never_evicted(policy: str) -> None:
     store(manager, [1, 2, 3, 4])
     manager.prepare_load([1])  # load in flight: 1 is pinned
 
-    plan = manager.prepare_store([5])
+    plan = manager.place([5])
 
     assert plan is not None
     assert plan.evicted == [2]
@@ -88,10 +89,10 @@ def test_pinned_chunk_is_never_evicted(policy: str) -> None:
 
 def test_chunk_in_flight_is_never_evicted(policy: str) -> None:
     manager = ChunkManager(4, policy)
-    assert manager.prepare_store([1]) is not None  # oldest, but its store is in flight
+    assert manager.place([1]) is not None  # oldest, but its store is in flight
     store(manager, [2, 3, 4])
 
-    plan = manager.prepare_store([5])
+    plan = manager.place([5])
 
     assert plan is not None
     assert plan.evicted == [2]
@@ -100,12 +101,12 @@ def test_chunk_in_flight_is_never_evicted(policy: str) -> None:
 
 def test_no_room_when_everything_is_in_flight(policy: str) -> None:
     manager = ChunkManager(4, policy)
-    assert manager.prepare_store([1, 2, 3, 4]) is not None
+    assert manager.place([1, 2, 3, 4]) is not None
 
-    assert manager.prepare_store([5]) is None
+    assert manager.place([5]) is None
 
-    manager.complete_store([1])
-    plan = manager.prepare_store([5])
+    manager.complete_store(dict.fromkeys([1], 0))
+    plan = manager.place([5])
     assert plan is not None
     assert plan.evicted == [1]
     manager.check_integrity()
@@ -117,13 +118,13 @@ def test_prepare_store_returns_none_and_changes_nothing(policy: str) -> None:
     manager.take_events()
     manager.prepare_load([1, 2, 3])  # only 4 can be evicted; [5, 6] needs two slots
 
-    assert manager.prepare_store([5, 6]) is None
+    assert manager.place([5, 6]) is None
 
     assert manager.num_free == 0
     assert manager.lookup([1, 2, 3, 4]).ready == 4
     assert manager.take_events() == []
     manager.check_integrity()
-    plan = manager.prepare_store([5])  # one slot can still be made
+    plan = manager.place([5])  # one slot can still be made
     assert plan is not None
     assert plan.evicted == [4]
     manager.check_integrity()
@@ -133,17 +134,17 @@ def test_failed_store_rolls_back(policy: str) -> None:
     manager = ChunkManager(4, policy)
     store(manager, [1])
     manager.take_events()
-    plan = manager.prepare_store([2])
+    plan = manager.place([2])
     assert plan is not None
     assert manager.num_free == 2
 
-    manager.complete_store([2], success=False)
+    manager.complete_store({}, [2])
 
-    assert manager.lookup([1, 2]) == LookupResult(1, False)
+    assert manager.lookup([1, 2]) == Found(1, False)
     assert manager.num_free == 3
     assert manager.take_events() == []
     manager.check_integrity()
-    retry = manager.prepare_store([2])  # not "already present": it can be stored again
+    retry = manager.place([2])  # not "already present": it can be stored again
     assert retry is not None
     assert retry.keys == [2]
     assert retry.slots == plan.slots  # the freed slot is handed out again
@@ -155,9 +156,9 @@ def test_complete_store_ignores_keys_not_in_flight(policy: str) -> None:
     store(manager, [1])
     manager.take_events()
 
-    manager.complete_store([1])  # already ready: no second event
-    manager.complete_store([1], success=False)  # a late failure must not drop a ready chunk
-    manager.complete_store([7])  # never prepared
+    manager.complete_store(dict.fromkeys([1], 0))  # already ready: no second event
+    manager.complete_store({}, [1])  # a late failure must not drop a ready chunk
+    manager.complete_store(dict.fromkeys([7], 0))  # never prepared
 
     assert manager.take_events() == []
     assert manager.lookup([1]).ready == 1
@@ -168,9 +169,9 @@ def test_complete_store_ignores_keys_not_in_flight(policy: str) -> None:
 def test_events_list_stores_and_removals_in_order_then_clear(policy: str) -> None:
     manager = ChunkManager(4, policy, tier="disk")
     store(manager, [1, 2, 3, 4])
-    plan = manager.prepare_store([5, 6])
+    plan = manager.place([5, 6])
     assert plan is not None
-    manager.complete_store([6, 5])
+    manager.complete_store(dict.fromkeys([6, 5], 0))
 
     assert manager.take_events() == [
         TierEvent(EventKind.STORED, [1, 2, 3, 4], "disk"),
@@ -184,24 +185,26 @@ def test_events_list_stores_and_removals_in_order_then_clear(policy: str) -> Non
 def test_lookup_stops_at_the_first_key_not_ready(policy: str) -> None:
     manager = ChunkManager(4, policy)
     store(manager, [1, 2])
-    assert manager.prepare_store([3]) is not None  # in flight
+    assert manager.place([3]) is not None  # in flight
 
     # stopped by 3, whose store is in flight: ask again once it lands
-    assert manager.lookup([1, 2, 3, 4]) == LookupResult(2, True)
-    assert manager.lookup([1, 3, 2]) == LookupResult(1, True)
-    assert manager.lookup([5, 1]) == LookupResult(0, False)  # 5 is absent: a plain miss
-    manager.complete_store([3])
-    assert manager.lookup([1, 2, 3, 4]) == LookupResult(3, False)
+    assert manager.lookup([1, 2, 3, 4]) == Found(2, True)
+    assert manager.lookup([1, 3, 2]) == Found(1, True)
+    assert manager.lookup([5, 1]) == Found(0, False)  # 5 is absent: a plain miss
+    manager.complete_store(dict.fromkeys([3], 0))
+    assert manager.lookup([1, 2, 3, 4]) == Found(3, False)
     manager.check_integrity()
 
 
-def test_prepare_load_returns_slots_in_key_order_and_pins(policy: str) -> None:
+def test_prepare_load_pins_and_slots_name_them_in_key_order(policy: str) -> None:
     manager = ChunkManager(4, policy)
     plan = store(manager, [1, 2, 3])
     slot = dict(zip(plan.keys, plan.slots, strict=True))
 
-    assert manager.prepare_load([3, 1]).slots == [slot[3], slot[1]]
-    assert manager.prepare_load([3]).slots == [slot[3]]
+    manager.prepare_load([3, 1])
+    assert manager.slots([3, 1]) == [slot[3], slot[1]]
+    manager.prepare_load([3])
+    assert manager.slots([3]) == [slot[3]]
     assert manager.num_pinned == 3
 
     manager.complete_load([3, 1])
@@ -215,7 +218,7 @@ def test_prepare_load_returns_slots_in_key_order_and_pins(policy: str) -> None:
 def test_prepare_load_rejects_missing_or_unready_keys_without_pinning(policy: str) -> None:
     manager = ChunkManager(4, policy)
     store(manager, [1])
-    assert manager.prepare_store([2]) is not None  # in flight
+    assert manager.place([2]) is not None  # in flight
 
     with pytest.raises(ValueError, match="9"):
         manager.prepare_load([1, 9])
@@ -232,11 +235,11 @@ def test_unpinned_chunk_can_be_evicted_again(policy: str) -> None:
     manager = ChunkManager(4, policy)
     store(manager, [1, 2, 3, 4])
     manager.prepare_load([1, 2, 3, 4])
-    assert manager.prepare_store([5]) is None
+    assert manager.place([5]) is None
 
     manager.complete_load([1, 2, 3, 4])
 
-    plan = manager.prepare_store([5])
+    plan = manager.place([5])
     assert plan is not None
     assert plan.evicted == [1]
     manager.check_integrity()
@@ -245,7 +248,7 @@ def test_unpinned_chunk_can_be_evicted_again(policy: str) -> None:
 def test_duplicate_keys_are_stored_once(policy: str) -> None:
     manager = ChunkManager(4, policy)
 
-    plan = manager.prepare_store([3, 3, 4])
+    plan = manager.place([3, 3, 4])
 
     assert plan is not None
     assert plan.keys == [3, 4]
@@ -268,7 +271,7 @@ def test_touch_ignores_unknown_keys(policy: str) -> None:
 def test_store_threshold_below_two_admits_everything(policy: str, threshold: int) -> None:
     manager = ChunkManager(4, policy, store_threshold=threshold)
 
-    plan = manager.prepare_store([1, 2])
+    plan = manager.place([1, 2])
 
     assert plan is not None
     assert plan.keys == [1, 2]
@@ -279,10 +282,10 @@ def test_store_threshold_two_needs_two_lookups(policy: str) -> None:
     manager = ChunkManager(4, policy, store_threshold=2)
     manager.lookup([1, 2])
 
-    assert manager.prepare_store([1, 2]) == StorePlan([], [], [])
+    assert manager.place([1, 2]) == StorePlan([], [], [])
 
     manager.lookup([1])
-    assert manager.prepare_store([1, 2]) == StorePlan([1], [0], [])
+    assert manager.place([1, 2]) == StorePlan([1], [0], [])
     manager.check_integrity()
 
 
@@ -294,18 +297,18 @@ def test_store_threshold_counter_is_bounded(policy: str) -> None:
 
     manager.lookup([0])  # the first lookup of 0 was forgotten
 
-    assert manager.prepare_store([0]) == StorePlan([], [], [])
+    assert manager.place([0]) == StorePlan([], [], [])
     manager.lookup([0])
-    assert manager.prepare_store([0]) == StorePlan([0], [0], [])
+    assert manager.place([0]) == StorePlan([0], [0], [])
     manager.check_integrity()
 
 
 def test_capacity_zero_stores_nothing(policy: str) -> None:
     manager = ChunkManager(0, policy)
 
-    assert manager.prepare_store([1]) is None
-    assert manager.prepare_store([]) == StorePlan([], [], [])
-    assert manager.lookup([1]) == LookupResult(0, False)
+    assert manager.place([1]) is None
+    assert manager.place([]) == StorePlan([], [], [])
+    assert manager.lookup([1]) == Found(0, False)
     assert manager.num_free == 0
     assert manager.take_events() == []
     manager.check_integrity()
@@ -356,7 +359,7 @@ def test_random_operations_keep_the_contract(
         if op.kind == "store":
             new = [k for k in dict.fromkeys(op.keys) if k not in ready | in_flight]
             evictable = {k for k in ready if pins[k] == 0} - set(op.keys)
-            plan = manager.prepare_store(op.keys)
+            plan = manager.place(op.keys)
             if plan is None:
                 assert len(new) > manager.num_free + len(evictable)
                 continue
@@ -365,7 +368,10 @@ def test_random_operations_keep_the_contract(
             ready -= set(plan.evicted)
             in_flight |= set(new)
         elif op.kind == "complete":
-            manager.complete_store(op.keys, success=op.success)
+            if op.success:
+                manager.complete_store(dict.fromkeys(op.keys, 0))
+            else:
+                manager.complete_store({}, op.keys)
             done = in_flight & set(op.keys)
             in_flight -= done
             if op.success:
@@ -392,11 +398,11 @@ def test_remove_drops_ready_unpinned_chunks_only(policy: str) -> None:
     manager = ChunkManager(4, policy)
     store(manager, [1, 2, 3])
     manager.prepare_load([2])  # pinned by a load
-    assert manager.prepare_store([4]) is not None  # in flight
+    assert manager.place([4]) is not None  # in flight
     manager.take_events()
 
     assert manager.remove([1, 2, 4, 9]) == [1]
-    assert manager.lookup([1]) == LookupResult(0, False)
+    assert manager.lookup([1]) == Found(0, False)
     assert manager.num_free == 1
     assert manager.take_events() == [TierEvent(EventKind.REMOVED, [1], "cpu")]
     manager.check_integrity()

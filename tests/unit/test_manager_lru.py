@@ -10,9 +10,9 @@ from kvtier.tiers.host.policies import LruPolicy
 
 
 def store(manager: ChunkManager, keys: Sequence[Key]) -> StorePlan:
-    plan = manager.prepare_store(keys)
+    plan = manager.place(keys)
     assert plan is not None
-    manager.complete_store(plan.keys)
+    manager.complete_store(dict.fromkeys(plan.keys, 0))
     return plan
 
 
@@ -38,7 +38,7 @@ def test_touch_protects_a_key_from_the_next_eviction() -> None:
     manager.touch([1])
 
     assert lru_keys(manager) == [2, 3, 4, 1]
-    plan = manager.prepare_store([5])
+    plan = manager.place([5])
     assert plan is not None
     assert plan.evicted == [2]
     manager.check_integrity()
@@ -48,7 +48,7 @@ def test_without_touch_the_oldest_key_is_evicted() -> None:
     manager = ChunkManager(4, "lru")
     store(manager, [1, 2, 3, 4])
 
-    plan = manager.prepare_store([5])
+    plan = manager.place([5])
 
     assert plan is not None
     assert plan.evicted == [1]
@@ -62,11 +62,11 @@ def test_touching_a_prefix_keeps_its_head_longest() -> None:
     manager.touch([1, 2])  # 1 is the head: it becomes the most recently used
 
     assert lru_keys(manager) == [3, 4, 2, 1]
-    plan = manager.prepare_store([5, 6])
+    plan = manager.place([5, 6])
     assert plan is not None
     assert plan.evicted == [3, 4]
-    manager.complete_store(plan.keys)
-    plan = manager.prepare_store([7])
+    manager.complete_store(dict.fromkeys(plan.keys, 0))
+    plan = manager.place([7])
     assert plan is not None
     assert plan.evicted == [2]
     manager.check_integrity()
@@ -77,13 +77,13 @@ def test_eviction_skips_a_pinned_oldest_key_and_keeps_its_place() -> None:
     store(manager, [1, 2, 3, 4])
     manager.prepare_load([1])
 
-    plan = manager.prepare_store([5])
+    plan = manager.place([5])
     assert plan is not None
     assert plan.evicted == [2]
-    manager.complete_store(plan.keys)
+    manager.complete_store(dict.fromkeys(plan.keys, 0))
     manager.complete_load([1])
 
-    plan = manager.prepare_store([6])  # unpinned, 1 is again the oldest
+    plan = manager.place([6])  # unpinned, 1 is again the oldest
     assert plan is not None
     assert plan.evicted == [1]
     assert manager.num_pinned == 0
@@ -93,9 +93,9 @@ def test_eviction_skips_a_pinned_oldest_key_and_keeps_its_place() -> None:
 def test_failed_store_leaves_the_order() -> None:
     manager = ChunkManager(4, "lru")
     store(manager, [1, 2])
-    assert manager.prepare_store([3]) is not None
+    assert manager.place([3]) is not None
 
-    manager.complete_store([3], success=False)
+    manager.complete_store({}, [3])
 
     assert lru_keys(manager) == [1, 2]
     manager.check_integrity()

@@ -52,11 +52,11 @@ class Rig:
 
     def store(self, keys: Sequence[ChunkKey]) -> dict[ChunkKey, int]:
         """Store ``keys`` in the host tier, as a step does; returns the slots of those evicted."""
-        plan = self.host.prepare_store(keys)
+        plan = self.host.place(keys)
         assert plan is not None
         evicted = list(zip(plan.evicted, plan.evicted_slots))
         self.writes.evicted(evicted)  # type: ignore[arg-type]
-        self.host.complete_store(plan.keys)
+        self.host.complete_store(dict.fromkeys(plan.keys, 0))
         self.writes.stored(plan.keys)  # type: ignore[arg-type]
         return dict(evicted)  # type: ignore[arg-type]
 
@@ -100,7 +100,7 @@ def test_write_back_writes_nothing_while_busy_and_evicted_dirty_chunks_staged(
     assert job.dst.keys == (key(1),) and job.dst.staged
     assert job.src.slots.tolist() == [evicted[key(1)]]  # the slot key(5) now reuses
     assert rig.host.num_pinned == 0  # a staged copy pins nothing
-    assert rig.disk.holds(key(1)) and rig.disk.lookup([key(1)]) == 0  # being written
+    assert rig.disk.holds(key(1)) and rig.disk.lookup([key(1)]).ready == 0  # being written
     rig.finish(job)
     assert rig.disk.ready_keys() == [key(1)]
     assert rig.stats.stored_chunks == 1 and rig.stats.stored_bytes == FILE
@@ -119,7 +119,7 @@ def test_write_back_flushes_the_oldest_dirty_chunks_when_idle_pinned_until_writt
     slots = rig.host.stored()
     assert job.src.slots.tolist() == [slots[key(1)], slots[key(2)], slots[key(3)]]
     assert rig.host.num_pinned == 3  # the slots must not be reused while the worker reads them
-    assert rig.host.prepare_store([key(i) for i in range(4, 10)]) is None  # 5 free, 3 pinned
+    assert rig.host.place([key(i) for i in range(4, 10)]) is None  # 5 free, 3 pinned
     assert not rig.writes.pending
     rig.finish(job)
     assert rig.host.num_pinned == 0

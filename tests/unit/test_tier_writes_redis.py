@@ -59,10 +59,10 @@ class Rig:
         return redis_key(self.prefix, k, 0)
 
     def store(self, keys: Sequence[ChunkKey]) -> None:
-        plan = self.host.prepare_store(keys)
+        plan = self.host.place(keys)
         assert plan is not None
         self.writes.evicted(list(zip(plan.evicted, plan.evicted_slots)))  # type: ignore[arg-type]
-        self.host.complete_store(plan.keys)
+        self.host.complete_store(dict.fromkeys(plan.keys, 0))
         self.writes.stored(plan.keys)  # type: ignore[arg-type]
 
     def step(self) -> list[TierWriteJob]:

@@ -120,7 +120,7 @@ def _measure(
         rounds + 2
     ):  # two rounds fill the tier and warm up; then every store evicts
         keys = [(round_, i) for i in range(chunks_per_job)]
-        plan = manager.prepare_store(keys)
+        plan = manager.place(keys)
         assert plan is not None and len(plan.slots) == chunks_per_job
         engine = EngineBlocks(
             rng.permutation(layout.num_blocks)[:blocks_per_job], (blocks_per_job,), (0,)
@@ -129,7 +129,7 @@ def _measure(
         stored = time_call(bound.store) / time_call(
             partial(_job, worker, 2 * round_, (engine, slots))
         )
-        manager.complete_store(keys)
+        manager.complete_store(dict.fromkeys(keys, 0))
         loaded = time_call(bound.load) / time_call(
             partial(_job, worker, 2 * round_ + 1, (slots, engine))
         )

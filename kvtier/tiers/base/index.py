@@ -1,67 +1,81 @@
-"""The tiers below host memory, as the scheduler half sees them: an ordered chain of one interface.
+"""A tier's index, as the scheduler half sees it: one contract for every tier, host memory too.
 
-    lookup(keys)              -> int | None   leading ``keys`` it holds; None: being looked up
-                                              (a remote tier), ask again on a later step
-    prepare_load(keys)                        pin them for a load (a local tier keeps them)
-    complete_load(keys, bad)                  unpin; forget the ``bad`` ones (a load found them bad)
-    holds(key)                -> bool         held or being written: no need to write it again
-    prepare_store(keys)       -> [key]        the keys it takes now (room made, writes reserved)
-    complete_store(ok, failed)                ``ok``: key -> bytes written; ``failed`` forgotten
-    available                 -> bool         takes writes now (False: a remote tier is down)
-    verify(keys)              -> int          check that it still holds ``keys`` (written
-                                              earlier; a remote tier asks on its own thread):
-                                              how many it will check (0: ask again later)
-    take_gone()               -> [key]        keys ``verify`` found gone since the last call
-    take_removed()            -> [key]        keys it stopped holding since the last call (evicted,
-                                              found bad or gone, forgotten): a router is told
-    forgotten                 -> int          times it forgot every key it knew held (a remote
-                                              tier that failed: it may come back empty)
+    name                                     stats, logs, metrics, provenance, and the medium of
+                                             its chunks in a transfer (its worker handlers')
+    traits                    -> Traits      how it is read and written (fixed)
+    usage()                   -> Usage       what it holds and lost, now
+    lookup(keys)              -> Found       leading ``keys`` it holds; ``pending``: the next
+                                             may be soon (a lookup or a store in flight): ask
+                                             again on a later step
+    prepare_load(keys)                       pin them for a load (a local tier keeps them)
+    complete_load(keys, bad)                 unpin; forget the ``bad`` ones (a load found them bad)
+    holds(key)                -> bool        held or being written: no need to write it again
+    prepare_store(keys)       -> [key]       the keys it takes now (room made, writes reserved)
+    complete_store(ok, failed)               ``ok``: key -> bytes written; ``failed`` forgotten
+    verify(keys)              -> int         check that it still holds ``keys`` (written earlier;
+                                             a remote tier asks on its own thread): how many it
+                                             will check (0: ask again later)
+    take_gone()               -> [key]       keys ``verify`` found gone since the last call
+    take_removed()            -> [key]       ready keys it stopped holding since the last call
+                                             (evicted, found bad or gone, forgotten): what a
+                                             router is told
+    check_integrity()                        AssertionError on a broken invariant
 
-plus what the connector needs to name and plan the tier: ``name`` (stats, logs, metrics,
-provenance, and the medium of its chunks in a transfer, ``TierChunks``: the worker half's
-handler pair of the tier), ``synchronous`` (a short load may run before the forward: local disk
-yes, a network store never), ``write_through`` (write a chunk as soon as the host tier stored
-it, or only when it is evicted or the engine is idle), ``max_in_flight`` (chunks being written
-at once: more wait their turn), ``used``/``room`` (bytes; ``room`` None: no budget of ours),
-``evicted``, ``failed_lookups`` (lookups that got no answer and were misses: a remote tier's
-timeouts).
-``verify``/``take_gone``/``forgotten`` let ``tier_writes.py`` write again the host chunks a tier
-lost (a Redis restarted empty, flushed, or evicting); a local disk loses nothing unseen.
-
-The chain is the order of a hit: host memory, then the first tier of the chain, then the next,
-each looked up from where the one before stopped. Each tier's package builds its entry
-(``kvtier/tiers/<name>/``, ``TierSpec.scheduler``): adding a tier adds a package, not branches.
+``verify``/``take_gone``/``Usage.forgotten`` let ``scheduler/tier_writes.py`` write again the
+host chunks a tier lost (a Redis restarted empty, flushed, or evicting); a local tier loses
+nothing unseen. The host tier (``tiers/host/index.py``) adds what only host memory has: slots
+and an eviction policy. The chain below it is the order of a hit: host memory, then the first
+tier of the chain, then the next, each looked up from where the one before stopped; each tier's
+package builds its index (``TierSpec.scheduler``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple, Protocol
 
 from kvtier.keys import ChunkKey
 
 
-class LowerTier(Protocol):
+class Found(NamedTuple):
+    """``lookup``'s answer: the first ``ready`` keys load now. ``pending``: the key after them
+    may become loadable soon (a remote tier still looking it up, a store in flight): ask again
+    on a later step rather than take it for a miss."""
+
+    ready: int
+    pending: bool = False
+
+
+class Traits(NamedTuple):
+    """How a tier is read and written, fixed for its life."""
+
+    reads_before_forward: bool  # a short read may run before the step's forward (memory, local
+    # disk); a network store never: no step waits on it
+    write_through: bool  # host chunks written as soon as stored (else when evicted or idle)
+    max_in_flight: int  # chunks being written at once: more wait their turn
+
+
+class Usage(NamedTuple):
+    """What a tier holds and lost, now."""
+
+    used: int  # bytes
+    room: int | None  # bytes it may still take (None: no budget of ours, as Redis's maxmemory)
+    evicted: int  # chunks it removed to make room, since start
+    failed_lookups: int = 0  # lookups that got no answer and were misses (a remote's timeouts)
+    forgotten: int = 0  # times it forgot every key it knew held (it may come back empty)
+    available: bool = True  # takes writes now (False: a remote tier is down)
+
+
+class TierIndex(Protocol):
     @property
     def name(self) -> str: ...
 
-    synchronous: bool
-    write_through: bool
-    max_in_flight: int
-
     @property
-    def used(self) -> int: ...
+    def traits(self) -> Traits: ...
 
-    @property
-    def room(self) -> int | None: ...
+    def usage(self) -> Usage: ...
 
-    @property
-    def evicted(self) -> int: ...
-
-    @property
-    def failed_lookups(self) -> int: ...
-
-    def lookup(self, keys: Sequence[ChunkKey]) -> int | None: ...
+    def lookup(self, keys: Sequence[ChunkKey]) -> Found: ...
 
     def prepare_load(self, keys: Sequence[ChunkKey]) -> None: ...
 
@@ -71,18 +85,12 @@ class LowerTier(Protocol):
 
     def prepare_store(self, keys: Sequence[ChunkKey]) -> list[ChunkKey]: ...
 
-    def complete_store(self, ok: dict[ChunkKey, int], failed: Sequence[ChunkKey]) -> None: ...
-
-    @property
-    def available(self) -> bool: ...
+    def complete_store(self, ok: Mapping[ChunkKey, int], failed: Sequence[ChunkKey]) -> None: ...
 
     def verify(self, keys: Sequence[ChunkKey]) -> int: ...
 
     def take_gone(self) -> list[ChunkKey]: ...
 
     def take_removed(self) -> list[ChunkKey]: ...
-
-    @property
-    def forgotten(self) -> int: ...
 
     def check_integrity(self) -> None: ...

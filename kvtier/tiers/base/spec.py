@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from kvtier.keys import LayoutFingerprint
 from kvtier.tiers.base.chunk_tier import FlushTier
 from kvtier.tiers.base.handler import TransferHandler
-from kvtier.tiers.base.index import LowerTier
+from kvtier.tiers.base.index import TierIndex
 from kvtier.tiers.base.records import HostRecords
 
 if TYPE_CHECKING:  # (the engine's views are torch's: not imported to parse a config)
@@ -101,7 +101,7 @@ class TierSpec(Generic[C]):
     section: str | None = None
     parse: Callable[[object, str], C] | None = None
     default: C | None = None
-    scheduler: Callable[[SchedulerContext[C]], LowerTier | None] | None = None
+    scheduler: Callable[[SchedulerContext[C]], TierIndex | None] | None = None
     worker: Callable[[WorkerContext[C]], WorkerTier | None] | None = None
     doc: str = field(default="", compare=False)  # one line for the config's documentation
 

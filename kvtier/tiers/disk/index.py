@@ -25,14 +25,17 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvtier.keys import ChunkKey
+from kvtier.tiers.base.index import Found, Traits, Usage
 from kvtier.tiers.disk.directory import ChunkFiles
 
 logger = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT = 64  # chunks being written at once
 MAX_REFUSED = 100_000  # refused files remembered (then forgotten at once: a rare, bounded retry)
 
 
@@ -57,14 +60,10 @@ class _Entry:
 class DiskIndex:
     """``budget`` bytes in ``root``; ``chunk_bytes`` bounds one chunk's files (all ranks).
 
-    An entry of the tier chain (``lower_tier.py``): a short read from a local disk may run
-    before the forward; chunks are written when evicted from host memory or while the engine is
-    idle (``write_through``: as soon as they are stored there).
+    An entry of the tier chain (``tiers/base/index.py``'s contract).
     """
 
     name = "disk"
-    synchronous = True
-    max_in_flight = 64  # chunks being written at once
 
     def __init__(
         self,
@@ -74,8 +73,10 @@ class DiskIndex:
         fingerprint: bytes,
         chunk_bytes: int,
         write_through: bool = False,
+        max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         self.write_through = write_through
+        self.max_in_flight = max_in_flight
         self.root = root
         self.budget = budget
         self.world_size = world_size
@@ -85,7 +86,6 @@ class DiskIndex:
         self._entries: OrderedDict[ChunkKey, _Entry] = OrderedDict()
         self.used = 0
         self.evicted = 0  # chunks removed to make room, since start
-        self.failed_lookups = 0  # a lookup reads memory: it always has an answer
         self._refused: dict[ChunkKey, float] = {}  # key -> newest mtime of files a load refused
         self._removed: list[ChunkKey] = []  # for ``take_removed``
         self.files = ChunkFiles(root, world_size)
@@ -105,6 +105,16 @@ class DiskIndex:
         """Bytes (all ranks) the tier may still take."""
         return max(0, self.budget - self.used)
 
+    @property
+    def traits(self) -> Traits:
+        """A short read from a local disk may run before the forward; chunks are written when
+        evicted from host memory or while the engine is idle, unless ``write_through``."""
+        return Traits(True, self.write_through, self.max_in_flight)
+
+    def usage(self) -> Usage:
+        """Nothing is lost unseen: files leave only by this index's own eviction."""
+        return Usage(self.used, self.room, self.evicted)
+
     def _scan(self) -> None:
         ours = self.fingerprint
         for found in self.files.scan():  # least recently written first
@@ -114,15 +124,15 @@ class DiskIndex:
 
     # ---- lookup and load -------------------------------------------------------------------
 
-    def lookup(self, keys: Sequence[ChunkKey]) -> int:
+    def lookup(self, keys: Sequence[ChunkKey]) -> Found:
         """How many leading ``keys`` are ready; adopts a key whose files another engine wrote."""
         for ready, key in enumerate(keys):
             entry = self._entries.get(key)
             if entry is None or self._may_complete(entry):
                 entry = self._adopt(key)  # new, or incomplete when last seen
             if entry is None or not entry.ready:
-                return ready
-        return len(keys)
+                return Found(ready)
+        return Found(len(keys))
 
     def _may_complete(self, entry: _Entry) -> bool:
         """An incomplete chunk whose missing rank files another engine may have written since."""
@@ -218,7 +228,7 @@ class DiskIndex:
             self.evicted += 1
         return True
 
-    def complete_store(self, ok: dict[ChunkKey, int], failed: Sequence[ChunkKey]) -> None:
+    def complete_store(self, ok: Mapping[ChunkKey, int], failed: Sequence[ChunkKey]) -> None:
         """``ok`` maps written keys to their bytes on disk; ``failed`` keys are removed."""
         for key, nbytes in ok.items():
             entry = self._entries.get(key)
@@ -252,9 +262,6 @@ class DiskIndex:
         return entry is not None and not entry.bad and (entry.loadable or entry.writing)
 
     # ---- what a remote tier may lose unseen: nothing here --------------------------------
-
-    available = True  # a local directory takes writes while it has room
-    forgotten = 0  # never forgets what it holds: files leave only by its own eviction
 
     def verify(self, keys: Sequence[ChunkKey]) -> int:
         """Nothing to check (0 queued): this index is the disk tier's own record of its files

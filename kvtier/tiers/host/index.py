@@ -7,28 +7,26 @@ A chunk moves through three states:
 
 Only ready chunks can be loaded; only ready chunks with no pins (no load in flight) can be evicted.
 
-Over 300 lines because the states above and their invariants (``check_integrity``) are one
-concept: every method moves a chunk between them.
+The host tier's index speaks the contract of every tier (``tiers/base/index.py``), and adds what
+only host memory has: slots (``place`` reserves them, ``slots`` reads them), an eviction policy
+(``touch``), ``remove``, and what it stored and removed, in order (``take_events``: a chunk
+evicted and stored again between two calls is told in that order).
 """
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from kvtier.tiers.base.results import (
-    EventKind,
-    Key,
-    LoadPlan,
-    LookupResult,
-    StorePlan,
-    TierEvent,
-)
+from kvtier.tiers.base.index import Found, Traits, Usage
+from kvtier.tiers.base.results import EventKind, Key, StorePlan, TierEvent
+from kvtier.tiers.host.admission import AdmissionCounter
 from kvtier.tiers.host.policies import EvictionPolicy, make_policy
+from kvtier.tiers.host.slots import FreeSlots
 
-# The admission counter remembers at most this many keys per slot of capacity.
-TRACKED_KEYS_PER_SLOT = 4
+TRACKED_KEYS_PER_SLOT = 4  # keys the admission counter remembers per slot of capacity
 
 
 @dataclass(slots=True)
@@ -42,64 +40,43 @@ class _Chunk:
         return self.ready and self.pins == 0
 
 
-class AdmissionCounter:
-    """Counts how often each key was looked up, remembering at most ``max_keys`` keys.
-
-    When full, the key looked up least recently is forgotten (its count restarts from zero).
-    """
-
-    def __init__(self, max_keys: int) -> None:
-        self._max_keys = max_keys
-        # Invariant: len(self._counts) <= max_keys; least recently looked-up key first.
-        self._counts: OrderedDict[Key, int] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._counts)
-
-    @property
-    def max_keys(self) -> int:
-        return self._max_keys
-
-    def record(self, keys: Sequence[Key]) -> None:
-        """Count one lookup of each distinct key in ``keys``."""
-        for key in dict.fromkeys(keys):
-            self._counts[key] = self._counts.get(key, 0) + 1
-            self._counts.move_to_end(key)
-        while len(self._counts) > self._max_keys:
-            self._counts.popitem(last=False)
-
-    def count(self, key: Key) -> int:
-        return self._counts.get(key, 0)
-
-
 class ChunkManager:
     """Slot manager of one in-memory tier of ``capacity`` chunks (slots ``0 .. capacity-1``).
 
     ``policy`` names the eviction policy (``"lru"`` or ``"arc"``). With ``store_threshold`` N >= 2,
     a key is stored only once it was passed to ``lookup`` at least N times (filters one-off
-    prefixes); N <= 1 admits everything. ``tier`` names the tier in events. Holds no tensors: a
-    slot is a row index into buffers owned by the worker half. Not thread-safe: the scheduler calls
-    it from one thread.
+    prefixes); N <= 1 admits everything. ``tier`` names the tier; ``chunk_bytes`` is what a slot
+    holds (for ``usage``). Holds no tensors: a slot is a row index into memory owned by the
+    worker half. Not thread-safe: the scheduler calls it from one thread.
     """
 
+    traits = Traits(reads_before_forward=True, write_through=False, max_in_flight=0)
+
     def __init__(
-        self, capacity: int, policy: str = "lru", store_threshold: int = 1, tier: str = "cpu"
+        self,
+        capacity: int,
+        policy: str = "lru",
+        store_threshold: int = 1,
+        tier: str = "cpu",
+        chunk_bytes: int = 0,
     ) -> None:
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
+        self.name = tier
+        self.chunk_bytes = chunk_bytes
         self._capacity = capacity
         self._policy = make_policy(policy, capacity)
         self._store_threshold = store_threshold
-        self._tier = tier
         # Invariants: free slots and the slots of self._chunks partition range(capacity);
         # self._chunks and the policy hold the same keys.
-        self._free: list[int] = list(range(capacity - 1, -1, -1))  # pop() hands out 0, 1, ...
+        self._free = FreeSlots(capacity)
         self._chunks: dict[Key, _Chunk] = {}
         self._num_pins = 0  # == sum of pins
         self._num_evictable = 0  # == number of ready, unpinned chunks
         self._admission: AdmissionCounter | None = (
             AdmissionCounter(TRACKED_KEYS_PER_SLOT * capacity) if store_threshold >= 2 else None
         )
+        self._evicted = 0  # chunks evicted to make room, since start
         self._events: list[TierEvent] = []
 
     @property
@@ -124,16 +101,20 @@ class ChunkManager:
         """The loadable chunks and their slots (a snapshot; for inspection and tests)."""
         return {key: chunk.slot for key, chunk in self._chunks.items() if chunk.ready}
 
+    def usage(self) -> Usage:
+        used, room = self._capacity - len(self._free), self.room
+        return Usage(used * self.chunk_bytes, room * self.chunk_bytes, self._evicted)
+
     @property
     def policy(self) -> EvictionPolicy:
         """The eviction policy, for inspection; callers must not mutate it."""
         return self._policy
 
-    def lookup(self, keys: Sequence[Key]) -> LookupResult:
+    def lookup(self, keys: Sequence[Any]) -> Found:
         """Count the leading ``keys`` that are ready; stops at the first absent or in-flight key.
 
-        Also counts one lookup of every key in ``keys``, for the store threshold. ``retry_later``
-        is True when the run stops at a key whose store is in flight: it is about to be loadable.
+        Also counts one lookup of every key in ``keys``, for the store threshold. ``pending`` is
+        True when the run stops at a key whose store is in flight: it is about to be loadable.
         """
         if self._admission is not None:
             self._admission.record(keys)
@@ -141,29 +122,24 @@ class ChunkManager:
         for key in keys:
             chunk = self._chunks.get(key)
             if chunk is None or not chunk.ready:
-                return LookupResult(ready, retry_later=chunk is not None)
+                return Found(ready, pending=chunk is not None)
             ready += 1
-        return LookupResult(ready)
+        return Found(ready)
 
-    def prepare_load(self, keys: Sequence[Key]) -> LoadPlan:
-        """Pin ``keys`` (no eviction until ``complete_load``) and return their slots, in key order.
-
-        Raises ValueError, changing nothing, if a key is absent or not ready.
-        """
+    def prepare_load(self, keys: Sequence[Any]) -> None:
+        """Pin ``keys`` (no eviction until ``complete_load``; ``slots`` says where they are).
+        ValueError, changing nothing, if a key is absent or not ready."""
         chunks = [self._ready_chunk(key) for key in keys]
         for chunk in chunks:
             if chunk.pins == 0:
                 self._num_evictable -= 1
             chunk.pins += 1
         self._num_pins += len(chunks)
-        return LoadPlan([chunk.slot for chunk in chunks])
 
-    def complete_load(self, keys: Sequence[Key]) -> None:
-        """Unpin ``keys`` once each, as many times as a key is listed.
-
-        Raises ValueError, changing nothing, if a key is absent, not ready, or would drop below
-        zero pins.
-        """
+    def complete_load(self, keys: Sequence[Any], bad: Sequence[Any] = ()) -> None:
+        """Unpin ``keys`` once each, as many times as a key is listed; then remove the ``bad``
+        ones (a load found them bad) that no other load pins. ValueError, changing nothing, if
+        a key is absent, not ready, or would drop below zero pins."""
         for key, times in Counter(keys).items():
             chunk = self._ready_chunk(key)
             if chunk.pins < times:
@@ -174,6 +150,12 @@ class ChunkManager:
             if chunk.pins == 0:
                 self._num_evictable += 1
         self._num_pins -= len(keys)
+        if bad:
+            self.remove(bad)
+
+    def holds(self, key: Any) -> bool:
+        """Ready or being stored: no need to store it again."""
+        return key in self._chunks
 
     def remove(self, keys: Sequence[Key]) -> list[Key]:
         """Drop ready, unpinned ``keys`` (a copy found bad); returns those removed.
@@ -182,11 +164,11 @@ class ChunkManager:
         """
         removed = [key for key in dict.fromkeys(keys) if self._is_evictable(key)]
         for key in removed:
-            self._free.append(self._chunks.pop(key).slot)
+            self._free.release([self._chunks.pop(key).slot])
             self._policy.remove(key)
         self._num_evictable -= len(removed)
         if removed:
-            self._events.append(TierEvent(EventKind.REMOVED, removed, self._tier))
+            self._events.append(TierEvent(EventKind.REMOVED, removed, self.name))
         return removed
 
     def touch(self, keys: Sequence[Key]) -> None:
@@ -194,15 +176,20 @@ class ChunkManager:
 
         Unknown keys are ignored. ``keys[0]`` ends up the most recently used.
         """
-        self._policy.touch(keys, self._is_ready)
+        self._policy.touch(keys, self.is_ready)
 
-    def prepare_store(self, keys: Sequence[Key]) -> StorePlan | None:
+    def prepare_store(self, keys: Sequence[Any]) -> list[Any]:
+        """The contract's form of ``place``: the keys taken (none when there is no room)."""
+        plan = self.place(keys)
+        return [] if plan is None else plan.keys
+
+    def place(self, keys: Sequence[Key]) -> StorePlan | None:
         """Reserve slots for the keys not yet stored or in flight that pass the store threshold.
 
-        Evicts, by policy, ready unpinned chunks not among ``keys`` when free slots run short, and
-        records a REMOVED event for them. The reserved chunks are in flight until
-        ``complete_store``. Returns None, changing nothing, when room cannot be made for all of
-        them; an empty plan when there is nothing to store.
+        Evicts, by policy, ready unpinned chunks not among ``keys`` when free slots run short
+        (a REMOVED event). The reserved chunks are in flight until ``complete_store``.
+        Returns None, changing nothing, when room cannot be made for all of them; an empty plan
+        when there is nothing to store.
         """
         incoming = [key for key in dict.fromkeys(keys) if self._admits(key)]
         if not incoming:
@@ -219,59 +206,59 @@ class ChunkManager:
         if evicted is None:  # the count above says enough chunks are evictable
             raise AssertionError(f"policy found fewer than {num_evict} victims")
         evicted_slots = [self._chunks.pop(key).slot for key in evicted]
-        self._free += evicted_slots
+        self._free.release(evicted_slots)
         self._num_evictable -= len(evicted)
+        self._evicted += len(evicted)
         if evicted:
-            self._events.append(TierEvent(EventKind.REMOVED, evicted, self._tier))
-        # ascending slots, so a request's chunks tend to be adjacent rows (longer copy runs)
-        slots = sorted(self._free.pop() for _ in incoming)
+            self._events.append(TierEvent(EventKind.REMOVED, evicted, self.name))
+        slots = self._free.take(len(incoming))
         for key, slot in zip(incoming, slots, strict=True):
             self._chunks[key] = _Chunk(slot)
         return StorePlan(incoming, slots, evicted, evicted_slots)
 
-    def complete_store(self, keys: Sequence[Key], success: bool = True) -> None:
-        """Finish the stores of ``keys``.
-
-        On success they become ready (loadable, evictable) and one STORED event lists them; on
-        failure they are removed and their slots freed, with no event.
+    def complete_store(self, ok: Mapping[Any, int], failed: Sequence[Any] = ()) -> None:
+        """Finish the stores of ``ok`` (they become ready: loadable, evictable, listed in one
+        STORED event) and of ``failed`` (removed, their slots freed, no event).
 
         Keys not in flight (never prepared, already completed, evicted) are ignored, so a repeated
         call is harmless.
         """
-        stored: list[Key] = []
-        for key in keys:
+        stored = []
+        for key in ok:
             chunk = self._chunks.get(key)
-            if chunk is None or chunk.ready:
-                continue
-            if success:
+            if chunk is not None and not chunk.ready:
                 chunk.ready = True
                 self._num_evictable += 1
                 stored.append(key)
-            else:
+        if stored:
+            self._events.append(TierEvent(EventKind.STORED, stored, self.name))
+        for key in failed:
+            chunk = self._chunks.get(key)
+            if chunk is not None and not chunk.ready:
                 del self._chunks[key]
                 self._policy.remove(key)
-                self._free.append(chunk.slot)
-        if stored:
-            self._events.append(TierEvent(EventKind.STORED, stored, self._tier))
+                self._free.release([chunk.slot])
+
+    def verify(self, keys: Sequence[Any]) -> int:
+        """Nothing to check: host memory loses nothing unseen."""
+        return len(keys)
+
+    def take_gone(self) -> list[Any]:
+        return []
+
+    def take_removed(self) -> list[Any]:
+        """None here: the host tier tells what it removed in order with what it stored
+        (``take_events``)."""
+        return []
 
     def take_events(self) -> list[TierEvent]:
-        """Return the events since the last call, oldest first, and forget them."""
+        """The events since the last call, oldest first."""
         events, self._events = self._events, []
         return events
 
     def check_integrity(self) -> None:
         """Raise AssertionError if any invariant of the manager or its policy is broken."""
-        used = [chunk.slot for chunk in self._chunks.values()]
-        assert len(self._free) + len(used) == self._capacity, (
-            f"{len(self._free)} free + {len(used)} used != capacity {self._capacity}"
-        )
-        assert len(set(used)) == len(used), f"a slot is used twice: {sorted(used)}"
-        assert len(set(self._free)) == len(self._free), f"a slot is free twice: {self._free}"
-        assert not set(used) & set(self._free), (
-            f"slots both free and used: {set(used) & set(self._free)}"
-        )
-        out_of_range = [s for s in used + self._free if not 0 <= s < self._capacity]
-        assert not out_of_range, f"slots outside [0, {self._capacity}): {out_of_range}"
+        self._free.check([chunk.slot for chunk in self._chunks.values()])
         for key, chunk in self._chunks.items():
             assert chunk.pins >= 0, f"{key!r} has {chunk.pins} pins"
             assert chunk.ready or chunk.pins == 0, f"{key!r} is pinned while its store is in flight"
@@ -293,23 +280,17 @@ class ChunkManager:
     def _ready_chunk(self, key: Key) -> _Chunk:
         chunk = self._chunks.get(key)
         if chunk is None:
-            raise ValueError(f"chunk {key!r} is not in tier {self._tier!r}")
+            raise ValueError(f"chunk {key!r} is not in tier {self.name!r}")
         if not chunk.ready:
-            raise ValueError(f"chunk {key!r} in tier {self._tier!r} is still being stored")
+            raise ValueError(f"chunk {key!r} in tier {self.name!r} is still being stored")
         return chunk
 
     def slots(self, keys: Sequence[Key]) -> list[int]:
-        """The slots of ready ``keys``, in key order; nothing pinned (a copy taken at once).
-
-        Raises ValueError if a key is absent or not ready.
-        """
+        """The slots of ready ``keys``, in key order (ValueError: a key absent or not ready)."""
         return [self._ready_chunk(key).slot for key in keys]
 
     def is_ready(self, key: Key) -> bool:
         """Whether ``key`` can be loaded now (unlike ``lookup``, not counted for admission)."""
-        return self._is_ready(key)
-
-    def _is_ready(self, key: Key) -> bool:
         chunk = self._chunks.get(key)
         return chunk is not None and chunk.ready
 

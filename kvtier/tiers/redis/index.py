@@ -30,9 +30,10 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from kvtier.keys import ChunkKey
+from kvtier.tiers.base.index import Found, Traits, Usage
 from kvtier.tiers.redis.config import LOOKUP_WAIT_S
 
 logger = logging.getLogger(__name__)
@@ -47,9 +48,11 @@ Exists = Callable[[Sequence[ChunkKey]], list[bool]]  # chunk keys -> held by eve
 
 
 class RedisIndex:
+    """An entry of the tier chain (``tiers/base/index.py``'s contract): a network store, never
+    read before the forward; written through, so the fleet finds a chunk as soon as one engine
+    computed it."""
+
     name = "redis"
-    synchronous = False  # a network store: never read before the forward
-    write_through = True  # the fleet finds a chunk as soon as one engine computed it
 
     def __init__(
         self,
@@ -59,14 +62,11 @@ class RedisIndex:
         available: Callable[[], bool] = lambda: True,
         lookup_wait_s: float = LOOKUP_WAIT_S,  # the longest a first lookup waits for its answer
     ) -> None:
-        self.max_in_flight = max_in_flight
+        self.traits = Traits(False, True, max_in_flight)
         self._exists = exists
         self._available = available
         self._timeout_s = timeout_s
         self._lookup_wait_s = lookup_wait_s
-        self.used = 0  # Redis holds the bytes, under its own maxmemory
-        self.room: int | None = None
-        self.evicted = 0
         self.failed_lookups = 0  # queries that timed out or found Redis down (misses)
         self.forgotten = 0  # times every chunk known present was forgotten (Redis failed)
         self._lock = threading.Condition()
@@ -83,18 +83,23 @@ class RedisIndex:
         self._thread = threading.Thread(target=self._run, name="kvtier-redis-lookup", daemon=True)
         self._thread.start()
 
+    def usage(self) -> Usage:
+        """Redis holds the bytes, under its own maxmemory (no room of ours)."""
+        return Usage(0, None, 0, self.failed_lookups, self.forgotten, self._available())
+
     # ---- lookup and load -------------------------------------------------------------------
 
-    def lookup(self, keys: Sequence[ChunkKey]) -> int | None:
-        """Leading ``keys`` known to be in Redis; None while a query about the next is in flight."""
+    def lookup(self, keys: Sequence[ChunkKey]) -> Found:
+        """Leading ``keys`` known to be in Redis; none and ``pending`` while a query about the
+        next is in flight."""
         count, waiting = self._answer(keys, ask=True)
-        if waiting is None or self._lookup_wait_s <= 0:
-            return count
-        deadline = time.monotonic() + self._lookup_wait_s
-        with self._lock:
-            while waiting in self._asked and (left := deadline - time.monotonic()) > 0:
-                self._lock.wait(left)
-        return self._answer(keys, ask=False)[0]
+        if waiting is not None and self._lookup_wait_s > 0:
+            deadline = time.monotonic() + self._lookup_wait_s
+            with self._lock:
+                while waiting in self._asked and (left := deadline - time.monotonic()) > 0:
+                    self._lock.wait(left)
+            count = self._answer(keys, ask=False)[0]
+        return Found(0, pending=True) if count is None else Found(count)
 
     def _answer(self, keys: Sequence[ChunkKey], ask: bool) -> tuple[int | None, ChunkKey | None]:
         """The leading keys known present, or (None, the key whose query is in flight); ``ask``:
@@ -199,11 +204,6 @@ class RedisIndex:
 
     # ---- chunks Redis lost unseen ----------------------------------------------------------
 
-    @property
-    def available(self) -> bool:
-        """Whether Redis takes writes now (False while the store's circuit breaker is open)."""
-        return self._available()
-
     def verify(self, keys: Sequence[ChunkKey]) -> int:
         """Queue an ``EXISTS`` of ``keys`` (chunks written earlier) on the lookup thread, in
         queries of at most ``MAX_QUERY``; returns how many were queued: none while Redis is down
@@ -280,7 +280,7 @@ class RedisIndex:
                 self._absent.pop(key, None)
             return admitted
 
-    def complete_store(self, ok: dict[ChunkKey, int], failed: Sequence[ChunkKey]) -> None:
+    def complete_store(self, ok: Mapping[ChunkKey, int], failed: Sequence[ChunkKey]) -> None:
         with self._lock:
             for key in ok:
                 if key in self._writing:
