@@ -30,6 +30,9 @@ from typing import NamedTuple
 
 from kvtier.keys import ChunkKey
 from kvtier.scheduler.request import RequestState
+from kvtier.tiers.base.index import TierIndex
+from kvtier.tiers.base.results import EventKind
+from kvtier.tiers.host.index import ChunkManager
 
 HOST = "cpu"  # the host tier's name (stats, provenance)
 
@@ -161,3 +164,22 @@ class PrefixEvents:
         # kept while a lower tier is writing it (an evicted chunk's staged write)
         if not description.tiers and not self._writing(key):
             del self._described[key]
+
+
+def tell_tier_events(
+    prefixes: PrefixEvents | None, host: ChunkManager, lower: Sequence[TierIndex]
+) -> None:
+    """Hand what the tiers stored and removed to ``prefixes`` (read every step, so that nothing
+    piles up when no router is told). A chunk stored into host memory is told in the lower
+    tiers that hold it too: only one written before (this step plans none yet)."""
+    for event in host.take_events():
+        if prefixes is not None:
+            keys: list[ChunkKey] = event.keys  # type: ignore[assignment]
+            if event.kind is EventKind.STORED:
+                prefixes.stored(HOST, keys)
+            else:
+                prefixes.removed(HOST, keys)
+    for tier in lower:
+        removed = tier.take_removed()
+        if removed and prefixes is not None:
+            prefixes.removed(tier.name, removed)

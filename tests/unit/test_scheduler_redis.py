@@ -40,6 +40,7 @@ class Rig:
         wait_s: float = 0.0,
         groups: Sequence[GroupSpec] = (GroupSpec(4),),
         answered: Callable[[Sequence[ChunkKey]], object] = lambda keys: None,
+        min_async_load_tokens: int = 1,
     ) -> None:
         """``answered(keys)`` runs on the lookup thread before Redis is asked about ``keys``
         (a test holds the answer back by blocking there)."""
@@ -59,7 +60,9 @@ class Rig:
         self.index = RedisIndex(exists, timeout_s=1.0, max_in_flight=64, lookup_wait_s=wait_s)
         disk_config = DiskConfig(str(root), 64 * FILE * ranks) if root is not None else None
         config = KVTierConfig(
-            cpu_bytes_to_use=1, min_async_load_tokens=1, sections={"disk": disk_config}
+            cpu_bytes_to_use=1,
+            min_async_load_tokens=min_async_load_tokens,
+            sections={"disk": disk_config},
         )
         self.root = root
         disk = None
@@ -168,8 +171,7 @@ def test_a_window_still_looked_up_is_waited_for_not_a_miss(store_server: Any) ->
 
 
 def test_a_short_redis_hit_is_not_worth_a_step(store_server: Any) -> None:
-    rig = Rig(store_server.url, None, wait_s=1.0)
-    rig.connector._policy = rig.connector._policy._replace(min_async_load_tokens=64)
+    rig = Rig(store_server.url, None, wait_s=1.0, min_async_load_tokens=64)
     rig.in_redis(rig.keys(HASHES[:2]))
     assert rig.lookup("a", HASHES, 33) == 0  # 8 tokens from Redis: computed instead
 
