@@ -25,7 +25,8 @@ from rich.console import Console
 from rich.progress import Progress
 
 from kvtier.apps import demo_report
-from kvtier.apps.models import make_prompt, model_path
+from kvtier.apps.models import model_path
+from kvtier.apps.prompts import make_prompt
 from kvtier.apps.provenance_report import ProvenanceTotals, add_up
 
 if TYPE_CHECKING:

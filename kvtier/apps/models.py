@@ -2,7 +2,6 @@
 
     build_models(out_dir, names)     -> {name: dir}  builds the models that are missing or stale
     model_path(name, root=None)      -> dir          one model, built on demand
-    make_prompt(tokenizer, n, seed)  -> list[int]    exactly ``n`` token ids of English-like text
     python -m kvtier.apps.models --out DIR [--only NAME]  the same from the command line
 
 Every model directory holds a byte-level BPE tokenizer trained on a built-in corpus and a random
@@ -11,8 +10,7 @@ complete once its marker file (written last, holding the spec's fingerprint) is 
 incomplete or outdated one is rebuilt. Builds happen in a temporary sibling directory that is
 renamed into place, so concurrent builders never see half a model.
 
-Over 300 lines because each model's recipe (config, weights, tokenizer) is written out in full:
-the recipes are data.
+The training text is ``corpus.py``'s; prompts made of it, ``prompts.py``'s.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ import functools
 import hashlib
 import json
 import os
-import random
 import shutil
 import sys
 import time
@@ -30,6 +27,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from kvtier.apps.corpus import corpus_lines
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -44,8 +43,6 @@ MODELS_DIR_ENV = "KVTIER_MODELS_DIR"
 VOCAB_SIZE = 1536
 UNK, BOS, EOS, PAD = "<unk>", "<s>", "</s>", "<pad>"
 SPECIAL_TOKENS = (UNK, BOS, EOS, PAD)  # ids 0, 1, 2, 3
-CORPUS_LINES = 600
-CORPUS_SEED = 20261122
 INIT_STD = 0.02
 
 
@@ -77,57 +74,6 @@ SPECS: dict[str, ModelSpec] = {
 MODEL_NAMES = tuple(SPECS)
 
 
-# --- corpus ---------------------------------------------------------------------------------------
-
-_NAMES = "Alice Bob Carol David Emma Frank Grace Henry Irene Jack Karen Leo Maria Nina".split()
-_NOUNS = """river mountain city garden teacher student doctor engineer farmer painter window door
-table chair book letter computer network server message memory engine train station bridge road
-forest ocean island village market kitchen bread coffee water music song story question answer
-problem idea plan machine model cache block layer token request worker scheduler report paper
-pencil camera phone clock lamp bottle basket horse dog cat bird fish tree flower stone cloud storm
-winter summer autumn spring morning evening night library museum school hospital office factory
-""".split()
-_ADJECTIVES = """small large quick slow bright dark quiet loud warm cold old new young ancient
-modern simple complex careful busy happy tired strange familiar green blue red yellow heavy light
-empty full narrow wide gentle rough clever honest patient curious hidden open distant local
-""".split()
-_VERBS = """found built opened closed carried painted wrote read watched followed visited repaired
-moved counted measured cleaned cooked planted answered explained described remembered forgot
-noticed ignored shared stored loaded copied checked tested changed started finished reached
-""".split()
-_ADVERBS = """quickly slowly carefully quietly happily suddenly finally often rarely always never
-again together almost nearly gently easily""".split()
-_PLACES = """near the river|in the old city|behind the station|under the bridge|at the market|
-inside the library|across the field|on the hill|by the window|in the kitchen|at the office|
-along the road""".replace("\n", "").split("|")
-_TIMES = """yesterday|this morning|last winter|every evening|on Monday|after lunch|before dawn|
-in the spring|at noon|later that night|two days ago|during the storm""".replace("\n", "").split("|")
-
-
-def _sentence(rng: random.Random) -> str:
-    noun, noun2 = rng.choice(_NOUNS), rng.choice(_NOUNS)
-    adj, verb, adv = rng.choice(_ADJECTIVES), rng.choice(_VERBS), rng.choice(_ADVERBS)
-    name, place, when = rng.choice(_NAMES), rng.choice(_PLACES), rng.choice(_TIMES)
-    n = rng.randint(2, 999)
-    forms = (
-        f"The {adj} {noun} {verb} the {noun2} {place}.",
-        f"{name} {adv} {verb} a {adj} {noun} {when}.",
-        f"{when.capitalize()}, {name} {verb} {n} {noun}s {place}.",
-        f"Why did the {noun} {verb.removesuffix('ed')} the {adj} {noun2}?",
-        f'{name} said: "The {noun2} is {adj}, but the {noun} is not."',
-        f"There were {n} {adj} {noun}s and {rng.randint(1, 99)} {noun2}s {place}.",
-        f"If the {noun} is {adj}, then {name.lower()}_{noun} = {n} + {rng.randint(0, 9)};",
-        f"{name}'s {noun} was {adv} {verb} {when}, and nobody {verb} it again.",
-    )
-    return rng.choice(forms)
-
-
-def corpus_lines(seed: int = CORPUS_SEED, count: int = CORPUS_LINES) -> list[str]:
-    """The built-in training text: ``count`` lines of one to four sentences each."""
-    rng = random.Random(seed)
-    return [" ".join(_sentence(rng) for _ in range(rng.randint(1, 4))) for _ in range(count)]
-
-
 # --- tokenizer ------------------------------------------------------------------------------------
 
 
@@ -145,14 +91,14 @@ def train_tokenizer() -> Tokenizer:
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus_lines(), trainer=trainer)
-    bos_id = _token_id(tokenizer, BOS)
+    bos_id = token_id(tokenizer, BOS)
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
     )
     return tokenizer
 
 
-def _token_id(tokenizer: Tokenizer, token: str) -> int:
+def token_id(tokenizer: Tokenizer, token: str) -> int:
     token_id = tokenizer.token_to_id(token)
     if token_id is None:
         raise ValueError(f"token {token!r} is not in the tokenizer's vocabulary")
@@ -282,7 +228,7 @@ def _build_one(name: str, tokenizer: Tokenizer, final: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        special_ids = {t: _token_id(tokenizer, t) for t in SPECIAL_TOKENS}
+        special_ids = {t: token_id(tokenizer, t) for t in SPECIAL_TOKENS}
         _save_tokenizer(tokenizer, tmp, spec.max_position_embeddings)
         _save_model(spec, tokenizer.get_vocab_size(), special_ids, tmp)
         (tmp / MARKER).write_text(fingerprint(name) + "\n")
@@ -311,45 +257,6 @@ def default_models_dir() -> Path:
 def model_path(name: str, root: Path | None = None) -> Path:
     """Directory of model ``name`` under ``root`` or ``default_models_dir()``; built if missing."""
     return build_models(root or default_models_dir(), [name])[name]
-
-
-# --- prompts --------------------------------------------------------------------------------------
-
-
-def make_prompt(
-    tokenizer: TokenizerSource, num_tokens: int, seed: int, *, bos: bool = True
-) -> list[int]:
-    """Exactly ``num_tokens`` token ids of generated text, the first one ``<s>`` when ``bos``.
-
-    ``tokenizer`` is a directory holding ``tokenizer.json`` (a model directory), a
-    ``tokenizers.Tokenizer`` or a transformers fast tokenizer. The same seed gives the same ids.
-    """
-    if num_tokens < 0:
-        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-    backend = _backend_tokenizer(tokenizer)
-    rng = random.Random(seed)
-    head = [_token_id(backend, BOS)] if bos else []
-    ids = list(head)
-    while len(ids) < num_tokens:
-        text = " ".join(_sentence(rng) for _ in range(max(8, (num_tokens - len(ids)) // 8)))
-        if len(ids) > len(head):
-            text = " " + text
-        ids.extend(backend.encode(text, add_special_tokens=False).ids)
-    return ids[:num_tokens]
-
-
-def _backend_tokenizer(tokenizer: TokenizerSource) -> Tokenizer:
-    from tokenizers import Tokenizer
-
-    if isinstance(tokenizer, Tokenizer):
-        return tokenizer
-    if isinstance(tokenizer, (str, os.PathLike)):
-        path = Path(tokenizer)
-        return Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if not isinstance(backend, Tokenizer):
-        raise TypeError(f"not a fast tokenizer: {type(tokenizer).__name__}")
-    return backend
 
 
 # --- command line ---------------------------------------------------------------------------------

@@ -35,9 +35,10 @@ from kvtier.counters import KVTierStats, TierStats
 from kvtier.keys import ChunkKeyMaker
 from kvtier.scheduler.completions import Completions
 from kvtier.scheduler.costs import HitCosts
+from kvtier.scheduler.hit import GroupSpec
 from kvtier.scheduler.hit_policy import HitPolicy
 from kvtier.scheduler.job_table import JobTable
-from kvtier.scheduler.load_planner import GroupSpec, LoadPlanner
+from kvtier.scheduler.load_planner import LoadPlanner
 from kvtier.scheduler.lookups import Lookups
 from kvtier.scheduler.prefix_events import PrefixEvent, PrefixEvents, tell_tier_events
 from kvtier.scheduler.provenance import JobLog, Provenance, provenance
@@ -281,8 +282,7 @@ class SchedulerConnector:
 
     @property
     def has_pending_work(self) -> bool:
-        """Transfers in flight, chunks to write to a tier once the engine is idle, or finished
-        requests a request source holds."""
+        """Transfers in flight, chunks to write to a tier once idle, or offers a source holds."""
         writes = any(writes.pending for writes in self._writes.values())
         return bool(self.jobs) or writes or self.sources.pending
 

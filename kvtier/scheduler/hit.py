@@ -1,7 +1,9 @@
-"""What a hit decision reads and answers (``hit_policy.py``): small typed values."""
+"""What a hit decision reads and answers (``hit_policy.py``), and the run of chunks it decides
+on (``load_planner.py``): small typed values."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 DEFAULT_WAIT_TOKENS = 256  # min_async_load_tokens unset: what waiting a step is worth until the
@@ -54,3 +56,38 @@ class Hit(NamedTuple):
     load_async: bool = False
     tiers: tuple[str, ...] = ()  # the tiers it loads from, when decided by cost
     declined: tuple[Declined, ...] = ()
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One KV cache group as the scheduler half needs it."""
+
+    block_tokens: int
+    sliding_window: int | None = None  # tokens; None for full attention
+
+
+class HitRun(NamedTuple):
+    """Chunks ``first..host_end`` are in the host tier and ``first..end`` across the tiers;
+    ``retry``: the run stops at a chunk whose store is in flight; ``sync_end`` (None: ``end``):
+    the run's part a load may read before the forward; ``pending``: a remote tier is still
+    looking the run up (it may be longer on a later step); ``parts``: each tier of the chain,
+    in order, and the chunk where its part of the run ends (its part starts where the one
+    before ended, the first at ``host_end``)."""
+
+    host_end: int
+    end: int
+    retry: bool = False
+    sync_end: int | None = None
+    pending: bool = False
+    parts: tuple[tuple[str, int], ...] = ()
+
+
+class Below(NamedTuple):
+    """The leading chunks of some keys the chain below host memory holds: ``chunks`` in all,
+    ``sync`` of them in tiers read before the forward; ``pending``: a tier has not answered;
+    ``counts``: each tier's chunks of them, in the chain's order."""
+
+    chunks: int
+    sync: int
+    pending: bool
+    counts: tuple[int, ...] = ()

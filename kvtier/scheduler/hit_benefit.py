@@ -33,8 +33,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from kvtier.scheduler.costs import CostView
-from kvtier.scheduler.hit import Declined, Hit, HitPolicy, HitRequest
-from kvtier.scheduler.load_planner import HitRun
+from kvtier.scheduler.hit import Declined, Hit, HitPolicy, HitRequest, HitRun
 
 MARGIN = 1.25  # a load is declined only when predicted to cost more than 1.25x the compute
 HOST = "cpu"  # the host tier's name in the costs and the stats

@@ -30,9 +30,8 @@ a measured regression; their intent holds in both:
 from __future__ import annotations
 
 from kvtier.scheduler.costs import CostView
-from kvtier.scheduler.hit import Declined, Hit, HitPolicy, HitRequest
+from kvtier.scheduler.hit import Declined, Hit, HitPolicy, HitRequest, HitRun
 from kvtier.scheduler.hit_benefit import choose_by_benefit
-from kvtier.scheduler.load_planner import HitRun
 
 __all__ = ["Declined", "Hit", "HitPolicy", "HitRequest", "choose_hit"]
 

@@ -12,61 +12,24 @@ per group. A remote tier may not know yet (its lookup is in flight): the run sto
 ``pending``; the part a load may read before the forward (``sync_end``) stops at the first chunk
 of a tier that is never read synchronously (a network store).
 
-Over 300 lines because the run a lookup finds and the loads that read it are one concept: both
-walk the same groups and tiers in the same order, and must agree.
+The run's types (``HitRun``, ``Below``, ``GroupSpec``) are ``hit.py``'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
 from kvtier.addresses import NULL_BLOCK, EngineBlocks, HostChunks, TierChunks
 from kvtier.counters import KVTierStats
 from kvtier.keys import ChunkKey, ChunkKeyMaker
+from kvtier.scheduler.hit import Below, GroupSpec, HitRun
 from kvtier.scheduler.job_table import Job, JobKind, JobTable
 from kvtier.scheduler.request import RequestState
 from kvtier.step_plan import LoadJob
 from kvtier.tiers.base.index import TierIndex
 from kvtier.tiers.host.index import ChunkManager
-
-
-class HitRun(NamedTuple):
-    """Chunks ``first..host_end`` are in the host tier and ``first..end`` across the tiers;
-    ``retry``: the run stops at a chunk whose store is in flight; ``sync_end`` (None: ``end``):
-    the run's part a load may read before the forward; ``pending``: a remote tier is still
-    looking the run up (it may be longer on a later step); ``parts``: each tier of the chain,
-    in order, and the chunk where its part of the run ends (its part starts where the one
-    before ended, the first at ``host_end``)."""
-
-    host_end: int
-    end: int
-    retry: bool = False
-    sync_end: int | None = None
-    pending: bool = False
-    parts: tuple[tuple[str, int], ...] = ()
-
-
-class Below(NamedTuple):
-    """The leading chunks of some keys the chain below host memory holds: ``chunks`` in all,
-    ``sync`` of them in tiers read before the forward; ``pending``: a tier has not answered;
-    ``counts``: each tier's chunks of them, in the chain's order."""
-
-    chunks: int
-    sync: int
-    pending: bool
-    counts: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class GroupSpec:
-    """One KV cache group as the scheduler half needs it."""
-
-    block_tokens: int
-    sliding_window: int | None = None  # tokens; None for full attention
 
 
 class LoadPlanner:

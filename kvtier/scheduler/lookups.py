@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvtier.scheduler.costs import HitCosts
+from kvtier.scheduler.hit import HitRun
 from kvtier.scheduler.hit_policy import HitPolicy, HitRequest, choose_hit
-from kvtier.scheduler.load_planner import HitRun, LoadPlanner
+from kvtier.scheduler.load_planner import LoadPlanner
 from kvtier.scheduler.request import RequestState
 from kvtier.scheduler.tail_store import TailStore
 from kvtier.tiers.host.index import ChunkManager

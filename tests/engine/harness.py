@@ -11,7 +11,7 @@ from typing import Any
 import vllm
 from vllm import LLM, SamplingParams
 
-from kvtier.apps.models import make_prompt
+from kvtier.apps.prompts import make_prompt
 from kvtier.vllm import KVTierConnector, engine_connector, settle
 
 __all__ = ["settle"]  # re-exported for the tests

@@ -49,7 +49,7 @@ from kvtier.apps.bench.servers import (
     stop,
     wait,
 )
-from kvtier.apps.models import make_prompt
+from kvtier.apps.prompts import make_prompt
 
 pytestmark = pytest.mark.engine
 

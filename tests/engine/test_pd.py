@@ -42,7 +42,7 @@ from kvtier.apps.bench.servers import (
     wait,
     wait_healthy,
 )
-from kvtier.apps.models import make_prompt
+from kvtier.apps.prompts import make_prompt
 
 pytestmark = pytest.mark.engine
 

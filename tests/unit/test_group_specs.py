@@ -10,7 +10,7 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
-from kvtier.scheduler.load_planner import GroupSpec
+from kvtier.scheduler.hit import GroupSpec
 from kvtier.vllm.assembly import _group_spec
 
 SHAPE = {"block_size": 32, "num_kv_heads": 2, "head_size": 32, "dtype": torch.float32}

@@ -9,8 +9,8 @@ host memory, then the chain (``disk`` is read before the forward, ``redis`` neve
 from __future__ import annotations
 
 from kvtier.scheduler.costs import CostView, Line
+from kvtier.scheduler.hit import HitRun
 from kvtier.scheduler.hit_policy import Declined, Hit, HitPolicy, HitRequest, choose_hit
-from kvtier.scheduler.load_planner import HitRun
 
 US = 1e-6
 COMPUTE = 10 * US  # seconds per prompt token

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from kvtier.apps.models import MARKER, build_models, is_complete, make_prompt
+from kvtier.apps.models import MARKER, build_models, is_complete
+from kvtier.apps.prompts import make_prompt
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 import xxhash
 
-from kvtier.tiers.peer.net import wire
+from kvtier.tiers.peer.net import streams, wire
 
 
 def header(magic: bytes = b"KVT1", kind: int = 5, flags: int = 0, reserved: int = 0,
@@ -76,8 +76,8 @@ def test_malformed_control_payloads_are_refused(payload: object) -> None:
 
 
 def test_rows_move_through_partial_sends_and_receives(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(wire, "IOV_MAX", 3)  # many batches
-    monkeypatch.setattr(wire, "BATCH_BYTES", 1000)
+    monkeypatch.setattr(streams, "IOV_MAX", 3)  # many batches
+    monkeypatch.setattr(streams, "BATCH_BYTES", 1000)
     source = bytes(range(256)) * 400  # 102400 bytes
     cuts = [0, 7, 5000, 5001, 40000, 70000, len(source)]  # rows of odd sizes
     received = bytearray(len(source))

@@ -29,7 +29,7 @@ from kvtier.apps.bench.report import median
 from kvtier.apps.bench.ttft_process import EngineProcess
 from kvtier.apps.bench.ttft_setup import Setup, Workload, engine_env
 from kvtier.apps.bench.ttft_timing import OtherLoad, Served, own_cpu_seconds
-from kvtier.apps.models import make_prompt
+from kvtier.apps.prompts import make_prompt
 
 CONFIGS = ("baseline", "kvtier")  # A, B
 FILLED = "kvtier-filled"  # C, with ``Rounds.filled_host``

@@ -37,7 +37,7 @@ from kvtier.apps.bench.servers import (
     stop,
     wait_healthy,
 )
-from kvtier.apps.models import make_prompt
+from kvtier.apps.prompts import make_prompt
 
 CONFIGS = ("kvtier", "alone")
 IDLE_S = 2.0  # a vLLM engine busy-polls for ~1 s after its last step

@@ -43,7 +43,8 @@ from kvtier.apps.bench.ttft_setup import (
     Workload,
 )
 from kvtier.apps.bench.ttft_timing import OtherLoad, timed
-from kvtier.apps.models import make_prompt, model_path
+from kvtier.apps.models import model_path
+from kvtier.apps.prompts import make_prompt
 
 if TYPE_CHECKING:
     from vllm import LLM

@@ -361,7 +361,7 @@ def _tier_faults(campaign: Campaign, setting: Setting, extra: dict[str, Any]) ->
 
 def shared_prefix_prompts(model: Path, prefixes: Sequence[int], suffixes: int) -> list[list[int]]:
     """``suffixes`` prompts on each prefix (of these lengths in tokens): prefixes are shared."""
-    from kvtier.apps.models import make_prompt
+    from kvtier.apps.prompts import make_prompt
 
     heads = [make_prompt(model, n, seed=100 + i) for i, n in enumerate(prefixes)]
     return [

@@ -30,7 +30,8 @@ import httpx
 
 from kvtier.apps.bench.fleet_chat import TIMEOUT_S, ask, chat_workload
 from kvtier.apps.bench.fleet_real import Ask, Asked, Ran, RealWork, measure_policies
-from kvtier.apps.models import make_prompt, model_path
+from kvtier.apps.models import model_path
+from kvtier.apps.prompts import make_prompt
 
 POLICIES = ("round-robin", "least-loaded", "kv-aware")
 GOAL_TTFT = 0.6  # kv-aware's chat TTFT p50 over round-robin's

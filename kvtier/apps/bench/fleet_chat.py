@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import httpx
 
-from kvtier.apps.models import corpus_lines
+from kvtier.apps.corpus import corpus_lines
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

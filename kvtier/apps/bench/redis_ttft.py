@@ -30,7 +30,8 @@ from kvtier.apps.bench.report import median
 from kvtier.apps.bench.ttft_engine import on_engine
 from kvtier.apps.bench.ttft_setup import CHUNK_TOKENS, HIT_FRACTION, Setup, Workload, set_engine_env
 from kvtier.apps.bench.ttft_timing import timed
-from kvtier.apps.models import make_prompt, model_path
+from kvtier.apps.models import model_path
+from kvtier.apps.prompts import make_prompt
 
 if TYPE_CHECKING:
     from vllm import LLM

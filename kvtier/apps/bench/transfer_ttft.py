@@ -57,7 +57,8 @@ from kvtier.apps.bench.servers import (
     wait,
     wait_healthy,
 )
-from kvtier.apps.models import make_prompt, model_path
+from kvtier.apps.models import model_path
+from kvtier.apps.prompts import make_prompt
 
 LENGTHS = (1024, 2048, 4096)
 STEP_TOKENS = 9  # tokens streamed from the decode engine to time its steps

@@ -38,7 +38,7 @@ from tqdm import tqdm
 from kvtier.apps.bench.ttft_process import EngineProcess
 from kvtier.apps.bench.ttft_setup import ENGINE_BLOCK, HIT_FRACTION, Setup, loadable_chunks
 from kvtier.apps.bench.ttft_timing import Sample
-from kvtier.apps.models import make_prompt
+from kvtier.apps.prompts import make_prompt
 from kvtier.counters import TierStats
 
 MEASURES = (  # in the order they are taken

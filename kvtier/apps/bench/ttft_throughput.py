@@ -20,7 +20,7 @@ from kvtier.apps.bench.ttft_process import EngineProcess
 from kvtier.apps.bench.ttft_ratios import Ratio, paired
 from kvtier.apps.bench.ttft_setup import Setup
 from kvtier.apps.bench.ttft_timing import Served
-from kvtier.apps.models import make_prompt
+from kvtier.apps.prompts import make_prompt
 
 CONFIGS = ("baseline", "kvtier")
 

@@ -1,4 +1,4 @@
-"""The transfer protocol's frames, and sending and receiving rows without copying them.
+"""The transfer protocol's frames (the rows themselves move by ``streams.py``).
 
 Every frame starts with a fixed 16-byte header, ``struct`` format ``>4sBBHQ`` (big-endian)::
 
@@ -24,26 +24,25 @@ from the header alone, before anything is allocated. Nothing is ever pickled.
 
 A DATA frame's length must be exactly the ``nbytes`` the client asked for plus 8: the client
 computes ``nbytes`` from its own layout and refuses any other length before receiving. Rows go
-out with ``sendmsg`` (gather) and come in with ``recvmsg_into`` (scatter) in batches of at most
-``IOV_MAX`` buffers, straight from and into the engine's rows; each batch is hashed right after it
-moved, while it is still in cache.
-
-Over 300 lines because the frames and the zero-copy send and receive of their rows are one
-format, read best in one place.
+out and come in without a copy (``streams.py``: ``send_rows``, ``recv_rows``, re-exported here).
 """
 
 from __future__ import annotations
 
 import enum
-import os
 import socket
 import struct
-from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
-from itertools import accumulate
-from typing import Annotated, NamedTuple, Protocol
+from typing import Annotated, NamedTuple
 
 import msgspec
+
+from kvtier.tiers.peer.net.streams import (
+    SOCKET_BUFFER_BYTES,
+    Hasher,
+    recv_rows,
+    send_rows,
+    tune_socket,
+)
 
 MAGIC = b"KVT1"
 HEADER = struct.Struct(">4sBBHQ")
@@ -52,10 +51,6 @@ MAX_CONTROL_BYTES = 1 << 20
 CHECKSUM_XXH3_64 = 0x01
 DIGEST_BYTES = 8
 VERSION = 1
-IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024)
-BATCH_BYTES = 1 << 20  # hashed while still in cache
-SOCKET_BUFFER_BYTES = 4 << 20
-RECV_LOWAT_MIN, RECV_LOWAT_MAX = 64 << 10, 256 << 10  # bytes that wake a receive of rows
 
 
 class Kind(enum.IntEnum):
@@ -129,10 +124,6 @@ _KINDS: dict[type[msgspec.Struct], Kind] = {
     Release: Kind.RELEASE,
 }
 _TYPES = {kind: cls for cls, kind in _KINDS.items()}
-
-
-class Hasher(Protocol):
-    def update(self, data: memoryview, /) -> object: ...
 
 
 def encode_header(kind: Kind, length: int, flags: int = 0) -> bytes:
@@ -224,93 +215,6 @@ def recv_exact_into(sock: socket.socket, buf: memoryview) -> None:
         buf = buf[n:]
 
 
-def tune_socket(sock: socket.socket) -> None:
-    """TCP_NODELAY and socket buffers of ``SOCKET_BUFFER_BYTES`` (capped by the kernel)."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
-
-
-def send_rows(
-    sock: socket.socket, head: bytes, views: Sequence[memoryview], hasher: Hasher
-) -> None:
-    """Send ``head`` then ``views`` (gather, partial sends resumed), hashing the views."""
-    cursor = _Cursor([memoryview(head), *views] if head else list(views), hash_from=len(head))
-    while not cursor.done():
-        for sent in cursor.advance(sock.sendmsg(cursor.batch())):
-            hasher.update(sent)
-
-
-def recv_rows(sock: socket.socket, views: Sequence[memoryview], hasher: Hasher) -> None:
-    """Receive exactly the bytes of ``views`` into them (scatter), hashing what arrived.
-
-    While more is due, the socket wakes the receiver only once ``SO_RCVLOWAT`` bytes arrived (a
-    quarter of the rows, 64-256 KiB): fewer, larger receives, each a Python round of its own. A
-    peer that closes or resets still wakes it at once; the mark is back at 1 byte on return.
-    """
-    cursor = _Cursor(list(views))
-    target = min(RECV_LOWAT_MAX, max(RECV_LOWAT_MIN, cursor.total // 4))
-    lowat = 1
-    try:
-        while not cursor.done():
-            want = min(target, cursor.total - cursor.position)
-            if want != lowat:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
-                lowat = want
-            n = sock.recvmsg_into(cursor.batch())[0]
-            if n == 0:
-                raise ConnectionError("connection closed by the peer in the middle of the data")
-            for received in cursor.advance(n):
-                hasher.update(received)
-    finally:
-        if lowat != 1:
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
-            except OSError:
-                pass  # closed meanwhile: the error that ended the receive is the one to raise
-
-
-class _Cursor:
-    """A position in the bytes of a list of views: the next batch to move, and what moved.
-
-    ``ends[k]`` is the stream offset just past view ``k``; the view holding byte ``p`` is the
-    first ``k`` with ``ends[k] > p`` (a bisection, so a call costs the same for any list).
-    """
-
-    def __init__(self, views: list[memoryview], hash_from: int = 0) -> None:
-        self.views = views
-        self.ends = list(accumulate(v.nbytes for v in views))
-        self.total = self.ends[-1] if views else 0
-        self.position = 0  # bytes moved
-        self.index = 0  # the view holding byte ``position``
-        self.hash_from = hash_from  # bytes before it are not handed back for hashing
-
-    def done(self) -> bool:
-        return self.position >= self.total
-
-    def batch(self) -> list[memoryview]:
-        i = self.index
-        stop = bisect_left(self.ends, self.position + BATCH_BYTES, i) + 1
-        out = self.views[i : min(stop, i + IOV_MAX)]
-        skip = self.position - (self.ends[i] - out[0].nbytes)
-        if skip:
-            out[0] = out[0][skip:]
-        return out
-
-    def advance(self, n: int) -> list[memoryview]:
-        low, high = max(self.position, self.hash_from), self.position + n
-        moved: list[memoryview] = []
-        if low < high:
-            first = bisect_right(self.ends, low, self.index)
-            last = bisect_right(self.ends, high - 1, first)
-            moved = self.views[first : last + 1]
-            start = low - (self.ends[first] - moved[0].nbytes)
-            stop = high - (self.ends[last] - moved[-1].nbytes)
-            if first == last:
-                moved[0] = moved[0][start:stop]
-            else:
-                moved[0] = moved[0][start:] if start else moved[0]
-                moved[-1] = moved[-1][:stop]
-        self.position = high
-        self.index = bisect_right(self.ends, high, self.index)
-        return moved
+__all__ = [
+    "SOCKET_BUFFER_BYTES", "Hasher", "recv_rows", "send_rows", "tune_socket",
+]  # fmt: skip
