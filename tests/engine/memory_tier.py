@@ -10,7 +10,8 @@ slower than the engine computing the same tokens (``test_hit_cost.py``).
 
 The scheduler half's index (``MemoryIndex``) answers lookups from the dict, in order; each rank's
 side (``MemoryChunks``) reads and writes its share of a chunk, and kvtier's generic handlers
-(``kvtier.tiers.chunk_io``) move it between the dict and the engine or the host tier.
+(``TierLoadHandler``, ``TierWriteHandler``) move it between the dict and the engine or the host
+tier. It imports one module of kvtier's, its public one for tiers: ``kvtier.tier_api``.
 """
 
 from __future__ import annotations
@@ -21,17 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvtier.config_parse import mapping, non_negative_float, optional, positive_int, required
-from kvtier.keys import ChunkKey, key_group
-from kvtier.layout import KVLayout
-from kvtier.tiers.base.chunk_format import Buffer, ChunkError
-from kvtier.tiers.base.chunk_io import TierLoadHandler, TierWriteHandler
-from kvtier.tiers.base.chunk_tier import view_bytes
-from kvtier.tiers.base.index import Found, Traits, Usage
-from kvtier.tiers.base.spec import SchedulerContext, TierSpec, WorkerContext, WorkerTier
+from kvtier import tier_api as api
 
 NAME = "memory"
-STORE: dict[tuple[ChunkKey, int], bytes] = {}  # (key, rank) -> the rank's record of the chunk
+STORE: dict[tuple[api.ChunkKey, int], bytes] = {}  # (key, rank) -> the rank's record of the chunk
 
 
 @dataclass(frozen=True)
@@ -41,10 +35,10 @@ class MemoryConfig:
 
     @classmethod
     def parse(cls, raw: object, key: str) -> MemoryConfig:
-        section = mapping(raw, key, ("max_chunks", "read_delay_s"))
+        section = api.mapping(raw, key, ("max_chunks", "read_delay_s"))
         return cls(
-            required(section, key, "max_chunks", positive_int),
-            optional(section, key, "read_delay_s", non_negative_float, 0.0),
+            api.required(section, key, "max_chunks", api.positive_int),
+            api.optional(section, key, "read_delay_s", api.non_negative_float, 0.0),
         )
 
 
@@ -53,33 +47,33 @@ class MemoryIndex:
     every rank's share is in ``STORE``; at most ``max_chunks`` of them, oldest evicted first."""
 
     name = NAME
-    traits = Traits(reads_before_forward=True, write_through=True, max_in_flight=64)
+    traits = api.Traits(reads_before_forward=True, write_through=True, max_in_flight=64)
 
     def __init__(self, max_chunks: int, world_size: int) -> None:
         self.max_chunks, self.world_size = max_chunks, world_size
-        self.ready: dict[ChunkKey, None] = {}  # oldest first
-        self.writing: set[ChunkKey] = set()
-        self.pinned: dict[ChunkKey, int] = {}
+        self.ready: dict[api.ChunkKey, None] = {}  # oldest first
+        self.writing: set[api.ChunkKey] = set()
+        self.pinned: dict[api.ChunkKey, int] = {}
         self.evicted = 0
-        self.removed: list[ChunkKey] = []  # ready chunks dropped since ``take_removed``
+        self.removed: list[api.ChunkKey] = []  # ready chunks dropped since ``take_removed``
 
-    def usage(self) -> Usage:
+    def usage(self) -> api.Usage:
         # a snapshot: the ranks' write threads add chunks meanwhile (list() holds the GIL)
-        return Usage(sum(len(record) for record in list(STORE.values())), None, self.evicted)
+        return api.Usage(sum(len(record) for record in list(STORE.values())), None, self.evicted)
 
-    def lookup(self, keys: Sequence[ChunkKey]) -> Found:
+    def lookup(self, keys: Sequence[api.ChunkKey]) -> api.Found:
         found = 0
         for key in keys:
             if key not in self.ready:
                 break
             found += 1
-        return Found(found)
+        return api.Found(found)
 
-    def prepare_load(self, keys: Sequence[ChunkKey]) -> None:
+    def prepare_load(self, keys: Sequence[api.ChunkKey]) -> None:
         for key in keys:
             self.pinned[key] = self.pinned.get(key, 0) + 1
 
-    def complete_load(self, keys: Sequence[ChunkKey], bad: Sequence[ChunkKey] = ()) -> None:
+    def complete_load(self, keys: Sequence[api.ChunkKey], bad: Sequence[api.ChunkKey] = ()) -> None:
         for key in keys:
             self.pinned[key] -= 1
             if not self.pinned[key]:
@@ -87,10 +81,10 @@ class MemoryIndex:
         for key in bad:
             self._drop(key)
 
-    def holds(self, key: ChunkKey) -> bool:
+    def holds(self, key: api.ChunkKey) -> bool:
         return key in self.ready or key in self.writing
 
-    def prepare_store(self, keys: Sequence[ChunkKey]) -> list[ChunkKey]:
+    def prepare_store(self, keys: Sequence[api.ChunkKey]) -> list[api.ChunkKey]:
         taken = []
         for key in keys:
             while len(self.ready) + len(self.writing) >= self.max_chunks and self._evict():
@@ -100,20 +94,22 @@ class MemoryIndex:
                 taken.append(key)
         return taken
 
-    def complete_store(self, ok: Mapping[ChunkKey, int], failed: Sequence[ChunkKey]) -> None:
+    def complete_store(
+        self, ok: Mapping[api.ChunkKey, int], failed: Sequence[api.ChunkKey]
+    ) -> None:
         for key in ok:
             self.writing.discard(key)
             self.ready[key] = None
         for key in failed:
             self.writing.discard(key)
 
-    def verify(self, keys: Sequence[ChunkKey]) -> int:
+    def verify(self, keys: Sequence[api.ChunkKey]) -> int:
         return len(keys)  # nothing is lost unseen: the dict is this process's
 
-    def take_gone(self) -> list[ChunkKey]:
+    def take_gone(self) -> list[api.ChunkKey]:
         return []
 
-    def take_removed(self) -> list[ChunkKey]:
+    def take_removed(self) -> list[api.ChunkKey]:
         removed, self.removed = self.removed, []
         return removed
 
@@ -128,7 +124,7 @@ class MemoryIndex:
                 return True
         return False
 
-    def _drop(self, key: ChunkKey) -> None:
+    def _drop(self, key: api.ChunkKey) -> None:
         if key in self.ready:
             del self.ready[key]
             self.removed.append(key)
@@ -142,57 +138,59 @@ class MemoryChunks:
 
     read_ahead = 0
 
-    def __init__(self, layout: KVLayout, rank: int, factor: int, read_delay_s: float = 0.0) -> None:
+    def __init__(
+        self, layout: api.KVLayout, rank: int, factor: int, read_delay_s: float = 0.0
+    ) -> None:
         self.layout, self.rank, self.factor = layout, rank, factor
         self.read_delay_s = read_delay_s
 
-    def prefetch(self, key: ChunkKey) -> None:
+    def prefetch(self, key: api.ChunkKey) -> None:
         return None
 
-    def read(self, key: ChunkKey, out: Sequence[np.ndarray]) -> None:
+    def read(self, key: api.ChunkKey, out: Sequence[np.ndarray]) -> None:
         if self.read_delay_s:
             time.sleep(self.read_delay_s)  # a slow medium, as the tests configure it
         record = STORE.get((key, self.rank))
-        size = sum(view_bytes(self.layout, key_group(key), self.factor))
+        size = sum(api.view_bytes(self.layout, api.key_group(key), self.factor))
         if record is None or len(record) != size or sum(o.nbytes for o in out) != size:
-            raise ChunkError(f"memory tier: no chunk {key.hex()[:16]} of this shape")
+            raise api.ChunkError(f"memory tier: no chunk {key.hex()[:16]} of this shape")
         at = 0
         for buffer in out:  # the record, in the pieces the handler asks for
             buffer[:] = np.frombuffer(record, np.uint8, buffer.nbytes, at)
             at += buffer.nbytes
 
-    def write(self, key: ChunkKey, payload: Sequence[Buffer]) -> int:
+    def write(self, key: api.ChunkKey, payload: Sequence[api.Buffer]) -> int:
         record = b"".join(bytes(memoryview(b).cast("B")) for b in payload)
         STORE[(key, self.rank)] = record
         return len(record)
 
     def file_bytes(self, group: int) -> int:
-        return sum(view_bytes(self.layout, group, self.factor))
+        return sum(api.view_bytes(self.layout, group, self.factor))
 
-    def holds_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
+    def holds_many(self, keys: Sequence[api.ChunkKey]) -> list[bool]:
         return [(key, self.rank) in STORE for key in keys]
 
     def write_many(
-        self, keys: Sequence[ChunkKey], payloads: Sequence[Sequence[Buffer]]
+        self, keys: Sequence[api.ChunkKey], payloads: Sequence[Sequence[api.Buffer]]
     ) -> list[int | None]:
         return [self.write(key, payload) for key, payload in zip(keys, payloads)]
 
 
-def _scheduler(ctx: SchedulerContext) -> MemoryIndex:
+def _scheduler(ctx: api.SchedulerContext) -> MemoryIndex:
     return MemoryIndex(ctx.config.max_chunks, ctx.world_size)
 
 
-def _worker(ctx: WorkerContext) -> WorkerTier:
+def _worker(ctx: api.WorkerContext) -> api.WorkerTier:
     chunks = MemoryChunks(ctx.layout, ctx.rank, ctx.factor, ctx.config.read_delay_s)
-    return WorkerTier(
+    return api.WorkerTier(
         NAME,
-        load=TierLoadHandler(ctx.layout, chunks, NAME),
-        write=TierWriteHandler(ctx.host, chunks, NAME),
+        load=api.TierLoadHandler(ctx.layout, chunks, NAME),
+        write=api.TierWriteHandler(ctx.host, chunks, NAME),
         flush=chunks,
     )
 
 
-SPEC = TierSpec(
+SPEC = api.TierSpec(
     name=NAME,
     hit_source="EXTERNAL_UNSPECIFIED",
     section=NAME,

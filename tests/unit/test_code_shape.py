@@ -111,7 +111,7 @@ LAYERS = (
             "kvtier.pages",
         ),
     ),
-    ("tier contracts", ("kvtier.tiers.base",)),
+    ("tier contracts", ("kvtier.tiers.base", "kvtier.tier_api")),
     ("tiers", ("kvtier.tiers",)),
     ("config", ("kvtier.config",)),
     ("halves", ("kvtier.scheduler", "kvtier.worker")),
@@ -197,3 +197,17 @@ def test_the_config_loads_neither_torch_nor_a_tier_implementation() -> None:
         and name.split(".")[-1] not in LIGHT
     ]  # fmt: skip
     assert heavy == []
+
+
+def test_the_outside_tier_under_tests_imports_only_the_public_module() -> None:
+    """``tests/engine/memory_tier.py`` is written as a tier from outside kvtier would be."""
+    path = ROOT.parent / "tests" / "engine" / "memory_tier.py"
+    imported = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    from_kvtier = {name for name in imported if name and name.startswith("kvtier")}
+    assert from_kvtier == {"kvtier"}  # ``from kvtier import tier_api``
+    assert "from kvtier import tier_api as api" in path.read_text()
