@@ -111,6 +111,26 @@ def test_noise_that_slopes_downwards_gives_a_line_through_the_origin() -> None:
     assert line is not None and line.fixed == 0.0 and line.per_unit > 0
 
 
+def test_a_loads_noise_that_slopes_downwards_is_flat_not_a_per_token_rate() -> None:
+    """Tails of a few tokens cost a job's fixed time: as a per-token rate, a 400-token load
+    would be charged a hundred times what it costs."""
+    fit = CostFit(origin=False)
+    for tokens, seconds in ((1, ms(0.33)), (3, ms(0.45)), (25, ms(0.31))):
+        fit.add(tokens, seconds)
+    line = fit.line()
+    assert line is not None and line.per_unit == 0.0
+    assert ms(0.31) <= line.at(400) <= ms(0.45)  # what such a job was measured to cost
+
+
+def test_one_load_size_alone_is_flat_and_a_proportional_load_a_line_through_the_origin() -> None:
+    fit = CostFit(origin=False)
+    fit.add(100, ms(5))
+    assert fit.line() == (pytest.approx(ms(5)), 0.0)
+    fit.add(400, ms(20))  # every byte costs the same: fixed part 0
+    line = fit.line()
+    assert line is not None and line.at(800) == pytest.approx(ms(40))
+
+
 # ---- the engine's steps ---------------------------------------------------------------------
 
 
@@ -263,6 +283,15 @@ def test_a_tier_judged_too_slow_is_probed_again_after_a_while_and_some_declines(
     assert "redis" not in _tiers(costs)  # free: the next hit loads it
     costs.decided(loaded=["cpu", "redis"], declined=[])  # the probe: one hit
     assert "redis" in _tiers(costs)
+
+
+def test_a_tier_measured_by_tiny_tails_is_still_loaded_for_a_long_hit() -> None:
+    clock = Clock()
+    costs = _measured(clock)
+    for tokens in (3, 25, 1):
+        costs.loaded("cpu", tokens, ms(0.4))
+    view = costs.view()
+    assert view is not None and view.load("cpu", 449) < 449 * view.compute
 
 
 def test_time_alone_is_no_probe() -> None:

@@ -3,7 +3,8 @@
     Smoothed.add(sample); .value          one quantity: the median of its last three samples,
                                           followed by an EWMA (None before any sample)
     Smoothed.steady                       three samples at least: no single one decides
-    CostFit.add(units, seconds)           one sample: a step of the engine
+    CostFit(origin=True)                  a cost fit online (origin: how a failed fit falls back)
+    CostFit.add(units, seconds)           one sample: a step of the engine, a tier's load
     CostFit.line() -> Line | None         seconds ~ fixed + per_unit * units (None: no sample)
     CostFit.predict(units) -> float|None  the line at ``units``
     CostFit.largest() -> float | None     seconds per unit of the largest samples
@@ -12,7 +13,15 @@ A sample enters its size class (its units by powers of two: 1, 2-3, 4-7, ...). E
 the seconds per unit of its recent samples and the units they had (``Smoothed``); the line is fit
 through the classes' points, each weighing as many samples as it has seen, up to WEIGHT_CAP. So
 steps of one size (a long decode) never wash out what steps of another size (a prefill) taught,
-and each class follows its own recent samples. One class alone gives a line through the origin.
+and each class follows its own recent samples.
+
+Where no line fits (one class alone, or a negative slope or intercept: noise), the fallback
+leans the way a wrong estimate costs least. A step's fit (``origin=True``) falls back to a line
+through the origin: computing is never credited with less than its largest steps show. A load's
+(``origin=False``) falls back, on a negative slope or one class, to the mean seconds, flat: a
+short load's fixed cost (a tail of a few tokens in 0.3 ms) never becomes a per-token rate that
+would charge a long load a hundred times what it costs; a longer load than any measured is then
+predicted optimistically, loaded, and measured.
 """
 
 from __future__ import annotations
@@ -82,7 +91,9 @@ class _SizeClass:
 class CostFit:
     """seconds ~ fixed + per_unit * units, fit online from samples of any size."""
 
-    def __init__(self) -> None:
+    def __init__(self, origin: bool = True) -> None:
+        """``origin``: where no line fits, one through the origin (True) or flat (False)."""
+        self.origin = origin
         self._classes: dict[int, _SizeClass] = {}
         self._line: Line | None = None
         self.samples = 0
@@ -108,20 +119,21 @@ class CostFit:
         return self._classes[max(self._classes)].per_unit.value
 
     def line(self) -> Line | None:
-        """The weighted least-squares line through the size classes; through the origin when a
-        single class is known, or when the fit has a negative slope or intercept (noise)."""
+        """The weighted least-squares line through the size classes; where none fits, the
+        fallback ``origin`` chose (see the module's docstring)."""
         if self._line is None and self._classes:
             self._line = _fit(
                 [
                     (size.units.value or 0.0, size.per_unit.value or 0.0,
                      min(size.per_unit.count, WEIGHT_CAP))
                     for size in self._classes.values()
-                ]
+                ],
+                self.origin,
             )  # fmt: skip
         return self._line
 
 
-def _fit(points: list[tuple[float, float, int]]) -> Line:
+def _fit(points: list[tuple[float, float, int]], origin: bool) -> Line:
     """The line through ``(units, seconds per unit, weight)`` points."""
     xs = [x for x, _, _ in points]
     ys = [x * per_unit for x, per_unit, _ in points]
@@ -135,6 +147,10 @@ def _fit(points: list[tuple[float, float, int]]) -> Line:
         fixed = mean_y - slope * mean_x
         if slope > 0 and fixed >= 0:
             return Line(fixed, slope)
+        if slope > 0:  # proportional: no fixed part
+            origin = True
+    if not origin:
+        return Line(mean_y, 0.0)
     through_origin = sum(w * x * y for w, x, y in zip(ws, xs, ys)) / sum(
         w * x * x for w, x in zip(ws, xs)
     )

@@ -20,10 +20,12 @@ The costs, in seconds (``CostView``):
               ``fixed``); otherwise a step that computes nothing (measured while requests wait
               for their loads). Never more than computing ``wait_tokens`` tokens (what the
               rules took a wait to cost): a loaded machine's step is the noisiest measure
-    tier      per token its loads delivered (a job's seconds over its tokens: for one engine,
-              its bytes per second), the median of its last three loads, then an EWMA. A tier
-              with fewer than three loads is not measured yet and costs nothing: it is loaded
-              (optimism), and so measured; no single slow load ever declines it
+    tier      its loads' seconds ~ fixed + per_token * tokens (a job's seconds against its
+              tokens: for one engine, its bytes per second and its cost per job), fit by size
+              class like the steps (``fit.py``, flat where no line fits: a tail of a few tokens
+              never sets a per-token rate). A tier with fewer than three loads is not measured
+              yet and costs nothing: it is loaded (optimism), and so measured; no single slow
+              load ever declines it
 
 A tier judged too slow is loaded no more, so no new sample would ever tell that it got faster:
 once PROBE_AFTER_DECLINED hits declined it and PROBE_AFTER_S passed since a hit last loaded it,
@@ -40,6 +42,7 @@ from kvtier.scheduler.costs.fit import CostFit, Line, Smoothed
 from kvtier.scheduler.costs.steps import StepTimer
 
 MIN_STEPS = 3  # step samples before computing is taken as measured
+MIN_LOADS = 3  # loads before a tier is taken as measured
 COMPUTE_FLOOR = 0.5  # of the largest steps' average per token
 PROBE_AFTER_S = 10.0
 PROBE_AFTER_DECLINED = 8
@@ -76,7 +79,7 @@ class HitCosts:
         self.steps = StepTimer(clock)
         self.compute = CostFit()
         self.empty = Smoothed()  # seconds of a step that computes nothing
-        self.tiers: dict[str, Smoothed] = {}  # seconds per token loaded
+        self.tiers: dict[str, CostFit] = {}  # seconds ~ tokens loaded
         self._probes: dict[str, _Probe] = {}
 
     def started(self) -> None:
@@ -97,7 +100,7 @@ class HitCosts:
     def loaded(self, tier: str, tokens: int, seconds: float) -> None:
         if tokens <= 0 or seconds < 0:
             return
-        self.tiers.setdefault(tier, Smoothed()).add(seconds / tokens)
+        self.tiers.setdefault(tier, CostFit(origin=False)).add(tokens, seconds)
         self._probes.setdefault(tier, _Probe(self.clock()))
 
     def view(self) -> CostView | None:
@@ -107,9 +110,11 @@ class HitCosts:
         compute = max(line.per_unit, COMPUTE_FLOOR * (self.compute.largest() or 0.0))
         now = self.clock()
         tiers = {
-            name: Line(0.0, rate.value)
-            for name, rate in self.tiers.items()
-            if rate.steady and rate.value is not None and not self._due(name, now)
+            name: load
+            for name, fit in self.tiers.items()
+            if fit.samples >= MIN_LOADS
+            and (load := fit.line()) is not None
+            and not self._due(name, now)
         }
         most = self.wait_tokens * compute
         if self.steps.busy:
