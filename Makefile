@@ -11,6 +11,8 @@ MODELS ?= models
 # two workers, a whole test file each at a time (a module's engines and servers start once);
 # tests/conftest.py hands the longest files out first; the 20 slowest tests are listed at the end
 PYTEST_ARGS ?= -q -n 2 --dist loadfile --durations=20 tests
+# kvtier demo's arguments (kvtier demo --help), e.g. --users 2 --rounds 2 --out /tmp/demo
+DEMO_ARGS ?=
 
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -120,7 +122,7 @@ test: $(STAMP) models
 	env $(RUN_ENV) $(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP) models
-	env $(RUN_ENV) $(VENV)/bin/kvtier demo
+	env $(RUN_ENV) $(VENV)/bin/kvtier demo $(DEMO_ARGS)
 
 test-gpu:
 	@tag=$$($(GPU_PYTHON) -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")'); \

@@ -7,14 +7,14 @@ Once the engine's steps are measured (``costs``: ``costs/model.py``), what the h
 decided by its measured costs (``hit_benefit.py``): the end of the run, at a tier's boundary,
 whose predicted compute saved most exceeds its predicted loads and, for a load that makes the
 request wait, the wait; the rest is computed. Until then, the rules below decide, each against
-a measured regression; their intent holds in both:
+a regression it prevents; their intent holds in both:
 
 - A hit stops before the request's last token: the engine computes it to sample the next token
   (vLLM would recompute it anyway; a synchronous load must leave it, or the step has no work).
 - A single-group model's hit loads synchronously, before the forward of the step that runs the
   request, when what it reads from disk is shorter than ``min_async_load_tokens`` (unset: 256):
   it costs a copy (and a short read), never a scheduling step. A tiny asynchronous load after
-  the engine's own prefix hit once made that hit 1.7–4.7x slower.
+  the engine's own prefix hit would make that hit several times slower.
 - A longer read from disk makes the request wait instead (a step, not a stall of every running
   request). Several KV cache groups always load asynchronously (vLLM takes their load failures
   per request only), and only when the load adds ``min_async_load_tokens``: a shorter one costs

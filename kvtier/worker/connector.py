@@ -215,9 +215,8 @@ class WorkerConnector:
 
     def _wait_idle(self) -> None:
         """A step with nothing to compute while transfers run: block (the GIL released) until
-        one finishes, at most ``IDLE_WAIT_S``. Returning at once, to an engine loop that spins
-        through empty steps holding the GIL, starved the copy threads: a 4k-token load from a
-        local tier took seconds instead of ~0.1 s, a host store 5–25 ms instead of 0.5 ms."""
+        one finishes, at most ``IDLE_WAIT_S``. An engine loop that spins through empty steps
+        holding the GIL would starve the threads doing the transfers it waits for."""
         tiers = self.tiers.values()
         loads = [tier.load for tier in tiers if tier.load is not None]
         jobs = self.jobs

@@ -13,10 +13,10 @@ kvtier may be; the load and write handlers of ``chunk_io.py`` move chunks throug
                                ``payload`` buffers (usually one); OSError when it could not
 
 A tier that a shutdown should write the host chunks it lacks to is also a ``FlushTier``
-(``worker/shutdown_flush.py``): ``file_bytes(group)``, ``holds_many(keys)``,
+(below; ``worker/shutdown_flush.py`` drives it): ``file_bytes(group)``, ``holds_many(keys)``,
 ``write_many(keys, payloads)``.
 
-A chunk's record is its bytes as ``host/records.py`` lays them out: its group's views in order,
+A chunk's record is its bytes as ``records.py`` lays them out: its group's views in order,
 each its ``factor`` pages back to back (``view_bytes`` gives their lengths). A tier stores and
 returns it as it is; the handlers hand it over in one piece, straight from a host slot or into a
 staging area.

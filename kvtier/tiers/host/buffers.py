@@ -1,9 +1,9 @@
 """The host-memory tier: one buffer of ``num_chunks`` slots, a chunk's record in each.
 
 ``memory`` is ``(num_chunks, record_bytes)`` bytes: slot ``s`` holds one chunk as its record
-(``records.py``: the chunk's views one after the other, each its ``factor`` pages back to back,
-the bytes of its disk file's or Redis record's payload). Slots are handed out by the scheduler
-half's ``ChunkManager``; this class only owns the memory.
+(``tiers/base/records.py``: the chunk's views one after the other, each its ``factor`` pages back
+to back, the bytes of its disk file's or Redis record's payload). Slots are handed out by the
+scheduler half's ``ChunkManager``; this class only owns the memory.
 
 The memory is numpy's allocation, started on a 2 MiB boundary (numpy marks it for transparent
 huge pages). For CPU engine tensors it is committed when built (``commit.py``: every page faulted

@@ -3,20 +3,12 @@
     commit(buffers)  every page of ``buffers`` (contiguous CPU tensors) faulted in, writable;
                      ``ValueError`` naming ``cpu_bytes_to_use`` when the machine has not the memory
 
-A page left to the kernel until a store first writes it is paid for by that store: its fault and
-zeroing, inside the step's copy, so by the requests of that step. On a virtual machine whose
-host backs guest memory only when the guest first touches it, and takes it back once freed
-(this one: a balloon driver reporting free pages), that costs about 1.2-2.3 ms per MiB, against
-0.15 ms per MiB into memory the guest already holds. At 512 never-seen prompts at once
-(``kvtier bench concurrency``) a round stores 48 MiB: its stores took 116 ms against 24 ms into
-committed memory (medians of 8 rounds, same run), and the round 4 % longer. Committed when built,
-a host tier costs that once, at start-up (1.4-1.9 s per GiB on this machine; about 0.15 s at
-the 0.15 ms per MiB of memory already held, not measured on bare metal), and every later
-store writes memory already there. It is also
-how the CUDA path has always been (pinned memory is committed when allocated) and how vLLM's own
-CPU offloading allocates (``torch.zeros``); and a machine without the configured memory fails at
-start-up, naming the setting, instead of being killed for memory hours later, when the tier
-fills.
+A page left to the kernel until a store first writes it is paid for by that store (its fault and
+zeroing, much dearer on a virtual machine whose host backs guest memory only when first touched),
+so by the requests of that step. Committed when built, the tier pays it once, at start-up, as
+pinned memory on a GPU and vLLM's own CPU offloading (``torch.zeros``) do; and a machine without
+the configured memory fails at start-up, naming the setting, instead of being killed for memory
+when the tier fills.
 
 How: ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14) faults the pages in without writing their bytes,
 in pieces of ``PIECE_BYTES`` from up to ``WORKERS`` threads (each call releases the GIL), on

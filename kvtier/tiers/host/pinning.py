@@ -6,12 +6,12 @@
     .rate()                   bytes per second registered (None: not started)
     .close()                  stop, then unregister what was registered
 
-Allocating the tier pinned (``cudaHostAlloc``) holds the engine's start for as long as the
-driver takes to pin every page (3 s per 4 GiB measured on an H200 host: over two minutes for a
-200 GiB tier). Instead the tier is plain memory, and ``cudaHostRegister`` pins it piece by piece,
-from slot 0 up (the order the scheduler hands slots out in). A copy into a piece not yet pinned is
-still correct: CUDA stages pageable memory itself, slower. A driver without the call, or one that
-refuses a piece, leaves the rest pageable, with a warning.
+Allocating the tier pinned (``cudaHostAlloc``) holds the engine's start for as long as the driver
+takes to pin every page (seconds per GiB: minutes for a large tier). Instead the tier is plain
+memory, and ``cudaHostRegister`` pins it piece by piece, from slot 0 up (the order the scheduler
+hands slots out in). A copy into a piece not yet pinned is still correct: CUDA stages pageable
+memory itself, slower. A driver without the call, or one that refuses a piece, leaves the rest
+pageable, with a warning.
 """
 
 from __future__ import annotations

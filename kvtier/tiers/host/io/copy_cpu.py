@@ -1,46 +1,21 @@
 """Engine <-> host copies for CPU engine tensors, split across copy lanes.
 
-A job's rows are cut into pieces of about equal bytes that the job's thread and its helper lanes
-(``copy_lanes.py``) claim one at a time, so two cores move bytes at once: one core reaches about
-half of a plain two-thread copy. The copies are numpy's (``np.take`` into host rows, fancy
-assignment into engine blocks): they release the GIL and start no threads.
+A job's pages are cut into pieces of about equal bytes that the job's thread and its helper lanes
+(``copy_lanes.py``) claim one at a time, so that two cores move bytes at once. The copies are
+numpy's (``pages/direct.py``): they release the GIL and start no threads (a torch copy would make
+each lane an OpenMP master with a team of its own beside the engine's).
 
 Loads run inline: ``transfer_async`` returns once the job's bytes are in the engine blocks (vLLM
 waits for them before the forward), and ``get_finished`` reports the job. Stores run inline too by
 default, right after the step's forward (``handlers.engine_host_handlers`` says why); with
 ``inline=False`` they run on the handler's job thread, in submission order, and ``wait`` and
 ``wait_any`` block with the GIL released. A step's stores come together (``transfer_batch``) and
-copy as one (``row_batch.py``): hundreds of one-chunk stores at high concurrency cost one claim of
-the lanes and a gather and a scatter per view, not a plan and copy calls each.
+copy as one (``row_batch.py``): one claim of the lanes for all of them.
 
-Why the earlier two-lane pool stalled (a job thread per direction handing each job's views to a
-two-thread pool shared by both directions; torch copies, then numpy), found by replaying it in
-real vLLM, two in-process engines in one process:
-
-1. Another engine's late teardown. vLLM keeps ONE KV-connector agent and one set of process
-   groups per process. An in-process ``LLM`` still referenced while the next one is built (a
-   caller's ``as llm``, a failed test's traceback) is finalized later by the garbage collector, on
-   whichever thread allocates then, and its shutdown shuts the running engine's connector down
-   (kvtier's job pools and copy lanes, under the engine) and destroys its process groups.
-   Reproduced: the agent becomes None, the store pool is shut down, the next step fails. The
-   tests' harness now shuts each engine down itself. Nothing here can hang on it: a job never
-   waits for a helper lane that is gone, a store submitted after shutdown fails and is counted,
-   a shutdown run on a kvtier thread does not join that thread.
-2. The GIL. While requests wait for transfers the engine spins through empty steps, pure Python
-   that gives the GIL up only when the 5 ms switch interval forces it. Each hand-off of the old
-   pool (job to the job thread, views to the lanes, every copy call re-taking the GIL, the job
-   thread waking from its futures) then waited up to 5 ms: a 16-run store took 5-25 ms instead of
-   0.2-0.6 ms (measured), threads woken with work queued sat "in" ``SimpleQueue.get`` waiting for
-   the GIL (the stacks that looked stuck), and the tests' drain, bounded by 1000 steps then, gave
-   up with transfers in flight (reproduced once with the old code, 32 concurrent prompts). Fewer
-   hand-offs help; an engine that blocks in ``wait_any`` on empty steps instead of spinning
-   removes the wait.
-3. Not CPU affinity in-process: the engine's, OpenMP's and kvtier's threads all keep every core.
-   In vLLM's multi-process mode the rank's main thread is bound to one core (measured: core 0 with
-   TP=1 on two cores, one core per rank with TP=2) and threads it creates inherit that mask, so
-   the lanes are sized from it (``handlers.copy_lanes``): one core, one lane.
-4. torch copies made every lane thread an OpenMP master with a team of its own beside the
-   engine's, on two cores; numpy's do not.
+Contracts that keep an engine from hanging: a job never waits for a helper lane that is gone; a
+store submitted after shutdown fails and is counted; a shutdown run on a kvtier thread does not
+join that thread. The lanes are sized from the cores this thread may run on
+(``handlers.copy_lanes``: vLLM binds a rank's threads, and threads created here inherit the mask).
 """
 
 from __future__ import annotations

@@ -35,11 +35,9 @@ def engine_host_handlers(
     job thread); each job is split across ``lanes`` threads (default ``copy_lanes()``), see
     ``copy_cpu.py``.
 
-    Why CPU stores copy inline, right after the step's forward: a store copied on a thread runs
-    beside the next step's forward, and both are bound by memory bandwidth. The engine's own
-    prefix hit on a 4k-token prompt sent again at once took 1.3x longer beside its predecessor's
-    64 MiB store (1.4x with the store thread at the lowest priority); copied inline, at full speed
-    on cores the engine leaves idle then, the store costs its copy time once.
+    CPU stores copy inline, right after the step's forward, on cores the engine leaves idle
+    then: a store copied on a thread would run beside the next forward, and both are bound by
+    memory bandwidth, so it would slow that forward by more than the copy costs.
     """
     if layout.device.type == "cuda":
         from kvtier.tiers.host.io.copy_cuda import CudaCopyHandler
