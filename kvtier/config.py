@@ -108,6 +108,11 @@ class KVTierConfig:
         """The configured tiers of the chain below host memory, in its order."""
         return [spec for spec in specs(self.tiers) if spec.in_chain and self.section(spec)]
 
+    def sources(self) -> list[TierSpec[Any]]:
+        """The request sources (tiers outside the chain, as the peer tier), in registry order:
+        each builds nothing for an engine its role does not concern."""
+        return [s for s in specs(self.tiers) if s.source is not None and self.section(s)]
+
     @classmethod
     def from_extra_config(
         cls, extra: Mapping[str, object] | None, engine_block_size: int

@@ -93,16 +93,19 @@ class SchedulerSide:
         chain = config.chain()
         if chain:
             _warn_if_hashes_differ_per_process(vllm_config)
-        context = SchedulerContext(
-            None, world_size, keys.digest(), per_block * factor + HEADER_BYTES
-        )
+        specs = [_group_spec(g.kv_cache_spec) for g in groups]
+        context: SchedulerContext[Any] = SchedulerContext(
+            None, world_size, keys.digest(), per_block * factor + HEADER_BYTES,
+            role=role.role, engine_id=role.engine_id,
+            tp_size=vllm_config.parallel_config.tensor_parallel_size, block_tokens=engine_block,
+            windows=tuple(spec.sliding_window for spec in specs),
+        )  # fmt: skip
         lower = []
         for spec in chain:
             assert spec.scheduler is not None
             index = spec.scheduler(dataclasses.replace(context, config=config.section(spec)))
             if index is not None:
                 lower.append(index)
-        specs = [_group_spec(g.kv_cache_spec) for g in groups]
         key_maker = ChunkKeyMaker(keys, factor, config.hash_algo)
         events = vllm_config.kv_events_config  # a router is told what each tier holds
         publish = events is not None and events.enable_kv_cache_events
@@ -112,7 +115,12 @@ class SchedulerSide:
             clock=time.perf_counter,  # a hit is decided by the costs measured with it
             chunk_bytes=chunk_bytes,
         )  # fmt: skip
-        role.scheduler(scheduler, engine_block, [spec.sliding_window for spec in specs])
+        for spec in config.sources():
+            assert spec.source is not None
+            source = spec.source(dataclasses.replace(context, config=config.section(spec)))
+            if source is not None:
+                scheduler.add_source(source)
+        role.scheduler(scheduler)
         logger.info(
             "kvtier: host tier of %d chunks of %d tokens, %d KV cache group(s), %d rank(s)%s",
             num_chunks, engine_block * factor, len(groups), world_size,
@@ -139,7 +147,7 @@ class WorkerSide:
         self._num_blocks = kv_cache_config.num_blocks
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        """This rank's views, host tier and tiers (the chain's, then the role's)."""
+        """This rank's views, host tier and tiers (the chain's, then the request sources')."""
         from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
 
         tp_rank, pp_rank = get_tensor_model_parallel_rank(), get_pp_group().rank_in_group
@@ -153,20 +161,18 @@ class WorkerSide:
                 assert spec.worker is not None
                 mine = dataclasses.replace(base, layout=description)
                 context = WorkerContext(
-                    config.section(spec), layout, host, rank, mine, self._factor
+                    config.section(spec), layout, host, rank, mine, self._factor, self._role.role
                 )
                 return spec.worker(context)
 
             return build
 
         layers = [[name for name in group if name in kv_caches] for group in self._group_layers]
-        builders = [builder(spec) for spec in config.chain() if spec.worker is not None]
+        specs = [*config.chain(), *config.sources()]
+        builders = [builder(spec) for spec in specs if spec.worker is not None]
         worker = self.worker
         worker.register(kv_caches, layers, self._num_blocks, builders)
-        assert worker.layout is not None
-        role_tier = self._role.worker_tier(worker.layout, worker.layout_description, tp_rank)
-        if role_tier is not None:
-            worker.add_tier(role_tier)
+        self._role.registered(worker.tiers, tp_rank)
 
 
 def _group_spec(spec: Any) -> GroupSpec:

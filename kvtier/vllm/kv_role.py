@@ -1,12 +1,14 @@
 """The engine's kv_role inside vLLM: ``kv_both`` (the default), or prefill→decode with
 ``kv_producer`` (prefill) and ``kv_consumer`` (decode), the peer tier (``kvtier/tiers/peer/``).
 
-``KVRole`` is one part of ``KVTierConnector``, with explicit inputs; ``kv_both`` neither listens
-nor pulls, and every call is a no-op. The two other roles keep the chain's tiers: a prefill
-engine's prefix hits still count, a decode engine's turns still hit its own tiers.
+``KVRole`` is one part of ``KVTierConnector``, with explicit inputs: what vLLM's requests and
+handshake mean for the peer tier, whose two halves are built through its spec like every tier's
+(``tiers/peer/build.py``); ``kv_both`` neither listens nor pulls, and every call is a no-op. The
+two other roles keep the chain's tiers: a prefill engine's prefix hits still count, a decode
+engine's turns still hit its own tiers.
 
-    scheduler(scheduler, ...)            the scheduler half's planner (a request source)
-    worker_tier(layout, description, rank) a worker rank's listener or puller
+    scheduler(scheduler)                 the scheduler half's planner (the peer tier's source)
+    registered(tiers, rank)              a worker rank's listener or puller, once built
     handshake() / set_handshake(m)       a prefill rank's listener, as the scheduler learns it
     on_new_request(request)              a prefill engine backs a decode's prompt off
     lookup(request, computed)            a decode request's pull: (tokens, True) or None
@@ -26,18 +28,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorHandsha
 from vllm.v1.request import RequestStatus
 
 from kvtier.config import KVTierConfig
-from kvtier.layout import KVLayout
 from kvtier.tiers.peer import SPEC as PEER
-from kvtier.tiers.peer.net import PeerIdentity
 from kvtier.tiers.peer.planner import PeerPlanner
-from kvtier.tiers.peer.roles import PeerConsumer, PeerProducer
-from kvtier.tiers.peer.worker import PeerSettings, PeerWorkerTier, peer_worker_tier
+from kvtier.tiers.peer.worker import PeerWorkerTier
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.request import Request
 
     from kvtier.scheduler.connector import SchedulerConnector
+    from kvtier.tiers.base.spec import WorkerTier
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class KVRole:
         if role != "kv_both":
             transfer.secret_bytes()
         self.role, self.transfer, self._vllm_config = role, transfer, vllm_config
+        self.engine_id = str(getattr(kv_transfer, "engine_id", None) or "kvtier")
         self.planner: PeerPlanner | None = None  # the scheduler half's
         self._scheduler: SchedulerConnector | None = None
         self._address: tuple[int, str, int] | None = None  # a prefill rank's (rank, host, port)
@@ -88,62 +89,24 @@ class KVRole:
             logger.info("kvtier: kv_load_failure_policy set to %r", policy)
             kv_transfer.kv_load_failure_policy = policy  # type: ignore[assignment]
 
-    def scheduler(
-        self, scheduler: SchedulerConnector, block_tokens: int, windows: Sequence[int | None]
-    ) -> None:
-        """Add the role's planner to ``scheduler`` (``windows``: each group's sliding window)."""
-        parallel = self._vllm_config.parallel_config
+    def scheduler(self, scheduler: SchedulerConnector) -> None:
+        """Take the peer tier's planner from ``scheduler`` (its spec built it as a request
+        source)."""
         if self.role == "kv_both":
             return
-        if parallel.pipeline_parallel_size > 1:
+        if self._vllm_config.parallel_config.pipeline_parallel_size > 1:
             raise ValueError(
                 "kvtier: kv_producer/kv_consumer with pipeline parallelism is not supported"
             )
-        tp, world = parallel.tensor_parallel_size, parallel.world_size
-        producer = consumer = None
-        if self.producer:
-            transfer = self._vllm_config.kv_transfer_config
-            engine_id = str(getattr(transfer, "engine_id", None) or "kvtier")
-            hold_s = self.transfer.hold_s
-            producer = PeerProducer(engine_id, hold_s, tp, world, block_tokens, windows)
-        else:
-            consumer = PeerConsumer(block_tokens, len(windows), tp, world, windows)
-        self.planner = PeerPlanner(producer, consumer)
-        scheduler.add_source(self.planner)
-        self._scheduler = scheduler
+        planner = scheduler.sources.by_name.get(PEER.name)
+        assert isinstance(planner, PeerPlanner), planner
+        self.planner, self._scheduler = planner, scheduler
 
-    def worker_tier(self, layout: KVLayout, description: str, rank: int) -> PeerWorkerTier | None:
-        """A worker rank's side: a prefill rank listens, a decode rank gets a puller."""
-        if self.role == "kv_both":
-            return None
-        transfer = self.transfer
-        settings = PeerSettings(
-            identity=self._identity(description, rank),
-            secret=transfer.secret_bytes(),
-            rank=rank,
-            host=transfer.host,
-            reach_host=transfer.reach_host,
-            port=transfer.port + rank if transfer.port else 0,
-            timeout_s=transfer.timeout_s,
-            connections=transfer.connections,
-        )
-        tier = peer_worker_tier(layout, settings, self.producer)
-        if tier.address is not None:
-            self._address = (rank, *tier.address)
-        return tier
-
-    def _identity(self, description: str, tp_rank: int) -> PeerIdentity:
-        """What both ranks of a transfer must share: the KV's meaning and its shape."""
-        vllm_config = self._vllm_config
-        model, cache = vllm_config.model_config, vllm_config.cache_config
-        return PeerIdentity((
-            ("model", str(model.model)),
-            ("dtype", f"{model.dtype}/{cache.cache_dtype}"),
-            ("block_tokens", str(cache.block_size)),
-            ("tp_size", str(vllm_config.parallel_config.tensor_parallel_size)),
-            ("tp_rank", str(tp_rank)),
-            ("layout", description),
-        ))  # fmt: skip
+    def registered(self, tiers: Mapping[str, WorkerTier], tp_rank: int) -> None:
+        """A worker rank's tiers are built: its listener's address, for the handshake."""
+        tier = tiers.get(PEER.name)
+        if isinstance(tier, PeerWorkerTier) and tier.address is not None:
+            self._address = (tp_rank, *tier.address)
 
     # ---- handshake ---------------------------------------------------------------------------
 

@@ -12,11 +12,13 @@ A spec is everything the rest of kvtier knows about a tier:
     hit_source      the vLLM ``CacheHitSource`` its loaded tokens count under
     scheduler(ctx)  the scheduler half's index (``tiers/base/index.py``), or None: the tier
                     is off (e.g. a store that did not answer and is not required)
+    source(ctx)     a request source instead (``tiers/base/source.py``: the peer tier), or None
     worker(ctx)     one worker rank's side (``WorkerTier``), or None
 
 Specs with a ``scheduler`` builder form the chain below host memory, in the order of
-``registry.py``; both halves loop over it and name no tier. The host tier and the peer tier have
-specs for their names and config, and their own parts (they are not entries of the chain).
+``registry.py``; those with a ``source`` builder are request sources beside it; both halves loop
+over them and name no tier. The host tier's spec names it and its hit source (every engine has
+one, built by the halves themselves).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from kvtier.tiers.base.chunk_tier import FlushTier
 from kvtier.tiers.base.handler import TransferHandler
 from kvtier.tiers.base.index import TierIndex
 from kvtier.tiers.base.records import HostRecords
+from kvtier.tiers.base.source import RequestSource
 
 if TYPE_CHECKING:  # (the engine's views are torch's: not imported to parse a config)
     from kvtier.layout import KVLayout
@@ -45,6 +48,11 @@ class SchedulerContext(Generic[C]):
     world_size: int  # worker ranks: a chunk is loadable when every rank's share is there
     fingerprint: bytes  # the engine's layout digest: tiers shared by several models keep apart
     chunk_bytes: int  # one rank's bytes of one chunk, an upper bound (record headers included)
+    role: str = "kv_both"  # the engine's kv_role: kv_producer, kv_consumer for prefill->decode
+    engine_id: str = ""  # the engine's id, as vLLM names it
+    tp_size: int = 1
+    block_tokens: int = 0  # tokens per engine block
+    windows: tuple[int | None, ...] = ()  # per KV cache group: its sliding window (tokens)
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,7 @@ class WorkerContext(Generic[C]):
     rank: int  # among all ranks (pipeline stage, then tensor rank): names its share of a chunk
     fingerprint: LayoutFingerprint  # this rank's: records are checked against it
     factor: int  # engine blocks per chunk
+    role: str = "kv_both"  # the engine's kv_role
 
 
 @dataclass
@@ -102,6 +111,7 @@ class TierSpec(Generic[C]):
     parse: Callable[[object, str], C] | None = None
     default: C | None = None
     scheduler: Callable[[SchedulerContext[C]], TierIndex | None] | None = None
+    source: Callable[[SchedulerContext[C]], RequestSource | None] | None = None
     worker: Callable[[WorkerContext[C]], WorkerTier | None] | None = None
     doc: str = field(default="", compare=False)  # one line for the config's documentation
 

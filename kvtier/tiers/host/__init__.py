@@ -1,8 +1,13 @@
-"""The host-memory tier: pinned buffers of chunks, the first tier below the engine.
+"""The host-memory tier: a record per chunk in (pinned) host memory, the first tier below the engine.
 
-Not an entry of the chain: every engine has it, sized by ``cpu_bytes_to_use``. Its buffers are
-``buffers.py``, committed to memory when built (``commit.py``); the scheduler half's index is
-``scheduler/manager.py``, its copies ``worker/copy_*.py``.
+Not an entry of the chain: every engine has one, sized by ``cpu_bytes_to_use``, and the halves
+build it themselves from this package:
+
+    index.py         the scheduler half's index (``ChunkManager``), with policies/ (lru, arc),
+                     admission.py (which chunks enter) and slots.py (free slots)
+    buffers.py       a rank's memory (``HostTier``: one record per slot), committed when built
+                     (commit.py) and, on a GPU, pinned as the engine serves (pinning.py)
+    io/              the engine <-> host copies: handlers.py picks them for the engine's device
 """
 
 from kvtier.tiers.base.spec import TierSpec
