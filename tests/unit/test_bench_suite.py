@@ -17,6 +17,7 @@ import pytest
 from kvtier.apps.bench.commands import BENCHES
 from kvtier.apps.bench.common.servers import KVTIER
 from kvtier.apps.bench.pages import SUMMARIES, page
+from kvtier.apps.cli import main
 
 BENCH = Path(__file__).resolve().parents[2] / "kvtier" / "apps" / "bench"
 RESULTS = BENCH.parents[2] / "bench" / "results"
@@ -66,8 +67,13 @@ def test_what_every_bench_shares_is_written_once(name: str, home: str) -> None:
     assert holding == [home]
 
 
-def test_kvtier_bench_lists_every_bench_and_the_report() -> None:
+def test_kvtier_bench_lists_every_bench_and_the_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert tuple(command.name for command in BENCHES) == COMMANDS
+    with pytest.raises(SystemExit) as done:
+        main(["bench", "--help"])
+    assert done.value.code == 0
+    listed = capsys.readouterr().out
+    assert all(f"    {name}" in listed for name in COMMANDS)
 
 
 def test_the_report_makes_a_page_of_every_result_from_its_file_alone(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
 COMMAND = Command(
     "concurrency",
-    "0%-hit throughput at 512 concurrent requests and a served long miss, kvtier / none",
+    "0%%-hit throughput at 512 concurrent requests and a served long miss, kvtier / none",
     add_arguments,
     run,
     description="Rounds of 512 never-seen 96-token prompts at once (the tiny model, "
