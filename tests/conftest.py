@@ -27,10 +27,11 @@ _LONGEST_FIRST = [  # tests/engine files, longest first (the rest keep their ord
     "test_bench_ttft.py", "test_fleet.py", "test_pd_hybrid.py", "test_fault_scenario.py",
     "test_bench_transfer.py", "test_disk.py", "test_redis_writes.py", "test_block_tables.py",
     "test_hybrid.py", "test_connector.py", "test_connector_pressure.py", "test_disk_limits.py",
-    "test_bench_disk.py", "test_bench_concurrency.py", "test_hit_cost.py", "test_outside_tier.py",
-    "test_kv_events.py",
-    "test_disk_healing.py", "test_serve.py", "test_no_regret.py", "test_observability.py",
-    "test_demo.py", "test_bench_redis_ttft.py", "test_copy_lanes.py", "test_engine_smoke.py",
+    "test_bench_disk.py", "test_bench_faults.py", "test_bench_concurrency.py",
+    "test_hit_cost.py", "test_outside_tier.py", "test_kv_events.py", "test_disk_healing.py",
+    "test_serve.py", "test_no_regret.py", "test_observability.py", "test_demo.py",
+    "test_bench_redis_ttft.py", "test_readme_commands.py", "test_copy_lanes.py",
+    "test_engine_smoke.py",
 ]  # fmt: skip
 
 

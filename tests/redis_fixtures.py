@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvtier.apps.bench.redis_server import RedisClusterServers, RedisServer, server_binary
+from kvtier.apps.bench.common.redis_server import RedisClusterServers, RedisServer, server_binary
 
 
 def _need(kind: str) -> None:

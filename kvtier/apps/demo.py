@@ -25,6 +25,8 @@ from rich.console import Console
 from rich.progress import Progress
 
 from kvtier.apps import demo_report
+from kvtier.apps.bench.common.connector import kvtier_config
+from kvtier.apps.bench.common.engine_env import apply_in_process_env
 from kvtier.apps.models import model_path
 from kvtier.apps.prompts import make_prompt
 from kvtier.apps.provenance_report import ProvenanceTotals, add_up
@@ -32,23 +34,11 @@ from kvtier.apps.provenance_report import ProvenanceTotals, add_up
 if TYPE_CHECKING:
     from vllm import LLM
 
-ENGINE_ENV = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process: kvtier.stats(llm) reads the counters
-    "VLLM_USE_V2_MODEL_RUNNER": "0",  # V2 needs Triton
-    "HF_HUB_OFFLINE": "1",
-    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of engine KV cache
-    "VLLM_LOGGING_LEVEL": "ERROR",  # the table is the demo's output
-}
 SYSTEM_TOKENS = 256
 MESSAGE_TOKENS = (64, 128)  # each user message: a length drawn in this range
 REPLY_TOKENS = 16
 CHUNK_TOKENS = 64  # kvtier's chunk: two engine blocks of 32 tokens
-KVTIER = {
-    "kv_connector": "KVTierConnector",
-    "kv_connector_module_path": "kvtier.vllm",
-    "kv_role": "kv_both",
-    "kv_connector_extra_config": {"cpu_bytes_to_use": "256MiB", "block_size": CHUNK_TOKENS},
-}
+KVTIER = kvtier_config({"cpu_bytes_to_use": "256MiB", "block_size": CHUNK_TOKENS})
 
 
 @dataclass(frozen=True)
@@ -94,12 +84,10 @@ def run(
 ) -> list[RoundResult]:
     """Run the chat without and with kvtier; print the table and summary, write the plot.
 
-    Sets the ``ENGINE_ENV`` variables that are not set yet (process-wide, before vLLM is imported).
+    Sets the in-process engine's environment (``bench.common.engine_env``: process-wide,
+    before vLLM is imported): the engines run in this process, ``kvtier.stats`` reads them.
     """
-    for name, value in ENGINE_ENV.items():
-        os.environ.setdefault(name, value)
-    if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
-        raise ValueError("kvtier demo: needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (reads kvtier.stats)")
+    apply_in_process_env()
     model = model_path("tiny")
     workload = _workload(model, users, rounds)
     console = Console()

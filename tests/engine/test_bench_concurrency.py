@@ -1,30 +1,40 @@
-"""``kvtier bench concurrency`` end to end on the tiny model, its smallest sizes: engine processes
-with and without kvtier serve interleaved rounds, every round is timed, and the JSON's ratios are
-the ones its measured rounds make (the served long-miss part: its summary from given TTFTs)."""
+"""``kvtier bench concurrency --quick`` end to end on the tiny model, run as a user's fresh shell
+runs it (only PATH and HOME): engine processes with and without kvtier serve interleaved rounds,
+every round is timed, and the JSON's ratios are the ones its measured rounds make (the served
+long-miss part: its summary from given TTFTs)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from kvtier.apps.bench import concurrency
-from kvtier.apps.bench.concurrency_rounds import Rounds
-from kvtier.apps.bench.concurrency_rounds import summarize as summarize_rounds
-from kvtier.apps.bench.concurrency_served import LongMiss, summarize
-from kvtier.apps.bench.report import median
+from kvtier.apps.bench.common.servers import KVTIER
+from kvtier.apps.bench.common.timing import median
+from kvtier.apps.bench.concurrency import run as concurrency
+from kvtier.apps.bench.concurrency.rounds import Rounds
+from kvtier.apps.bench.concurrency.rounds import summarize as summarize_rounds
+from kvtier.apps.bench.concurrency.served import LongMiss, summarize
 
 VERDICT_KEYS = {"key", "label", "ratio", "min", "max", "spread", "pairs", "goal", "pass"}
 
 
-def test_bench_concurrency_rounds_ratios_come_from_the_measured_rounds(
-    tiny_model: Path, tmp_path: Path
-) -> None:
-    work = Rounds(prompts=8, tokens=64, max_tokens=4, rounds=3, pairs=1, max_num_seqs=8,
-                  chunk_tokens=32)  # fmt: skip
-    concurrency.run(tmp_path, rounds=work, long_miss=None,
-                    models={"rounds": (tiny_model, "float32")})  # fmt: skip
+def _kvtier(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``kvtier ARGS`` in a user's fresh shell: no variable but PATH and HOME."""
+    env = {name: os.environ[name] for name in ("PATH", "HOME")}
+    done = subprocess.run([KVTIER, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-5000:]
+    return done
+
+
+def test_bench_concurrency_rounds_ratios_come_from_the_measured_rounds(tmp_path: Path) -> None:
+    _kvtier("bench", "concurrency", "--quick", "--no-served", "--out", str(tmp_path), timeout=900)
+    assert concurrency.QUICK == Rounds(prompts=8, tokens=64, max_tokens=4, rounds=3, pairs=1,
+                                       max_num_seqs=8, chunk_tokens=32)  # fmt: skip
 
     document = json.loads((tmp_path / "concurrency.json").read_text())
     assert (tmp_path / "concurrency.png").stat().st_size > 0
@@ -50,6 +60,9 @@ def test_bench_concurrency_rounds_ratios_come_from_the_measured_rounds(
     assert row["ratio"] == row["min"] == row["max"] == round(rounds["ratios"][0], 3)
     assert row["goal"] == ">= 0.97" and row["pass"] == (row["ratio"] >= 0.97)
     assert document["all_pass"] == row["pass"]
+    assert document["models"] == {"rounds": ["tiny", "float32"]}
+    page = (tmp_path / "concurrency.md").read_text()
+    assert "`kvtier bench concurrency --quick --pairs 1 --rounds 3 --no-served`" in page
 
 
 def test_long_miss_ratios_are_mean_ttft_over_pairs() -> None:

@@ -1,13 +1,16 @@
-"""``kvtier bench disk`` end to end with tiny sizes and the tiny model: every part runs, the hits
-from disk are verified (kvtier's counters, ExampleConnector's files read back), and the JSON and
-the PNG hold every ratio."""
+"""``kvtier bench disk`` end to end with tiny sizes and the tiny model, run as a user's fresh shell
+runs it (only PATH and HOME): every part runs, the hits from disk are verified (kvtier's
+counters, ExampleConnector's files read back), and the JSON, the PNG and the Markdown page hold
+every ratio."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
-from kvtier.apps.bench import disk
+from kvtier.apps.bench.common.servers import KVTIER
 
 RATIOS = {
     "store", "cold_load", "warm_load",
@@ -15,11 +18,21 @@ RATIOS = {
 }  # fmt: skip
 
 
+def _kvtier(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``kvtier ARGS`` in a user's fresh shell: no variable but PATH and HOME."""
+    env = {name: os.environ[name] for name in ("PATH", "HOME")}
+    done = subprocess.run([KVTIER, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-5000:]
+    return done
+
+
 def test_bench_disk_writes_verified_ratios(tiny_model: Path, tmp_path: Path) -> None:
     out, work = tmp_path / "out", tmp_path / "work"
     work.mkdir()
-    disk.run(out, work, chunks=4, layers=2, rounds=1, tokens=256, repeats=1, model=tiny_model,
-             dtype="float32", device="cpu")  # fmt: skip
+    _kvtier("bench", "disk", "--dir", str(work), "--chunks", "4", "--layers", "2", "--rounds",
+            "1", "--tokens", "256", "--repeats", "1", "--model", str(tiny_model), "--dtype",
+            "float32", "--device", "cpu", "--out", str(out), timeout=900)  # fmt: skip
 
     document = json.loads((out / "disk-cpu.json").read_text())
     rows = {row["key"]: row for row in document["rows"]}
@@ -37,3 +50,5 @@ def test_bench_disk_writes_verified_ratios(tiny_model: Path, tmp_path: Path) -> 
     assert ttft["checks"]["example"][0]["folders_read"] == 1
     assert (out / "disk-cpu.png").stat().st_size > 0
     assert list(work.iterdir()) == []  # the working directory was removed
+    page = (out / "disk-cpu.md").read_text()
+    assert "--chunks 4 --layers 2 --rounds 1 --tokens 256" in page and "| cold load / " in page

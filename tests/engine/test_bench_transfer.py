@@ -1,15 +1,18 @@
-"""``kvtier bench transfer --ttft`` end to end with the tiny model (quick): a prefill and a decode
-``kvtier serve`` and ``kvtier proxy`` really run, each prompt's KV crosses by the peer, and the
-JSON and the PNG hold every part of the split and its ratio to the bound."""
+"""``kvtier bench transfer --quick --ttft`` end to end with the tiny model, run as a user's fresh
+shell runs it (only PATH and HOME): a prefill and a decode ``kvtier serve`` and ``kvtier proxy``
+really run, each prompt's KV crosses by the peer, and the JSON, the PNG and the Markdown page
+hold every part of the split and its ratio to the bound."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from kvtier.apps.bench import transfer_ttft
+from kvtier.apps.bench.common.servers import KVTIER
 
 pytestmark = pytest.mark.engine
 
@@ -18,12 +21,22 @@ PARTS = ("prefill", "transfer", "step", "first", "own_first", "proxy", "proxy_pr
          "proxy_decode_forward")  # fmt: skip
 
 
+def _kvtier(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``kvtier ARGS`` in a user's fresh shell: no variable but PATH and HOME."""
+    env = {name: os.environ[name] for name in ("PATH", "HOME")}
+    done = subprocess.run([KVTIER, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-5000:]
+    return done
+
+
 def test_bench_transfer_ttft_writes_the_split_and_its_ratio(tmp_path: Path) -> None:
-    rows = transfer_ttft.run(tmp_path, quick=True)
+    done = _kvtier("bench", "transfer", "--quick", "--ttft", "--out", str(tmp_path), timeout=900)
 
     document = json.loads((tmp_path / "transfer-ttft.json").read_text())
-    assert document["rows"] == rows and (tmp_path / "transfer-ttft.png").stat().st_size > 0
-    (row,) = rows
+    assert (tmp_path / "transfer-ttft.png").stat().st_size > 0
+    assert "prefill→decode 1024 tokens: through the proxy" in done.stdout
+    (row,) = document["rows"]
     assert row["prompt_tokens"] == 1024
     assert all(row[f"{part}_s"] > 0 for part in PARTS)  # pulls happened: their seconds counted
     # B's ratio to its own bound: the proxy's Server-Timing gave its prefill
@@ -41,3 +54,6 @@ def test_bench_transfer_ttft_writes_the_split_and_its_ratio(tmp_path: Path) -> N
     assert row["wait_after_pull_s"] == pytest.approx(queue - transfer)
     assert row["hops_s"] == pytest.approx(proxy - prefill - ttft)
     assert row["forward_steps"] == pytest.approx(forward / row["step_samples"][0])
+    page = (tmp_path / "transfer-ttft.md").read_text()
+    assert "`kvtier bench transfer --ttft --quick`" in page and "| 1024 |" in page
+    assert (tmp_path / "transfer.md").exists()  # the pulls, before the split

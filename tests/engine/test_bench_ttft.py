@@ -1,17 +1,19 @@
-"""``kvtier bench ttft`` end to end on the tiny model, its smallest sizes: the engines run side by
-side, every row is measured and verified (kvtier hits from kvtier's counters), and the JSON holds
-the no-regret ratios with their goals and verdicts, per length and for the throughput."""
+"""``kvtier bench ttft`` end to end on the tiny model, its smallest sizes, run as a user's fresh
+shell runs it (only PATH and HOME): the engines run side by side, every row is measured and
+verified (kvtier hits from kvtier's counters), and the JSON holds the no-regret ratios with their
+goals and verdicts, per length and for the throughput; the Markdown page says them."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from kvtier.apps.bench import ttft
-from kvtier.apps.bench.ttft_ratios import GOALS
-from kvtier.apps.bench.ttft_setup import Workload
+from kvtier.apps.bench.common.servers import KVTIER
+from kvtier.apps.bench.ttft.ratios import GOALS
 
 ROW_KEYS = {
     "prompt_tokens", "aligned", "recompute_s", "engine_hit_s", "engine_hit_on_s", "kvtier_hit_s",
@@ -24,10 +26,20 @@ BOUNDS = {"engine_hit_on_over_off": 1.1, "kvtier_over_engine_hit": 1.0, "through
 VERDICT_KEYS = {"key", "label", "prompt_tokens", "ratio", "spread", "pairs", "goal", "pass"}
 
 
+def _kvtier(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``kvtier ARGS`` in a user's fresh shell: no variable but PATH and HOME."""
+    env = {name: os.environ[name] for name in ("PATH", "HOME")}
+    done = subprocess.run([KVTIER, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-5000:]
+    return done
+
+
 def test_bench_ttft_writes_verified_no_regret_rows(tiny_model: Path, tmp_path: Path) -> None:
-    workload = Workload(prompts=2, tokens=128, max_tokens=2, pairs=2, max_pairs=2)
-    ttft.run(tmp_path, lengths=(128,), unaligned=(100,), repeats=2, model=tiny_model,
-             dtype="float32", chunk_tokens=32, workload=workload)  # fmt: skip
+    _kvtier("bench", "ttft", "--lengths", "128", "--unaligned", "100", "--repeats", "2",
+            "--model", str(tiny_model), "--dtype", "float32", "--chunk-tokens", "32",
+            "--pairs", "2", "--max-pairs", "2", "--prompts", "2", "--prompt-tokens", "128",
+            "--max-tokens", "2", "--out", str(tmp_path), timeout=900)  # fmt: skip
 
     document = json.loads((tmp_path / "ttft-cpu.json").read_text())
     assert document["chunk_tokens"] == 32
@@ -57,3 +69,5 @@ def test_bench_ttft_writes_verified_no_regret_rows(tiny_model: Path, tmp_path: P
         verdicts["throughput_ratio", None]["ratio"], abs=1e-3
     )
     assert (tmp_path / "ttft-cpu.png").stat().st_size > 0
+    page = (tmp_path / "ttft-cpu.md").read_text()
+    assert "--lengths 128 --unaligned 100 --repeats 2" in page and "| kvtier hit / " in page

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from kvtier.apps import demo
+from kvtier.apps.bench.common.engine_env import in_process_env
 
 
 def test_demo_serves_chat_history_from_kvtier(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name, value in demo.ENGINE_ENV.items():  # restored after the test
-        monkeypatch.setenv(name, os.environ.get(name, value))
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the demo reads kvtier.stats(llm)
+    for name, value in in_process_env().items():  # what the demo sets; restored after the test
+        monkeypatch.setenv(name, value)
     results = demo.run(users=2, rounds=3, out_dir=tmp_path)
     assert [r.round for r in results] == [0, 1, 2]
     assert all(r.identical for r in results)

@@ -1,6 +1,6 @@
 """Never wrong, never lost (issue 19): every fault in every tier, against the engine without kvtier.
 
-A seeded campaign (``kvtier.apps.bench.fault_campaign``; the scenario that served wrong KV is
+A seeded campaign (``kvtier.apps.bench.faults.campaign``; the scenario that served wrong KV is
 ``test_fault_scenario.py``): for disk and Redis tiers x host tiers tiny and roomy x synchronous
 and asynchronous reads, one engine runs every fault in turn (bit flips, truncation, another
 chunk's record, another model's record, a read error, the tier killed and restarted, the
@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from kvtier.apps.bench.fault_campaign import Campaign, Setting, shared_prefix_prompts
-from kvtier.apps.bench.fault_tiers import Fault
+from kvtier.apps.bench.faults.campaign import Campaign, shared_prefix_prompts
+from kvtier.apps.bench.faults.setting import Setting
+from kvtier.apps.bench.faults.tiers import Fault
 
 
 @pytest.fixture(scope="module")

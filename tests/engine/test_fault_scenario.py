@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.apps.bench.fault_campaign import Campaign, Setting, shared_prefix_prompts
-from kvtier.apps.bench.fault_tiers import DiskFaults, Fault
+from kvtier.apps.bench.faults.campaign import Campaign, shared_prefix_prompts
+from kvtier.apps.bench.faults.setting import Setting
+from kvtier.apps.bench.faults.tiers import DiskFaults, Fault
 
 
 @pytest.fixture(scope="module")

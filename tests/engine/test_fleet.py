@@ -31,23 +31,23 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
-from kvtier.apps.bench.fleet_chat import Answer, ask, chat_workload
-from kvtier.apps.bench.fleet_real import (
+from kvtier.apps.bench.common.ports import free_port
+from kvtier.apps.bench.common.servers import (
+    KVTIER,
+    WAIT_S,
+    WORKER_IN_CORE,
+    Server,
+    launch,
+    stop,
+    wait,
+)
+from kvtier.apps.bench.fleet.real.chat import Answer, ask, chat_workload
+from kvtier.apps.bench.fleet.real.fleet import (
     Asked,
     index_modes,
     reset_caches,
     run_policy,
     started_fleet,
-)
-from kvtier.apps.bench.servers import (
-    KVTIER,
-    WAIT_S,
-    WORKER_IN_CORE,
-    Server,
-    free_port,
-    launch,
-    stop,
-    wait,
 )
 from kvtier.apps.prompts import make_prompt
 

@@ -28,12 +28,12 @@ from harness import engine, kvtier_transfer
 from vllm import SamplingParams
 
 import kvtier
-from kvtier.apps.bench.servers import (
+from kvtier.apps.bench.common.ports import free_port
+from kvtier.apps.bench.common.servers import (
     KVTIER,
     WAIT_S,
     WORKER_IN_CORE,
     Server,
-    free_port,
     launch,
     post,
     sample,

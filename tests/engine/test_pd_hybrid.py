@@ -20,11 +20,11 @@ from harness import engine, kvtier_transfer, prompts
 from vllm import SamplingParams
 
 import kvtier
-from kvtier.apps.bench.servers import (
+from kvtier.apps.bench.common.ports import free_port
+from kvtier.apps.bench.common.servers import (
     WAIT_S,
     WORKER_IN_CORE,
     Server,
-    free_port,
     launch,
     post,
     sample,

@@ -21,9 +21,9 @@ from typing import Any, NamedTuple
 import pytest
 from harness import prompts
 
-from kvtier.apps.bench.servers import (
+from kvtier.apps.bench.common.ports import free_port
+from kvtier.apps.bench.common.servers import (
     WAIT_S,
-    free_port,
     launch,
     post,
     sample,

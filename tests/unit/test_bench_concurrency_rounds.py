@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.apps.bench import concurrency
-from kvtier.apps.bench.concurrency_rounds import FILLED, Rounds, engine_args, summarize
+from kvtier.apps.bench.concurrency import report
+from kvtier.apps.bench.concurrency import run as concurrency
+from kvtier.apps.bench.concurrency.rounds import FILLED, Rounds, engine_args, summarize
 
 
 def _process(pair: int, config: str, seconds: float) -> dict[str, object]:
@@ -44,7 +45,7 @@ def test_filled_ratios_sit_beside_kvtiers_and_get_their_own_row(tmp_path: Path) 
     assert [(row["key"], row["ratio"], row["pass"]) for row in rows] == [
         ("rounds", 0.8, False), ("rounds_filled", 0.909, False)
     ]  # fmt: skip
-    concurrency._plot(rows, ratios, tmp_path / "concurrency.png")
+    report.plot(rows, ratios, concurrency.GOALS, tmp_path / "concurrency.png")
     assert (tmp_path / "concurrency.png").stat().st_size > 0
     json.dumps(part)  # the JSON's rounds part
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.apps.bench.fleet import GOAL_TTFT, POLICIES, summarize
-from kvtier.apps.bench.fleet_real import Ran, RealWork
-from kvtier.apps.bench.fleet_report import plot, report
+from kvtier.apps.bench.fleet.real.fleet import Ran, RealWork
+from kvtier.apps.bench.fleet.real.report import plot, report
+from kvtier.apps.bench.fleet.real.run import GOAL_TTFT, POLICIES, summarize
 
 TTFT_P50 = {"round-robin": 1.0, "least-loaded": 0.9, "kv-aware": 0.25}  # seconds
 COMPUTED = {"round-robin": 20_000, "least-loaded": 18_000, "kv-aware": 7_000}

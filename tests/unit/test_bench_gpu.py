@@ -19,17 +19,19 @@ from typing import Any
 
 import pytest
 
+from kvtier.apps.bench.common.redis_server import redis_server_binary
 from kvtier.apps.bench.gpu.deadline import deadline
 from kvtier.apps.bench.gpu.figures import FIGURES, Measured, Results, Unavailable, rows, summary
 from kvtier.apps.bench.gpu.markdown import pytest_summary, render
-from kvtier.apps.bench.redis_server import redis_server_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_LOADED = "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm'))"
 
 
 def _python(code: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    # as ``make test-gpu`` runs it: a fresh shell's PATH and HOME, the source tree, no hub
+    env = {**{k: os.environ[k] for k in ("PATH", "HOME")}, "PYTHONPATH": str(ROOT),
+           "HF_HUB_OFFLINE": "1"}  # fmt: skip
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=timeout)  # fmt: skip
 

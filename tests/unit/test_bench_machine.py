@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvtier.apps.bench.machine import cpu
+from kvtier.apps.bench.common.machine import cpu
 
 CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD

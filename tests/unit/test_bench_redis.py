@@ -11,9 +11,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from kvtier.apps.bench import redis as redis_bench
-from kvtier.apps.bench.redis_report import GOALS, RATIOS
-from kvtier.apps.bench.redis_server import RedisServer
+from kvtier.apps.bench.common.redis_server import RedisServer
+from kvtier.apps.bench.redis import run as redis_bench
+from kvtier.apps.bench.redis.report import GOALS, RATIOS
+from kvtier.apps.bench.redis.rig import PREFIX
 
 
 def test_quick_bench_writes_every_row_ratio_and_the_figure(
@@ -36,7 +37,7 @@ def test_quick_bench_writes_every_row_ratio_and_the_figure(
     assert sizes[16]["engine_block_tokens"] == 16 and sizes[16]["chunk_bytes"] == 256 << 10
     assert sizes[256]["engine_block_tokens"] == 32 and sizes[256]["chunk_bytes"] == 4 << 20
     assert (tmp_path / "redis.png").stat().st_size > 0
-    assert not redis_server.client().keys(f"{redis_bench.PREFIX}:*")  # the bench cleaned up
+    assert not redis_server.client().keys(f"{PREFIX}:*")  # the bench cleaned up
 
 
 def test_the_report_names_the_server_it_ran_on(store_server: RedisServer) -> None:

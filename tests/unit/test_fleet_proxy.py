@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from proxy_fakes import WAIT_S, FakeEngine, metric, run, serving, until
 from vllm.distributed.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
 
-from kvtier.apps.bench.servers import free_port
+from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.proxy.app import build_app, build_fleet_app
 from kvtier.apps.proxy.balancer import Engine, Pool
 from kvtier.apps.proxy.config import FleetConfig

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from kvtier.apps.bench.fleet_sim import run_sim, simulate
-from kvtier.apps.bench.fleet_sim_engine import EngineSpec, Hit, SimEngine, SimRequest
-from kvtier.apps.bench.fleet_sim_loop import FleetSim
-from kvtier.apps.bench.fleet_sim_trace import TRACES, Arrival, Session, Trace, Workload
+from kvtier.apps.bench.fleet.sim.engine import EngineSpec, Hit, SimEngine, SimRequest
+from kvtier.apps.bench.fleet.sim.loop import FleetSim
+from kvtier.apps.bench.fleet.sim.run import run_sim, simulate
+from kvtier.apps.bench.fleet.sim.trace import TRACES, Arrival, Session, Trace, Workload
 from kvtier.apps.proxy.prefix_index import PrefixIndex, Run
 from kvtier.apps.proxy.scoring import Cached, Loads, choose
 

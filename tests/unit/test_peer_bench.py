@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from kvtier.apps.bench import transfer
+from kvtier.apps.bench.transfer import run as transfer
 
 
 def test_quick_bench_writes_figures(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import redis
 import torch
 from redis.cluster import key_slot as redis_py_key_slot
 
-from kvtier.apps.bench.redis_server import RedisClusterServers, RedisServer
+from kvtier.apps.bench.common.redis_server import RedisClusterServers, RedisServer
 from kvtier.keys import ChunkKey, make_key
 from kvtier.layout import build_layout
 from kvtier.tiers.redis.cluster import key_slot

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvtier.apps.bench.redis_server import RedisServer
+from kvtier.apps.bench.common.redis_server import RedisServer
 from kvtier.keys import ChunkKey, make_key
 from kvtier.layout import KVLayout, build_layout
 from kvtier.tiers.base.chunk_format import ChunkError

@@ -7,7 +7,7 @@ from typing import Any, SupportsIndex
 
 import pytest
 
-from kvtier.apps.bench.scheduler_sim import EngineSim, Workload
+from kvtier.apps.bench.scheduler.sim import EngineSim, Workload
 from kvtier.config import KVTierConfig
 from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
 from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector

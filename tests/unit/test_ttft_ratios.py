@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier.apps.bench import ttft
-from kvtier.apps.bench.ttft_ratios import GOALS, Ratio, paired, spread, verdict
-from kvtier.apps.bench.ttft_setup import Workload, loadable_chunks
+from kvtier.apps.bench.common.ratios import Ratio, paired, spread
+from kvtier.apps.bench.ttft import run as ttft
+from kvtier.apps.bench.ttft.ratios import GOALS, verdict
+from kvtier.apps.bench.ttft.setup import Workload, loadable_chunks
 
 
 def test_paired_ratio_is_the_median_of_the_pairs() -> None:

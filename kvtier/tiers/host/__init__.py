@@ -1,4 +1,5 @@
-"""The host-memory tier: a record per chunk in (pinned) host memory, the first tier below the engine.
+"""The host-memory tier: a record per chunk in (pinned) host memory, the first tier below the
+engine.
 
 Not an entry of the chain: every engine has one, sized by ``cpu_bytes_to_use``, and the halves
 build it themselves from this package:

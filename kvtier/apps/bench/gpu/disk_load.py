@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from kvtier.addresses import TierChunks
-from kvtier.apps.bench import page_cache
-from kvtier.apps.bench.gpu.clock import Clock, run_job
+from kvtier.apps.bench.common import page_cache
+from kvtier.apps.bench.common.jobs import run_job
+from kvtier.apps.bench.gpu.clock import Clock
 from kvtier.apps.bench.gpu.figures import Measured, ratios, summary
 from kvtier.apps.bench.gpu.host_copy import HostRig, mechanisms
 from kvtier.apps.bench.gpu.shapes import Shape

@@ -15,14 +15,14 @@ here: the Markdown report renders from the JSON alone.
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from kvtier.apps.bench.common.results import write_document
 
 FIGURES = (
     "host_store_ratio",  # one contiguous copy of the bytes / kvtier's store (higher is better)
@@ -145,10 +145,7 @@ class Results:
         return measured
 
     def write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_name(self.path.name + ".partial")
-        partial.write_text(json.dumps(self.document, indent=2, default=str) + "\n")
-        os.replace(partial, self.path)
+        write_document(self.path, self.document)
 
 
 def rows(document: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -1,8 +1,11 @@
-"""``bench/results/gpu.md``: a run of ``kvtier bench gpu`` as a Markdown table, from its JSON.
+"""``bench/results/gpu.md``: a run of ``kvtier bench gpu`` as a Markdown table, from its JSON
+(``common.markdown``, as every bench's page).
 
-render(document, tests=None) -> str   the device, the date, the table against the goals,
-                                      the null figures' reasons, the errors; ``tests``: a
-                                      pytest run's summary, first
+summary(document, tests=None) -> Summary   the device, the table against the goals, the null
+                                      figures' reasons, the errors; ``tests``: a pytest run's
+                                      summary
+render(document, tests=None) -> str   the page
+write(json_path, document)            the page beside the JSON
 python -m kvtier.apps.bench.gpu.markdown JSON --out MD [--pytest-log LOG]
                                       what ``make test-gpu`` runs after the tests and the
                                       bench (a JSON that is missing or unreadable is said so)
@@ -13,45 +16,64 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kvtier.apps.bench.common import markdown
+from kvtier.apps.bench.common.markdown import Summary
 from kvtier.apps.bench.gpu.figures import rows
 
 COUNTED = ("passed", "failed", "skipped", "errors", "error", "xfailed", "xpassed", "deselected")
 
 
-def render(document: Mapping[str, Any], tests: str | None = None) -> str:
-    lines = ["# kvtier on a GPU", ""]
-    lines += [f"- device: {document.get('device', 'unknown')}",
-              f"- date: {document.get('date', 'unknown')}"]  # fmt: skip
+def summary(document: Mapping[str, Any], tests: str | None = None) -> Summary:
+    facts = [("device", str(document.get("device", "unknown")))]
     if tests is not None:
-        lines += [f"- `pytest tests/gpu`: {tests}"]
+        facts.append(("`pytest tests/gpu`", tests))
     if "quick" in document:
-        lines += [f"- `kvtier bench gpu`: {'--quick, ' if document['quick'] else ''}"
-                  f"{document.get('reps')} reps, {document.get('tokens')} tokens, "
-                  f"{document.get('runtime_s', '?')} s; torch {document.get('torch')}"]  # fmt: skip
-    lines += ["", "| shape | figure | mechanism | median | min | max | goal | met |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    nulls = []
+        run = (f"{'--quick, ' if document['quick'] else ''}{document.get('reps')} reps, "
+               f"{document.get('tokens')} tokens, {document.get('runtime_s', '?')} s; torch "
+               f"{document.get('torch')}")  # fmt: skip
+        facts.append(("`kvtier bench gpu`", run))
+    table, nulls = [], []
     for row in rows(document):
         goal = "-" if row["goal"] is None else f"{row['how']} {row['goal']}"
         met = {True: "yes", False: "**no**", None: "-"}[row["met"]]
         if row["median"] is None:
             nulls.append(f"- {row['shape']} {row['figure']}: {row['why']}")
-        lines.append(f"| {row['shape']} | {row['figure']} | {row['mechanism']} | "
-                     f"{_cell(row['median'])} | {_cell(row['min'])} | {_cell(row['max'])} | "
-                     f"{goal} | {met} |")  # fmt: skip
-    lines += ["", f"- pinning: {_pinning(document)}"]
+        table.append((row["shape"], row["figure"], row["mechanism"], _cell(row["median"]),
+                      _cell(row["min"]), _cell(row["max"]), goal, met))  # fmt: skip
+    notes = [f"- pinning: {_pinning(document)}"]
     if nulls:
-        lines += ["", "Null figures:", "", *nulls]
+        notes += ["", "Null figures:", "", *nulls]
     errors = document.get("errors", [])
     if errors:
-        lines += ["", "Errors:", ""]
-        lines += [f"- {e['shape']} {e['measure']}: {e['error']}" for e in errors]
-    return "\n".join(lines) + "\n"
+        notes += ["", "Errors:", ""]
+        notes += [f"- {e['shape']} {e['measure']}: {e['error']}" for e in errors]
+    return Summary("kvtier on a GPU", _command(document),
+                   ("shape", "figure", "mechanism", "median", "min", "max", "goal", "met"), table,
+                   tuple(facts), tuple(notes))  # fmt: skip
+
+
+def render(document: Mapping[str, Any], tests: str | None = None) -> str:
+    return markdown.render(document, summary(document, tests), "gpu.json")
+
+
+def write(json_path: Path, document: Mapping[str, Any]) -> Path:
+    return markdown.write(json_path, document, summary(document))
+
+
+def _command(document: Mapping[str, Any]) -> str:
+    argv = [str(a) for a in document.get("argv", [])]
+    if argv[:2] == ["bench", "gpu"]:
+        return "kvtier " + shlex.join(argv)
+    quick = " --quick" if document.get("quick") else ""
+    return (
+        f"kvtier bench gpu{quick} --reps {document.get('reps')} --tokens {document.get('tokens')}"
+    )
 
 
 def _cell(value: float | None) -> str:
@@ -98,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as error:
             tests = f"no log: {error}"
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(document, tests))
+    args.out.write_text(markdown.render(document, summary(document, tests), args.json.name))
     print(f"wrote {args.out}")
     return 0
 

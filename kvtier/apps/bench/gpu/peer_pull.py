@@ -8,7 +8,7 @@ them into other scattered blocks through a ``TransferClient`` over its own rows,
 with the peer tier's default connections (``TransferConfig``). Each rep offers the request anew
 and times one ``pull`` (authenticated, checksummed, committed into the decode engine's blocks);
 the blocks are checked against the prefill engine's after the reps. The bound: the same number of
-bytes over one raw TCP connection on loopback (``loopback.py``). Per rep the two run back to
+bytes over one raw TCP connection on loopback (``common/loopback.py``). Per rep the two run back to
 back, their order alternating.
 """
 
@@ -19,9 +19,9 @@ import time
 
 import torch
 
+from kvtier.apps.bench.common.loopback import Loopback
 from kvtier.apps.bench.gpu.clock import Clock
 from kvtier.apps.bench.gpu.figures import Measured, ratios, summary
-from kvtier.apps.bench.gpu.loopback import Loopback
 from kvtier.apps.bench.gpu.request import Request, engine_blocks_for, same_pages
 from kvtier.apps.bench.gpu.shapes import Shape, build_engine
 from kvtier.layout import KVLayout
@@ -54,7 +54,7 @@ def measure(shape: Shape, tokens: int, device: torch.device, reps: int, clock: C
         client = stack.enter_context(TransferClient(_rows(decode), identity, SECRET,
                                                     timeout_s=TIMEOUT_S,
                                                     connections=connections))  # fmt: skip
-        raw = Loopback(request.nbytes)
+        raw = Loopback.of(request.nbytes)
         stack.callback(raw.close)
         pulls = iter(range(1 << 30))
 

@@ -2,14 +2,14 @@
 
     measure(shape, tokens, device, reps, clock, url=None)   redis_ratio
 
-A real ``redis-server`` on 127.0.0.1 (``bench/redis_server.py``: no persistence, room for the
+A real ``redis-server`` on 127.0.0.1 (``common/redis_server.py``: no persistence, room for the
 records, no eviction), started here unless ``url`` names one; without a server binary, or when
 it does not start, the figure is null with the reason. The request's chunks are stored into a
 host tier by the connector's own store and written once as ``RedisTier`` records. A load is the
 Redis tier's ``RedisLoadHandler`` (pipelined GETs received straight into its staging, verified,
 moved into other engine blocks on the device; checked after the reps). The bound: the same
-number of bytes over one raw TCP connection on loopback (``loopback.py``). Per rep the two run
-back to back, their order alternating.
+number of bytes over one raw TCP connection on loopback (``common/loopback.py``). Per rep the two
+run back to back, their order alternating.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import itertools
 import torch
 
 from kvtier.addresses import TierChunks
-from kvtier.apps.bench.gpu.clock import Clock, run_job
+from kvtier.apps.bench.common.jobs import run_job
+from kvtier.apps.bench.common.loopback import Loopback
+from kvtier.apps.bench.gpu.clock import Clock
 from kvtier.apps.bench.gpu.figures import Measured, Unavailable, ratios, summary
 from kvtier.apps.bench.gpu.host_copy import HostRig, mechanisms
-from kvtier.apps.bench.gpu.loopback import Loopback
 from kvtier.apps.bench.gpu.shapes import Shape
 from kvtier.keys import LayoutFingerprint
 
@@ -38,7 +39,7 @@ def measure(
     clock: Clock,
     url: str | None = None,
 ) -> Measured:
-    from kvtier.apps.bench.redis_server import RedisServer, redis_server_binary
+    from kvtier.apps.bench.common.redis_server import RedisServer, redis_server_binary
 
     with contextlib.ExitStack() as stack:
         rig = HostRig(shape, tokens, device, only=mechanisms(device)[:1])
@@ -80,7 +81,7 @@ def _measure(
         raise RuntimeError(f"Redis refused {written.count(None)} of {len(keys)} records")
     loader = RedisLoadHandler(layout, tier)
     stack.callback(loader.shutdown)
-    raw = Loopback(rig.request.nbytes)
+    raw = Loopback.of(rig.request.nbytes)
     stack.callback(raw.close)
     jobs = itertools.count()
     source = TierChunks("redis", keys)

@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from kvtier.apps.bench.common import plots
 from kvtier.apps.bench.gpu.figures import FIGURES, rows
 
 
@@ -47,10 +48,7 @@ def print_table(document: Mapping[str, Any], console: Console) -> None:
 
 def plot(document: Mapping[str, Any], path: Path) -> str | None:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = plots.pyplot()
     except ImportError as error:
         return f"no PNG: matplotlib does not import ({error})"
     table = rows(document)
@@ -72,8 +70,5 @@ def plot(document: Mapping[str, Any], path: Path) -> str | None:
         ax.set_title(name, fontsize=9)
     figure.suptitle(f"kvtier bench gpu: {document.get('device')}, {document.get('date')} "
                     "(bars: median, min-max; dashes: goal)", fontsize=10)  # fmt: skip
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    plots.save(figure, path, dpi=110)
     return None

@@ -1,6 +1,6 @@
 """Running ``kvtier bench gpu``: every shape's measures in turn, each on its own, each kept.
 
-    Options(...)             what to run (``commands/gpu.py`` fills it from the command line)
+    Options(...)             what to run (``command.py`` fills it from the command line)
     run(options, console)    measure; write ``gpu.json`` (after every measure), ``gpu.png`` and
                              ``gpu.md``; print the table; return the JSON document
 
@@ -27,6 +27,7 @@ import torch
 from rich.console import Console
 from tqdm import tqdm
 
+from kvtier.apps.bench.common.machine import cpu
 from kvtier.apps.bench.gpu import (
     beside_compute,
     disk_load,
@@ -42,7 +43,6 @@ from kvtier.apps.bench.gpu.clock import Clock
 from kvtier.apps.bench.gpu.deadline import deadline
 from kvtier.apps.bench.gpu.figures import GOALS, Measured, Results, Unavailable
 from kvtier.apps.bench.gpu.shapes import SHAPES
-from kvtier.apps.bench.machine import cpu
 
 MEASURES = ("host", "prefill", "beside", "disk", "redis", "pull", "pinning")
 
@@ -85,7 +85,7 @@ def run(options: Options, console: Console | None = None) -> dict[str, Any]:
     if why_no_png is not None:
         document["png"] = why_no_png
     results.write()
-    (options.out / "gpu.md").write_text(markdown.render(document))
+    markdown.write(results.path, document)
     report.print_table(document, console)
     written = ", ".join(p.name for p in (results.path, png, options.out / "gpu.md") if p.exists())
     console.print(f"wrote {written} in {options.out}")
