@@ -63,9 +63,15 @@ FORMS: dict[str, Form | str] = {  # the command's first words -> its shortest fo
     "kvtier bench redis": _help,
     "kvtier bench concurrency": _help,
     "kvtier bench faults": _help,
+    "kvtier bench fleet --no-real": _with("--engines", "2"),
     "kvtier bench fleet": _help,
 }
-ELSEWHERE = {  # a bench run as --help here -> the test that runs it from a fresh shell
+ELSEWHERE = {  # a bench run as --help here -> the test that runs it short from a fresh shell
+    "kvtier bench transfer": "tests/engine/test_bench_transfer.py",
+    "kvtier bench ttft": "tests/engine/test_bench_ttft.py",
+    "kvtier bench disk": "tests/engine/test_bench_disk.py",
+    "kvtier bench redis": "tests/engine/test_bench_redis_ttft.py",
+    "kvtier bench concurrency": "tests/engine/test_bench_concurrency.py",
     "kvtier bench faults": "tests/engine/test_bench_faults.py",
     "kvtier bench fleet": "tests/unit/test_bench_suite.py",
 }
@@ -74,16 +80,24 @@ ELSEWHERE = {  # a bench run as --help here -> the test that runs it from a fres
 def readme_commands() -> list[str]:
     """Each command of the README's ``bash`` blocks (continued lines joined, comments and a
     trailing ``&`` dropped), then each command of its benchmark table's first column."""
+    return list(_readme_commands())
+
+
+def _readme_commands() -> dict[str, list[str]]:
+    """The README's commands, each with the ``export`` lines shown before it in its block (a
+    user's shell has them set when it runs the command)."""
     text = README.read_text()
-    commands: list[str] = []
+    commands: dict[str, list[str]] = {}
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        exports: list[str] = []
         for line in block.replace("\\\n", " ").splitlines():
             line = re.sub(r"\s+#.*$", "", line).strip().removesuffix("&").strip()
             if line and line not in commands:
-                commands.append(line)
+                commands[line] = list(exports)
+            if line.startswith("export "):
+                exports.append(line)
     for command in re.findall(r"^\| `((?:kvtier|make) [^`]*)`", text, re.M):
-        if command not in commands:
-            commands.append(command)
+        commands.setdefault(command, [])
     return commands
 
 
@@ -112,6 +126,9 @@ def test_the_command_runs_as_shown(command: str, tmp_path: Path) -> None:
     if isinstance(form, str):
         pytest.skip(form)
     argv = form(command, tmp_path)
+    exports = _readme_commands()[command]
+    if exports:  # run in the shell those lines set up
+        argv = ["bash", "-c", " && ".join([*exports, f"exec {shlex.join(argv)}"])]
     env = {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "HOME": os.environ["HOME"]}
     done = subprocess.run(
         argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
