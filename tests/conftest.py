@@ -23,14 +23,14 @@ pytest_plugins = ["redis_fixtures"]
 _TESTS = Path(__file__).resolve().parent
 _FOLDER_MARKERS = {"engine": pytest.mark.engine, "gpu": pytest.mark.gpu}
 _LONGEST_FIRST = [  # tests/engine files, longest first (the rest keep their order, after these)
-    "test_pd.py", "test_parallel.py", "test_redis.py", "test_fault_campaign.py",
-    "test_bench_ttft.py", "test_fleet.py", "test_pd_hybrid.py", "test_fault_scenario.py",
-    "test_bench_transfer.py", "test_disk.py", "test_redis_writes.py", "test_block_tables.py",
-    "test_hybrid.py", "test_connector.py", "test_connector_pressure.py", "test_disk_limits.py",
-    "test_bench_disk.py", "test_bench_faults.py", "test_bench_concurrency.py",
-    "test_hit_cost.py", "test_outside_tier.py", "test_kv_events.py", "test_disk_healing.py",
-    "test_serve.py", "test_no_regret.py", "test_observability.py", "test_demo.py",
-    "test_bench_redis_ttft.py", "test_readme_commands.py", "test_copy_lanes.py",
+    "test_pd.py", "test_bench_chaos.py", "test_parallel.py", "test_redis.py",
+    "test_fault_campaign.py", "test_bench_ttft.py", "test_fleet.py", "test_pd_hybrid.py",
+    "test_fault_scenario.py", "test_bench_transfer.py", "test_disk.py", "test_redis_writes.py",
+    "test_block_tables.py", "test_hybrid.py", "test_connector.py", "test_connector_pressure.py",
+    "test_disk_limits.py", "test_bench_disk.py", "test_bench_faults.py",
+    "test_bench_concurrency.py", "test_hit_cost.py", "test_outside_tier.py", "test_kv_events.py",
+    "test_disk_healing.py", "test_serve.py", "test_no_regret.py", "test_observability.py",
+    "test_demo.py", "test_bench_redis_ttft.py", "test_readme_commands.py", "test_copy_lanes.py",
     "test_engine_smoke.py",
 ]  # fmt: skip
 

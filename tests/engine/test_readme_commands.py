@@ -65,6 +65,7 @@ FORMS: dict[str, Form | str] = {  # the command's first words -> its shortest fo
     "kvtier bench faults": _help,
     "kvtier bench fleet --no-real": _with("--engines", "2"),
     "kvtier bench fleet": _help,
+    "kvtier bench chaos": _help,
 }
 ELSEWHERE = {  # a bench run as --help here -> the test that runs it short from a fresh shell
     "kvtier bench transfer": "tests/engine/test_bench_transfer.py",
@@ -74,6 +75,7 @@ ELSEWHERE = {  # a bench run as --help here -> the test that runs it short from 
     "kvtier bench concurrency": "tests/engine/test_bench_concurrency.py",
     "kvtier bench faults": "tests/engine/test_bench_faults.py",
     "kvtier bench fleet": "tests/unit/test_bench_suite.py",
+    "kvtier bench chaos": "tests/engine/test_bench_chaos.py",
 }
 
 

@@ -22,9 +22,9 @@ from kvtier.apps.cli import main
 BENCH = Path(__file__).resolve().parents[2] / "kvtier" / "apps" / "bench"
 RESULTS = BENCH.parents[2] / "bench" / "results"
 FAMILIES = ("common", "copy", "ttft", "disk", "redis", "transfer", "faults", "scheduler",
-            "concurrency", "fleet", "gpu")  # fmt: skip
+            "concurrency", "fleet", "chaos", "gpu")  # fmt: skip
 COMMANDS = ("copy", "ttft", "disk", "transfer", "redis", "faults", "scheduler", "concurrency",
-            "fleet", "gpu", "report")  # fmt: skip
+            "fleet", "chaos", "gpu", "report")  # fmt: skip
 SHARED = {  # written once, in common/: a name, and the one file that may hold it
     "VLLM_ENABLE_V1_MULTIPROCESSING": "common/engine_env.py",
     "VLLM_USE_V2_MODEL_RUNNER": "common/engine_env.py",

@@ -16,5 +16,6 @@ they share; ``commands.py`` lists the commands; ``pages.py`` is ``kvtier bench r
     scheduler/    the scheduler half's cost per step
     concurrency/  0%-hit throughput at high concurrency; a served long miss
     fleet/        kvtier proxy's policies: real/ (two engines), sim/ (simulated fleets)
+    chaos/        a fleet under load while engines, Redis and the proxy fail (issue 39)
     gpu/          the CUDA paths, each against its bound
 """

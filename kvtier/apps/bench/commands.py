@@ -8,6 +8,7 @@ below; ``kvtier.apps.cli`` never names one.
 from __future__ import annotations
 
 from kvtier.apps.bench import pages
+from kvtier.apps.bench.chaos import command as chaos
 from kvtier.apps.bench.concurrency import command as concurrency
 from kvtier.apps.bench.copy import command as copy
 from kvtier.apps.bench.disk import command as disk
@@ -30,6 +31,7 @@ BENCHES: tuple[Command, ...] = (
     scheduler.COMMAND,
     concurrency.COMMAND,
     fleet.COMMAND,
+    chaos.COMMAND,
     gpu.COMMAND,
     pages.COMMAND,
 )

@@ -32,6 +32,7 @@ SUMMARIES = {
     "concurrency": "kvtier.apps.bench.concurrency.report",
     "fleet": "kvtier.apps.bench.fleet.real.report",
     "fleet-sim": "kvtier.apps.bench.fleet.sim.report",
+    "chaos": "kvtier.apps.bench.chaos.report",
     "gpu": "kvtier.apps.bench.gpu.markdown",
 }
 

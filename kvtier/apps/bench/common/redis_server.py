@@ -3,6 +3,7 @@
     with RedisServer(maxmemory="2mb") as server:   redis-server on a free port, no persistence
         server.url                                 redis://127.0.0.1:PORT/0
         server.kill(); server.restart()            SIGKILL; a fresh server on the same port
+        server.send(signal.SIGSTOP), server.pid    a signal to its process group; its pid
     with RedisServer(tls=True) as server:          a TLS-only port, its own CA
         server.url, server.ca_file                 rediss://127.0.0.1:PORT/0, the CA's PEM
     with RedisClusterServers(3) as cluster:
@@ -147,6 +148,19 @@ class RedisServer:
     def kill(self) -> None:
         """SIGKILL: the server dies as a crashed machine would (its data is gone)."""
         self._end(signal.SIGKILL)
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process, the leader of its group, while it runs."""
+        if self._process is None or self._process.poll() is not None:
+            return None
+        return self._process.pid
+
+    def send(self, how: signal.Signals) -> None:
+        """``how`` to the server's process group (SIGSTOP, then SIGCONT: a stall); nothing
+        when it is not running."""
+        if self.pid is not None:
+            os.killpg(self.pid, how)
 
     def restart(self) -> None:
         """A fresh, empty server on the same port."""

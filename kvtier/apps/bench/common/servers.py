@@ -3,6 +3,7 @@ on 127.0.0.1 with ephemeral ports, each in its own process group and stopped wit
 is bounded.
 
     serve_command(model, port, extra, args)  the ``kvtier serve`` command line
+    alone_command(command)                   the same vLLM server without kvtier (``vllm_alone``)
     launch(command, port, log, env)  -> Server   started, not waited for
     wait_healthy(*servers)                       until each answers /health (or exited: raise)
     post(url, path, body), sample(url, name, **labels), wait(condition, s, what), stop(server)
@@ -60,6 +61,15 @@ def serve_command(
         "--block-size", "32", "--seed", "0", "--enforce-eager",
         "--gpu-memory-utilization", "0.3", *args,
     ]  # fmt: skip
+
+
+def alone_command(command: Sequence[str]) -> list[str]:
+    """``serve_command``'s line as vLLM's own server with no KV connector: the same model and
+    vLLM arguments, without ``--kvtier`` (``concurrency/vllm_alone.py``)."""
+    if list(command[1:2]) != ["serve"] or command[3] != "--kvtier":
+        raise ValueError(f"not a serve_command line: {list(command)[:5]}")
+    return [sys.executable, "-m", "kvtier.apps.bench.concurrency.vllm_alone", command[2],
+            *command[5:]]  # fmt: skip
 
 
 def launch(

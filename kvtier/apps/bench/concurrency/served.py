@@ -14,7 +14,6 @@ alone's. The first pair is a warm-up (first-call costs of prompts this long), no
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 import time
 import urllib.request
@@ -31,6 +30,7 @@ from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.bench.common.servers import (
     WAIT_S,
     Server,
+    alone_command,
     launch,
     sample,
     serve_command,
@@ -79,9 +79,7 @@ def started(model: Path, dtype: str, work: LongMiss, logs: Path) -> Iterator[dic
             command = serve_command(model, port, {"cpu_bytes_to_use": work.host_bytes}, NO_EVENTS,
                                     dtype, work.max_model_len)  # fmt: skip
             if config == "alone":  # the same vLLM arguments, without kvtier's
-                assert command[1:2] == ["serve"] and command[3] == "--kvtier", command
-                command = [sys.executable, "-m", "kvtier.apps.bench.concurrency.vllm_alone",
-                           command[2], *command[5:]]  # fmt: skip
+                command = alone_command(command)
             servers[config] = launch(command, port, logs / f"{config}.log", SAME_CORES)
         wait_healthy(*servers.values())
         yield servers
