@@ -9,7 +9,10 @@ outputs equal a single engine's without kvtier.
 
 Then the faults, each within a bounded wait: a proxy restarted rebuilds its index from the
 engines' replay; an engine reset behind the proxy's back costs misses, never an error; an engine
-killed is dropped from the index and its traffic moves (last: it kills one of the module's two).
+stalled (SIGSTOP) with requests in flight costs no client error, their answers come from the
+other, and it rejoins when it runs again; an engine killed with requests in flight costs no
+client error, is dropped from the index and its traffic moves (last: it kills one of the
+module's two).
 
 The fleet is ``bench/fleet_real.py``'s: each engine on a core of its own, as engines on machines
 of their own (on two shared cores one engine's steps starve the other's and a router rightly
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +41,7 @@ from kvtier.apps.bench.common.servers import (
     WORKER_IN_CORE,
     Server,
     launch,
+    sample,
     stop,
     wait,
 )
@@ -57,6 +61,7 @@ ANSWER = 48  # tokens per answer: a history grows by an answer and a short quest
 CONTEXT = 1200  # characters of each user's own context (about 300 tokens)
 ENGINE_BLOCKS = 160  # the engine's own cache, in blocks of 32 tokens
 HOST_CHUNKS = 64  # kvtier's host tier, in chunks of 32 tokens
+LONG = 256  # tokens of an answer in flight when its engine fails: it computes for seconds
 
 
 class Fleet(NamedTuple):
@@ -109,7 +114,7 @@ def _proxy(fleet: Fleet, name: str) -> Iterator[Server]:
     """A ``kv-aware`` proxy following every engine's events (exact) before it is yielded."""
     port = free_port()
     command = [KVTIER, "proxy", "--engine", *(e.url for e in fleet.engines), "--port", str(port),
-               "--health-interval-s", "0.5"]  # fmt: skip
+               "--health-interval-s", "0.5", "--health-timeout-s", "2"]  # fmt: skip
     proxy = launch(command, port, fleet.work / f"proxy-{name}.log")
     try:
         wait(lambda: index_modes(proxy) == ["exact"] * len(fleet.engines), WAIT_S, "an exact index")
@@ -118,9 +123,9 @@ def _proxy(fleet: Fleet, name: str) -> Iterator[Server]:
         stop(proxy)
 
 
-def _ask(proxy: Server, prompt: list[int], tokens: int = 8) -> Answer:
+def _ask(proxy: Server, prompt: list[int], tokens: int = 8, stream: bool = False) -> Answer:
     with httpx.Client(base_url=proxy.url, timeout=WAIT_S, trust_env=False) as client:
-        return ask(client, "tiny", {"prompt": prompt}, 0, 0, tokens)[0]
+        return ask(client, "tiny", {"prompt": prompt}, 0, 0, tokens, stream)[0]
 
 
 def _documents(fleet: Fleet, count: int, tokens: int = 300) -> list[list[int]]:
@@ -155,20 +160,75 @@ def test_a_restarted_proxy_rebuilds_its_index_and_an_engine_reset_behind_it_cost
         assert reference(fleet.model, [missed.prompt], 8) == [missed.tokens]
 
 
+def _in_flight_on(
+    proxy: Server,
+    victim: Server,
+    prompts: list[list[int]],
+    fault: Callable[[], None],
+    streamed: bool = False,
+) -> list[Answer]:
+    """``prompts`` asked at once (with ``streamed``, every other one streamed), each placed on
+    ``victim`` (its prefix is there); ``fault`` done once the victim computes some of them.
+    Every answer."""
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        asked = [pool.submit(_ask, proxy, prompt, LONG, streamed and i % 2 == 1)
+                 for i, prompt in enumerate(prompts)]  # fmt: skip
+        wait(lambda: sample(victim.url, "vllm:num_requests_running") > 0, WAIT_S,
+             "the victim to compute a request")  # fmt: skip
+        fault()
+        return [future.result() for future in asked]
+
+
+def test_an_engine_stalled_with_requests_in_flight_costs_no_client_error_and_rejoins(
+    fleet: Fleet, reference: Any
+) -> None:
+    reset_caches(fleet.engines)
+    documents = _documents(fleet, 4, tokens=200)
+    with _proxy(fleet, "stall") as proxy:
+        placed = [_ask(proxy, doc).engine for doc in documents]
+        victim = next(e for e in fleet.engines if e.url == placed[0])
+        on_victim = [_more(fleet, d, 5) for d, at in zip(documents, placed) if at == victim.url]
+        try:
+            answers = _in_flight_on(
+                proxy, victim, on_victim, lambda: os.killpg(victim.process.pid, signal.SIGSTOP)
+            )
+            assert _up(proxy, victim) == 0.0  # found stalled, skipped
+        finally:
+            os.killpg(victim.process.pid, signal.SIGCONT)
+        wait(lambda: _up(proxy, victim) == 1.0, WAIT_S, "the stalled engine to rejoin")
+        resent = sample(proxy.url, "kvtier_proxy_resent_requests_total", cause="stalled")
+    assert resent >= 1  # at least one was waiting on it and went elsewhere
+    assert reference(fleet.model, [a.prompt for a in answers], LONG) == [a.tokens for a in answers]
+
+
 def test_an_engine_killed_is_dropped_from_the_index_and_its_traffic_moves(
     fleet: Fleet, reference: Any
 ) -> None:
-    """Last in the module: it kills one of the fleet's engines."""
+    """Last in the module: it kills one of the fleet's engines, with requests in flight there."""
     reset_caches(fleet.engines)
     documents = _documents(fleet, 4, tokens=200)
     with _proxy(fleet, "kill") as proxy:
         placed = [_ask(proxy, doc).engine for doc in documents]
         victim = next(e for e in fleet.engines if e.url == placed[0])
         survivor = next(e for e in fleet.engines if e is not victim)
-        os.killpg(victim.process.pid, signal.SIGKILL)
+        on_victim = [_more(fleet, d, 6) for d, at in zip(documents, placed) if at == victim.url]
+        killed = _in_flight_on(
+            proxy, victim, on_victim, lambda: os.killpg(victim.process.pid, signal.SIGKILL)
+        )
         wait(lambda: index_modes(proxy) == ["exact" if e is survivor else "down"
                                       for e in fleet.engines], WAIT_S,
              "the killed engine's index dropped")  # fmt: skip
+        resent = _resent(proxy, "broke")
         moved = [_ask(proxy, _more(fleet, doc, 3)) for doc in documents]
+    assert resent >= 1 and all(a.engine == survivor.url for a in killed), killed
+    assert reference(fleet.model, [a.prompt for a in killed], LONG) == [a.tokens for a in killed]
     assert all(a.engine == survivor.url for a in moved), moved
     assert reference(fleet.model, [a.prompt for a in moved], 8) == [a.tokens for a in moved]
+
+
+def _up(proxy: Server, engine: Server) -> float:
+    return sample(proxy.url, "kvtier_proxy_engine_up", url=engine.url)
+
+
+def _resent(proxy: Server, cause: str) -> float:
+    return sample(proxy.url, "kvtier_proxy_resent_requests_total", cause=cause)

@@ -13,7 +13,9 @@ killed-prefill test (the last to use the pair) leaves it stopped.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import threading
 import time
 import urllib.error
@@ -353,8 +355,43 @@ def test_a_proxy_whose_decode_engine_is_down_answers_503_naming_it(pair: Pair) -
 REQUESTS = 20  # after the prefill engine is gone
 TIMEOUT_S = 60.0  # the proxy's --timeout-s: a bound on every request
 HEALTH_S = 0.5  # the proxy's --health-interval-s
+STALL_BOUND_S = 20.0  # a request answered while its prefill engine stalls: found in 2.5 s
 UP = "kvtier_proxy_engine_up"
 DEGRADED = "kvtier_proxy_degraded_requests_total"
+
+
+def test_a_stalled_prefill_engine_costs_no_client_error_and_is_taken_again(
+    pair: Pair, reference: Any
+) -> None:
+    """The prefill engine stopped (SIGSTOP: a pause, a wedged device): the proxy finds it by its
+    /health within ``HEALTH_S`` + 2 s, gives up on the prefill it holds and skips it; every
+    request is answered by the decode engine alone, as a single engine answers it, within a
+    bound. Once it runs again, prompts are prefilled there and pulled again."""
+    port = free_port()
+    proxy_command = [KVTIER, "proxy", "--prefill", pair.prefill.url, "--decode", pair.decode.url,
+                     "--port", str(port), "--timeout-s", str(TIMEOUT_S),
+                     "--health-interval-s", str(HEALTH_S), "--health-timeout-s", "2"]  # fmt: skip
+    proxy = launch(proxy_command, port, pair.work / "proxy-stall.log")
+    prompts = [make_prompt(pair.model, 120 + 10 * i, seed=730 + i) for i in range(4)]
+    answers, took = [], []
+    try:
+        wait_healthy(pair.prefill, pair.decode, proxy)
+        _wait_prefill_up(proxy)
+        os.killpg(pair.prefill.process.pid, signal.SIGSTOP)
+        try:
+            for i, prompt in enumerate(prompts):
+                started = time.monotonic()
+                answers.append(_complete(proxy.url, prompt, stream=i % 2 == 1))
+                took.append(time.monotonic() - started)
+        finally:
+            os.killpg(pair.prefill.process.pid, signal.SIGCONT)
+        _wait_prefill_up(proxy)
+        _assert_transferred(proxy.url, make_prompt(pair.model, 300, seed=739))
+    finally:
+        stop(proxy)
+    assert all(prefilled in ("failed", "skipped") for prefilled, _, _ in answers), answers
+    assert max(took) < STALL_BOUND_S, took
+    assert [tokens for _, tokens, _ in answers] == _reference(reference, pair.model, prompts)
 
 
 def test_a_killed_prefill_engine_degrades_to_the_decode_engine_and_transfers_resume(

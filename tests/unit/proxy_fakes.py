@@ -4,7 +4,8 @@
                        a request with ``do_remote_decode`` (a prefill) gets JSON offering its KV
                        in ``kv_transfer_params``; any other (a decode) gets JSON, or SSE ending in
                        ``data: [DONE]`` when ``stream`` is true, echoing the ``kv_transfer_params``
-                       it got. Hooks make it wait, fail or die mid-stream.
+                       it got. Hooks make it wait (its answers, its /health), fail or die
+                       mid-stream.
     serving(*apps)     each app on 127.0.0.1:<free port> for the ``async with``; yields the URLs
     closed_url()       a URL whose port is bound but not listening: connections are refused
     resetting()        a URL whose /health passes and whose other requests are reset (TCP RST)
@@ -60,6 +61,8 @@ class FakeEngine:
         self.health_status = 200
         self.before_answer: Hook | None = None  # awaited before a completion is answered
         self.after_first_chunk: Hook | None = None  # awaited in a stream after its first event
+        self.before_health: Hook | None = None  # awaited before /health is answered
+        self.before_first_chunk: Hook | None = None  # awaited in a stream before its first event
         self.stream_closed = asyncio.Event()  # a stream's generator ended (finished or aborted)
         self.health_asked = asyncio.Event()  # its /health answered (all sent) at least once
         self.app = self._app()
@@ -109,6 +112,8 @@ class FakeEngine:
     async def _events(self, body: dict[str, Any], chat: bool) -> AsyncIterator[str]:
         params = body.get("kv_transfer_params")
         try:
+            if self.before_first_chunk is not None:
+                await self.before_first_chunk()
             for i in range(body["max_tokens"]):
                 piece = {"delta": {"content": _token(i)}} if chat else {"text": _token(i)}
                 event = {"engine": self.name, "choices": [piece], "kv_transfer_params": params}
@@ -123,6 +128,9 @@ class FakeEngine:
         return JSONResponse({"object": "list", "data": [{"id": "fake-model", "by": self.name}]})
 
     async def _health(self) -> Response:
+        if self.before_health is not None:
+            await self.before_health()
+
         async def answered() -> None:
             self.health_asked.set()
 

@@ -43,13 +43,17 @@ def build_app(
     prefill_timeout_s: float = 60.0,
     health_interval_s: float = 2.0,
     policy: str = "kv-aware",
+    health_timeout_s: float = 3.0,
+    first_byte_timeout_s: float = 120.0,
+    retries: int = 2,
 ) -> FastAPI:
     """The app for these engines (see ``ProxyConfig``; a bad URL raises ``ValueError``).
 
     Its ``Router`` is ``app.state.router``; the engines' connection pools close when the app's
     lifespan ends."""
     config = ProxyConfig(tuple(prefill), tuple(decode), timeout_s, connect_timeout_s, backoff_s,
-                         prefill_timeout_s, health_interval_s, policy)  # fmt: skip
+                         prefill_timeout_s, health_interval_s, policy, health_timeout_s,
+                         first_byte_timeout_s, retries)  # fmt: skip
     started = f"prefill {', '.join(config.prefill)}; decode {', '.join(config.decode)}"
     return _app(Router(config), started)
 

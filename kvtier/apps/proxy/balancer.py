@@ -5,24 +5,31 @@
                         nor already tried; ties go round-robin (or the one a router preferred,
                         if up). Counts the request in flight.
     Pool.release        the request ended (answered, failed or abandoned)
-    Pool.mark_down      skip an engine for ``backoff_s``: a connection to it failed (or, on the
-                        prefill side, a request to it)
+    Pool.mark_down      skip an engine for ``backoff_s``: a connection to it failed, or it broke
+                        off a request (or, on the prefill side, a request to it failed)
     Pool.set_health     record an engine's /health probe: one that failed skips the engine
                         until one passes
     Pool.down_reasons   the engines skipped now, with why
     Pool.up             the engines up now
     Pool.is_up, named   one engine's state; the engine at a URL
+    Pool.elsewhere      whether a request waiting on an engine could go to another one now
 
 An engine is down while either holds: its backoff has not ended, or its last probe failed.
+Going down sets the engine's ``fault`` event: the requests that wait on it for the first byte
+of an answer are sent to another engine (``stall.py``). A pool whose requests have no other way
+(``last_resort``: a decode side, a fleet) still sends them to an engine whose probe only timed
+out (a stalled engine, which may answer late) when no engine is up, rather than fail them; a
+prefill side does not (skipping it costs a recompute, not an error).
 
 Single-threaded: every call comes from the proxy's event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Container, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -37,7 +44,10 @@ class Engine:
     down_until: float = 0.0  # clock time; the engine is up again from then on
     down_reason: str = ""
     unhealthy: str = ""  # why its last /health probe failed; "" once one passed (or none ran)
+    stalled: bool = False  # its last probe failed for want of an answer in time
     warned_no_offer: bool = False  # logged once: its prefills return no kv_transfer_params
+    # set when it goes down; a request acquiring it up takes a fresh one if that was set
+    fault: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Pool:
@@ -49,10 +59,12 @@ class Pool:
         engines: Sequence[Engine],
         backoff_s: float,
         clock: Callable[[], float] = time.monotonic,
+        last_resort: bool = False,
     ) -> None:
         self.side = side
         self.engines = tuple(engines)
         self.backoff_s = backoff_s
+        self.last_resort = last_resort
         self._clock = clock
         self._turn = 0  # where the next tie-break scan starts
 
@@ -63,20 +75,25 @@ class Pool:
         if prefer is not None and prefer not in tried:
             chosen = self.named(prefer)
             if _up(chosen, now):
-                chosen.in_flight += 1
-                return chosen
+                return _counted(chosen)
+        best = self._least(tried, lambda engine: _up(engine, now))
+        if best is None and self.last_resort:
+            best = self._least(tried, lambda engine: _stalled_only(engine, now))
+        return None if best is None else _counted(best)
+
+    def _least(self, tried: Container[str], fit: Callable[[Engine], bool]) -> Engine | None:
+        """The fitting engine not tried with the fewest in flight, ties in turn."""
         best: Engine | None = None
         best_index = 0
         for step in range(len(self.engines)):
             index = (self._turn + step) % len(self.engines)
             engine = self.engines[index]
-            if engine.url in tried or not _up(engine, now):
+            if engine.url in tried or not fit(engine):
                 continue
             if best is None or engine.in_flight < best.in_flight:
                 best, best_index = engine, index
         if best is not None:
             self._turn = best_index + 1
-            best.in_flight += 1
         return best
 
     def release(self, engine: Engine) -> None:
@@ -88,13 +105,27 @@ class Pool:
         """Skip ``engine`` for ``backoff_s``, remembering why (for the error a client gets)."""
         engine.down_until = self._clock() + self.backoff_s
         engine.down_reason = reason
+        engine.fault.set()
 
-    def set_health(self, engine: Engine, probed: str) -> bool:
+    def set_health(self, engine: Engine, probed: str, stalled: bool = False) -> bool:
         """Record a /health probe of ``engine``: ``""`` passed, else why it failed (the engine is
-        skipped until a probe passes). Whether the engine went down or came back by it."""
+        skipped until a probe passes; ``stalled``: it failed for want of an answer in time).
+        Whether the engine went down or came back by it."""
         changed = bool(engine.unhealthy) != bool(probed)
         engine.unhealthy = probed
+        engine.stalled = bool(probed) and stalled
+        if probed:
+            engine.fault.set()
         return changed
+
+    def elsewhere(self, engine: Engine, tried: Container[str] = ()) -> bool:
+        """Whether an engine up other than ``engine`` (and those ``tried``) could take a
+        request now."""
+        now = self._clock()
+        return any(
+            other is not engine and other.url not in tried and _up(other, now)
+            for other in self.engines
+        )
 
     def up(self) -> list[Engine]:
         """The engines ``acquire`` may return now, in order (one look at the clock)."""
@@ -115,7 +146,10 @@ class Pool:
     def any_up(self) -> bool:
         """Whether ``acquire`` could return an engine now (nothing tried yet)."""
         now = self._clock()
-        return any(_up(engine, now) for engine in self.engines)
+        return any(
+            _up(engine, now) or (self.last_resort and _stalled_only(engine, now))
+            for engine in self.engines
+        )
 
     def down_reasons(self) -> dict[str, str]:
         """URL -> why, for each engine skipped now, in the order the engines were given."""
@@ -125,3 +159,16 @@ class Pool:
 
 def _up(engine: Engine, now: float) -> bool:
     return engine.down_until <= now and not engine.unhealthy
+
+
+def _stalled_only(engine: Engine, now: float) -> bool:
+    """Down only because its probe timed out: it may still answer, late."""
+    return engine.down_until <= now and engine.stalled
+
+
+def _counted(engine: Engine) -> Engine:
+    """``engine``, acquired: one more in flight; a fault event of a past outage replaced."""
+    if engine.fault.is_set() and not engine.unhealthy:
+        engine.fault = asyncio.Event()
+    engine.in_flight += 1
+    return engine

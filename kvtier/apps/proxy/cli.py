@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 
 DEFAULT_HOST = "127.0.0.1"
@@ -40,8 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="limit on a whole request, prefill and decode stream included",
     )  # fmt: skip
     parser.add_argument(
-        "--connect-timeout-s", type=float, default=5.0,
-        help="limit on connecting to an engine (and on its /health)",
+        "--connect-timeout-s", type=float, default=5.0, help="limit on connecting to an engine",
     )  # fmt: skip
     parser.add_argument(
         "--backoff-s", type=float, default=2.0,
@@ -55,8 +55,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--health-interval-s", type=float, default=2.0,
-        help="how often each prefill engine's (or fleet engine's) /health is asked; one that "
-        "fails it is skipped until it passes again",
+        help="how often each engine's /health is asked; one that fails it is skipped until it "
+        "passes again",
+    )  # fmt: skip
+    parser.add_argument(
+        "--health-timeout-s", type=float, default=3.0,
+        help="a /health unanswered this long: the engine stalled (stopped, paused, wedged); the "
+        "requests waiting on it for a first byte go to another engine",
+    )  # fmt: skip
+    parser.add_argument(
+        "--first-byte-timeout-s", type=float, default=120.0,
+        help="an engine that sent no byte of an answer this long after the request: the request "
+        "goes to another engine",
+    )  # fmt: skip
+    parser.add_argument(
+        "--retries", type=int, default=2,
+        help="times a request goes to another engine when its engine dies or stalls before "
+        "any byte of the answer reached the client",
+    )  # fmt: skip
+    parser.add_argument(
+        "--reuse-port", action="store_true",
+        help="listen with SO_REUSEPORT: a new proxy takes the port while the old one drains "
+        "(a restart without refused connections: start the new one, then SIGTERM the old)",
     )  # fmt: skip
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info",
                         help="debug: a line per request, and uvicorn's access log")  # fmt: skip
@@ -75,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         if args.engine:
             config = FleetConfig(
                 tuple(args.engine), args.policy, args.timeout_s, args.connect_timeout_s,
-                args.backoff_s, args.health_interval_s,
+                args.backoff_s, args.health_interval_s, args.health_timeout_s,
+                args.first_byte_timeout_s, args.retries,
             )  # fmt: skip
             app = build_fleet_app(config)
         elif not (args.prefill and args.decode):
@@ -86,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
                 connect_timeout_s=args.connect_timeout_s, backoff_s=args.backoff_s,
                 prefill_timeout_s=args.prefill_timeout_s,
                 health_interval_s=args.health_interval_s, policy=args.policy,
+                health_timeout_s=args.health_timeout_s,
+                first_byte_timeout_s=args.first_byte_timeout_s, retries=args.retries,
             )  # fmt: skip
     except ValueError as exc:
         print(f"kvtier proxy: {exc}", file=sys.stderr)
@@ -94,6 +117,22 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
     if args.log_level != "debug":  # httpx logs every request it sends at INFO
         logging.getLogger("httpx").setLevel(logging.WARNING)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                access_log=args.log_level == "debug")  # fmt: skip
+    server = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            access_log=args.log_level == "debug")  # fmt: skip
+    sockets = [listening(args.host, args.port)] if args.reuse_port else None
+    uvicorn.Server(server).run(sockets=sockets)
     return 0
+
+
+def listening(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host:port`` with SO_REUSEPORT (and SO_REUSEADDR)."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+    )[0]
+    sock = socket.socket(family, kind, proto)  # IPPROTO_TCP: asyncio sets TCP_NODELAY on it
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(address)
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-LIMITS = ("timeout_s", "connect_timeout_s", "backoff_s", "prefill_timeout_s", "health_interval_s")
+LIMITS = ("timeout_s", "connect_timeout_s", "backoff_s", "prefill_timeout_s", "health_interval_s",
+          "health_timeout_s", "first_byte_timeout_s")  # fmt: skip
+FLEET_LIMITS = tuple(key for key in LIMITS if key != "prefill_timeout_s")
 
 
 @dataclass(frozen=True)
@@ -19,22 +21,24 @@ class ProxyConfig:
     prefill: tuple[str, ...]
     decode: tuple[str, ...]
     timeout_s: float = 300.0  # a whole request, prefill and decode (the stream included)
-    connect_timeout_s: float = 5.0  # one connection attempt; also each /health probe
+    connect_timeout_s: float = 5.0  # one connection attempt
     backoff_s: float = 2.0  # an engine that could not be connected to (or a failed prefill) is
     #                         skipped this long
     prefill_timeout_s: float = 60.0  # the prefill hop, within timeout_s; past it the decode
     #                                  engine computes the prompt itself
-    health_interval_s: float = 2.0  # how often each prefill engine's /health is asked; one that
-    #                                 fails it is skipped until it passes again
+    health_interval_s: float = 2.0  # how often each engine's /health is asked; one that fails
+    #                                 it is skipped until it passes again
     policy: str = "kv-aware"  # how the prefill engine is chosen (scoring.POLICIES)
+    health_timeout_s: float = 3.0  # a /health probe unanswered this long: the engine stalled
+    first_byte_timeout_s: float = 120.0  # a decode engine silent this long after a request
+    #                                      was sent: the request goes to another
+    retries: int = 2  # times a request goes to another decode engine (resend.py)
 
     def __post_init__(self) -> None:
         _check_policy(self.policy)
         for side in ("prefill", "decode"):
             object.__setattr__(self, side, _engine_urls(side, getattr(self, side)))
-        for key in LIMITS:
-            if not getattr(self, key) > 0:
-                raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
+        _check_limits(self, LIMITS)
 
 
 @dataclass(frozen=True)
@@ -48,13 +52,24 @@ class FleetConfig:
     connect_timeout_s: float = 5.0
     backoff_s: float = 2.0
     health_interval_s: float = 2.0
+    health_timeout_s: float = 3.0
+    first_byte_timeout_s: float = 120.0
+    retries: int = 2
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engines", _engine_urls("engine", self.engines))
         _check_policy(self.policy)
-        for key in ("timeout_s", "connect_timeout_s", "backoff_s", "health_interval_s"):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
+        _check_limits(self, FLEET_LIMITS)
+
+
+def _check_limits(config: ProxyConfig | FleetConfig, keys: tuple[str, ...]) -> None:
+    for key in keys:
+        if not getattr(config, key) > 0:
+            raise ValueError(f"{key} must be > 0, got {getattr(config, key)!r}")
+    if isinstance(config.retries, bool) or not (
+        isinstance(config.retries, int) and config.retries >= 0
+    ):
+        raise ValueError(f"retries must be an integer >= 0, got {config.retries!r}")
 
 
 def _check_policy(policy: str) -> None:

@@ -4,7 +4,9 @@
                             for a stream whose headers already went out
     BadRequest              400: the client's body is not a JSON object
     EnginesDown             503: no engine of a side could be connected to
-    EngineFailed            502 (504 when timed out): an engine broke off or never answered
+    EngineFailed            502 (504 when timed out): an engine broke off or never answered;
+                            its ``cause``: ``BROKE``, ``STALLED`` (sent again elsewhere while
+                            nothing reached the client) or ``TIMED_OUT`` (the request's time)
     EngineAnswered          an engine's own error answer (4xx/5xx), passed back unchanged
 
 Bodies follow vLLM's ``ErrorResponse``: ``{"error": {"message", "type", "param", "code"}}``.
@@ -16,6 +18,10 @@ import json
 from collections.abc import Mapping
 
 from starlette.responses import Response
+
+BROKE = "broke"  # the engine broke off: reset, closed, or an answer cut short
+STALLED = "stalled"  # it went down, or sent no first byte in time, while it had the request
+TIMED_OUT = "timed_out"  # the request's own time ran out
 
 
 class ProxyError(Exception):
@@ -67,10 +73,13 @@ class EngineFailed(ProxyError):
 
     kind = "BadGatewayError"
 
-    def __init__(self, side: str, url: str, reason: str, timed_out: bool) -> None:
+    def __init__(
+        self, side: str, url: str, reason: str, timed_out: bool, cause: str | None = None
+    ) -> None:
         super().__init__(f"{side} engine {url} failed: {reason}")
         self.url = url
         self.reason = reason
+        self.cause = cause or (TIMED_OUT if timed_out else BROKE)
         self.status = 504 if timed_out else 502
         self.kind = "GatewayTimeoutError" if timed_out else "BadGatewayError"
 

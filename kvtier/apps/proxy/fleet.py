@@ -8,26 +8,34 @@ and why (``x-kvtier-route``); a non-streamed answer's ``kv_transfer_params`` (kv
 provenance) gives the cached tokens the engine reported, counted beside those the proxy
 predicted (``fleet_metrics.py``). Every engine's ``/health`` is watched: one that fails is
 skipped and forgotten; once it passes again its events are followed anew.
+
+An engine that breaks off or stalls before the first byte of its answer reached the client
+costs the client nothing: the request goes to another engine (``resend.py``; ``x-kvtier-route``
+then says ``retry`` and ``resent=N``). With no engine up, a request waits on a stalled one
+rather than fail.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 
 from starlette.responses import Response
 
 from kvtier.apps.proxy.balancer import Engine, Pool
 from kvtier.apps.proxy.config import FleetConfig
-from kvtier.apps.proxy.errors import ProxyError
+from kvtier.apps.proxy.errors import EnginesDown, ProxyError
 from kvtier.apps.proxy.fleet_metrics import FleetMetrics
-from kvtier.apps.proxy.health import OK, probe
-from kvtier.apps.proxy.placement import Placement
-from kvtier.apps.proxy.relay import relay
+from kvtier.apps.proxy.health import OK, probe, stalled
+from kvtier.apps.proxy.placement import Choice, Placement
+from kvtier.apps.proxy.resend import Attempt, Header, answered
 from kvtier.apps.proxy.router import engine_at, json_object, models_of, request_headers
-from kvtier.apps.proxy.upstream import open_exchange
+from kvtier.apps.proxy.stall import FirstByte
+from kvtier.apps.proxy.upstream import Exchange, open_exchange
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +45,7 @@ class FleetRouter:
         self.config = config
         limits = (config.timeout_s, config.connect_timeout_s)
         engines = [engine_at(url, *limits) for url in config.engines]
-        self.pool = Pool("engine", engines, config.backoff_s)
+        self.pool = Pool("engine", engines, config.backoff_s, last_resort=True)
         self.placement = Placement(self.pool, config.policy, config.connect_timeout_s)
         self.metrics = FleetMetrics(self)
 
@@ -47,21 +55,45 @@ class FleetRouter:
         deadline = asyncio.get_running_loop().time() + self.config.timeout_s
         try:
             request = json_object(raw)
-            choice = self.placement.choose(await self.placement.tokens(path, request, headers))
-            with self.placement.sending(choice):
-                exchange = await open_exchange(self.pool, "POST", path, raw, headers, deadline,
-                                               choice.url)  # fmt: skip
-            went = exchange.engine.url
-            self.metrics.decided(self.config.policy, choice.reason if went == choice.url
+            choice = await self._choice(path, request, headers)
+            limits = FirstByte(deadline, self.config.first_byte_timeout_s)
+
+            async def send(attempt: Attempt) -> Exchange:
+                first = attempt.number == 0 and choice.url != ""
+                with self.placement.sending(choice) if first else contextlib.nullcontext():
+                    return await open_exchange(self.pool, "POST", path, raw, headers, deadline,
+                                               choice.url if first else None, limits,
+                                               attempt.tried)  # fmt: skip
+
+            def more(exchange: Exchange, attempt: Attempt) -> list[Header]:
+                return [choice.header(exchange.engine.url, attempt.number)]
+
+            went: list[Exchange] = []
+            response = await answered(self.pool, _noting(send, went), more, self.config.retries,
+                                      self.metrics.resend_of(self.pool.side))  # fmt: skip
+            url = went[-1].engine.url
+            self.metrics.decided(self.config.policy, choice.reason if url == choice.url
                                  else "retry")  # fmt: skip
-            response = await relay(exchange, [choice.header(went)])
             if not request.get("stream"):
-                predicted = choice.predicted if went == choice.url else 0
-                self.metrics.reported_by(went, predicted, _cached(response))
+                predicted = choice.predicted if url == choice.url else 0
+                self.metrics.reported_by(url, predicted, _cached(response))
             return response
         except ProxyError as exc:
             logger.debug("%s %s: %s", request_id, path, exc.message)
             return exc.response()
+
+    async def _choice(
+        self, path: str, request: dict[str, object], headers: dict[str, str]
+    ) -> Choice:
+        """The engine ``placement`` picks; with none up but a stalled one (``Pool.last_resort``),
+        the request goes by load to it."""
+        tokens = await self.placement.tokens(path, request, headers)
+        try:
+            return self.placement.choose(tokens)
+        except EnginesDown:
+            if not self.pool.any_up():
+                raise
+            return Choice("", "load", 0, 0)
 
     async def models(self, authorization: str | None) -> Response:
         return await models_of(self.pool, authorization, self.config.timeout_s)
@@ -85,10 +117,11 @@ class FleetRouter:
         await asyncio.gather(*(self._watch(engine) for engine in self.pool.engines))
 
     async def _watch(self, engine: Engine) -> None:
-        interval, timeout = self.config.health_interval_s, self.config.connect_timeout_s
+        interval, timeout = self.config.health_interval_s, self.config.health_timeout_s
         while True:
             result = await probe(engine, timeout)
-            if self.pool.set_health(engine, "" if result == OK else result) and result != OK:
+            changed = self.pool.set_health(engine, "" if result == OK else result, stalled(result))
+            if changed and result != OK:
                 logger.warning("kvtier proxy: engine %s is down (%s): skipped, its index "
                                "dropped", engine.url, result)  # fmt: skip
             await self.placement.track(engine, result == OK)
@@ -97,6 +130,18 @@ class FleetRouter:
     async def aclose(self) -> None:
         await self.placement.aclose()
         await asyncio.gather(*(engine.client.aclose() for engine in self.pool.engines))
+
+
+def _noting(
+    send: Callable[[Attempt], Awaitable[Exchange]], went: list[Exchange]
+) -> Callable[[Attempt], Awaitable[Exchange]]:
+    """``send``, each exchange it opens appended to ``went``."""
+
+    async def sent(attempt: Attempt) -> Exchange:
+        went.append(await send(attempt))
+        return went[-1]
+
+    return sent
 
 
 def _cached(response: Response) -> int | None:

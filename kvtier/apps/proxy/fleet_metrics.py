@@ -16,11 +16,14 @@ kvtier_proxy_reported_cached_tokens_total{url}    engine to hold, and those it r
                                                   did not compute (non-streamed answers
                                                   carrying kvtier's provenance): a wrong
                                                   index shows as the two drifting apart
+kvtier_proxy_resent_requests_total{side="engine",cause}   requests sent to another engine
+                                              before any byte of the answer reached the
+                                              client: the engine ``broke`` off or ``stalled``
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
@@ -29,6 +32,7 @@ from prometheus_client.registry import Collector
 from starlette.responses import Response
 
 from kvtier.apps.proxy.event_stream import Mode
+from kvtier.apps.proxy.metrics import resent_counter
 from kvtier.apps.proxy.scoring import POLICIES
 
 if TYPE_CHECKING:
@@ -59,6 +63,7 @@ class FleetMetrics:
         for url in router.config.engines:
             self.predicted.labels(url=url)
             self.reported.labels(url=url)
+        self.resent = resent_counter(self.registry, [router.pool.side])
         self.registry.register(_Fleet(router))
 
     def decided(self, policy: str, reason: str) -> None:
@@ -70,6 +75,10 @@ class FleetMetrics:
             return
         self.predicted.labels(url=url).inc(predicted)
         self.reported.labels(url=url).inc(reported)
+
+    def resend_of(self, side: str) -> Callable[[str], None]:
+        """Counts a request of ``side`` sent to another engine, by cause (``resend.py``)."""
+        return lambda cause: self.resent.labels(side=side, cause=cause).inc()
 
     def response(self) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,11 +1,16 @@
 """Engines' ``/health``: the proxy's own ``GET /health``, and the watch on the prefill side.
 
-probe(engine, timeout_s) -> str        "ok", or why not ("connection refused", "HTTP 503")
+probe(engine, timeout_s) -> str        "ok", or why not ("connection refused", "HTTP 503",
+                                       "no answer in 3 s": ``stalled``)
 check_health(prefill, decode, ...)     200 (``degraded`` without a prefill engine), or 503
                                        without a decode engine; naming those not ok
 watch(pool, interval_s, timeout_s)     runs until cancelled: probes each engine of ``pool``
                                        every ``interval_s``; one that fails is skipped until it
                                        passes (``Pool.set_health``)
+
+An engine that stops answering (its process stopped, a long pause, a wedged device) is found by
+its probe within ``interval_s + timeout_s``; the requests waiting on it for a first byte then
+go to another engine (``stall.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from kvtier.apps.proxy.upstream import CONNECT_FAILURES, connect_failure
 logger = logging.getLogger(__name__)
 
 OK = "ok"
+NO_ANSWER = "no answer in"  # how a probe's timeout reads: the engine stalled
 Probed = Callable[[Engine, bool], Awaitable[None]]  # after each probe: the engine, and if it passed
 
 
@@ -35,10 +41,15 @@ async def probe(engine: Engine, timeout_s: float) -> str:
     except CONNECT_FAILURES as exc:
         return connect_failure(exc)
     except httpx.TimeoutException:
-        return f"no answer in {timeout_s:g} s"
+        return f"{NO_ANSWER} {timeout_s:g} s"
     except httpx.HTTPError as exc:
         return str(exc) or type(exc).__name__
     return OK if answer.status_code == 200 else f"HTTP {answer.status_code}"
+
+
+def stalled(result: str) -> bool:
+    """Whether a probe's ``result`` says the engine did not answer in time."""
+    return result.startswith(NO_ANSWER)
 
 
 async def check_health(prefill: Pool, decode: Pool, timeout_s: float) -> Response:
@@ -67,10 +78,7 @@ async def watch(
 ) -> None:
     """Probe each engine of ``pool`` every ``interval_s`` (each within ``timeout_s``, each on
     its own: one that hangs delays no other) until cancelled, marking it up or down by its
-    probe, then awaiting ``then(engine, up)``; the first probes go at once.
-
-    Only the prefill side is watched: a prefill engine skipped on a stale probe costs a
-    recompute on a decode engine, a decode engine skipped so would cost the client an error."""
+    probe, then awaiting ``then(engine, up)``; the first probes go at once."""
     await asyncio.gather(
         *(_watch(pool, engine, interval_s, timeout_s, then) for engine in pool.engines)
     )
@@ -81,7 +89,7 @@ async def _watch(
 ) -> None:
     while True:
         result = await probe(engine, timeout_s)
-        if pool.set_health(engine, "" if result == OK else result):
+        if pool.set_health(engine, "" if result == OK else result, stalled(result)):
             if result == OK:
                 logger.info("%s engine %s is up again", pool.side, engine.url)
             else:

@@ -10,13 +10,17 @@
                                                 engine up), ``prefill_failed`` (it failed)
     kvtier_proxy_engine_up{side,url}            1 while the engine is taken for requests, 0
                                                 while it is skipped (backoff, or /health failed)
+    kvtier_proxy_resent_requests_total{side,cause}
+                                                requests sent to another engine before any byte
+                                                of the answer reached the client: the engine
+                                                ``broke`` off, or ``stalled`` (``resend.py``)
 
 Every label value is present from the start, at 0.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -24,6 +28,7 @@ from prometheus_client.registry import Collector
 from starlette.responses import Response
 
 from kvtier.apps.proxy.balancer import Pool
+from kvtier.apps.proxy.errors import BROKE, STALLED
 from kvtier.apps.proxy.prefill import DEGRADED, Outcome
 
 
@@ -46,6 +51,7 @@ class ProxyMetrics:
             self.requests.labels(prefill=outcome.value)
         for reason in DEGRADED.values():
             self.degraded.labels(reason=reason)
+        self.resent = resent_counter(self.registry, [pool.side for pool in pools])
         self.registry.register(_EnginesUp(pools))
 
     def count(self, outcome: Outcome) -> None:
@@ -54,8 +60,25 @@ class ProxyMetrics:
         if outcome in DEGRADED:
             self.degraded.labels(reason=DEGRADED[outcome]).inc()
 
+    def resend_of(self, side: str) -> Callable[[str], None]:
+        """Counts a request of ``side`` sent to another engine, by cause (``resend.py``)."""
+        return lambda cause: self.resent.labels(side=side, cause=cause).inc()
+
     def response(self) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def resent_counter(registry: CollectorRegistry, sides: list[str]) -> Counter:
+    """``kvtier_proxy_resent_requests_total{side,cause}``, every label at 0."""
+    counter = Counter(
+        "kvtier_proxy_resent_requests", "Requests sent to another engine before any byte of "
+        "the answer reached the client: the engine broke off, or stalled.", ["side", "cause"],
+        registry=registry,
+    )  # fmt: skip
+    for side in sides:
+        for cause in (BROKE, STALLED):
+            counter.labels(side=side, cause=cause)
+    return counter
 
 
 class _EnginesUp(Collector):

@@ -61,11 +61,14 @@ class Choice(NamedTuple):
     predicted: int  # prompt tokens the engine is expected to hold
     uncached: int  # those it is expected to compute
 
-    def header(self, went: str) -> tuple[bytes, bytes]:
+    def header(self, went: str, resent: int = 0) -> tuple[bytes, bytes]:
         """``x-kvtier-route``: where the request ``went`` (the choice, unless it was retried
-        elsewhere), why, and the cached tokens predicted there."""
+        elsewhere), why, and the cached tokens predicted there; ``resent=N`` when it went
+        there after N engines failed it (``resend.py``)."""
         reason, predicted = (self.reason, self.predicted) if went == self.url else ("retry", 0)
         said = f"{went}; {reason}; predicted_cached_tokens={predicted}"
+        if resent:
+            said += f"; resent={resent}"
         return b"x-kvtier-route", said.encode()
 
 

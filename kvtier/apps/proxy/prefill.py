@@ -9,7 +9,9 @@
 
 A prefill engine that fails after the connection is made is skipped for the pool's backoff (a
 refused connection is, already, by ``open_exchange``), so that while it is down only the
-requests that find out pay for it; ``health.watch`` keeps a dead one skipped until it is back.
+requests that find out pay for it; ``health.watch`` keeps a dead one skipped until it is back,
+and a stalled one: the requests it holds are given up on when its probe times out
+(``stall.py``), not at the prefill's limit.
 A 4xx is the client's error and passed back; a failure at the request's deadline, which leaves
 no time to decode, is the client's 504.
 """
@@ -28,6 +30,7 @@ from kvtier.apps.proxy.balancer import Pool
 from kvtier.apps.proxy.bodies import offered_params, prefill_body
 from kvtier.apps.proxy.errors import EngineAnswered, EngineFailed, EnginesDown
 from kvtier.apps.proxy.relay import relay
+from kvtier.apps.proxy.stall import FirstByte
 from kvtier.apps.proxy.upstream import open_exchange
 
 logger = logging.getLogger(__name__)
@@ -115,7 +118,9 @@ async def _offer(
 ) -> dict[str, Any] | None:
     """The prefill engine's ``kv_transfer_params`` for the decode engine (None: no offer)."""
     body = json.dumps(prefill_body(request)).encode()
-    exchange = await open_exchange(pool, "POST", path, body, headers, deadline, prefer)
+    # watched: a prefill engine found stalled while it has the request is given up on at once
+    limits = FirstByte(deadline, deadline - asyncio.get_running_loop().time())
+    exchange = await open_exchange(pool, "POST", path, body, headers, deadline, prefer, limits)
     engine, answer = exchange.engine, exchange.response
     if answer.status_code >= 500:
         await exchange.close()

@@ -1,12 +1,15 @@
 """An engine's answer, handed to the client as it came: status, headers and bytes.
 
     relay(exchange, more) -> Response   a server-sent-event stream goes through chunk by chunk
-                                        (``StreamRelay``); any other body is read whole, then
-                                        sent; ``more``: headers of the proxy's own to add
+                                        (``StreamRelay``) once its first piece has come; any
+                                        other body is read whole, then sent; ``more``: headers
+                                        of the proxy's own to add
     passthrough_headers(answer)   the answer's headers, less those of its own connection
 
-The stream's bytes are not parsed. An engine that fails mid-stream ends the stream with an
-error event; a client that goes away closes the engine's connection (vLLM aborts the request).
+The stream's bytes are not parsed. Until ``relay`` returns, nothing has gone to the client: an
+engine that fails before (``EngineFailed``) leaves the request free to go elsewhere
+(``resend.py``). An engine that fails mid-stream ends the stream with an error event; a client
+that goes away closes the engine's connection (vLLM aborts the request).
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ async def relay(exchange: Exchange, more: Sequence[tuple[bytes, bytes]] = ()) ->
     """The client's response for ``exchange`` (which it closes, now or when the stream ends)."""
     answer = exchange.response
     if answer.is_success and answer.headers.get("content-type", "").startswith("text/event-stream"):
+        try:
+            await exchange.first()
+        except BaseException:
+            await exchange.close()
+            raise
         return StreamRelay(exchange, more)
     response = Response(await exchange.read(), answer.status_code)
     response.raw_headers.extend([*passthrough_headers(answer), *more])

@@ -6,7 +6,7 @@
                                         engine's answer goes back as it came
     Router.models(auth)                 a decode engine's ``/v1/models``
     Router.health()                     see ``kvtier.apps.proxy.health``
-    Router.watch()                      runs until cancelled: the prefill engines' /health
+    Router.watch()                      runs until cancelled: every engine's /health
     Router.metrics                      ``ProxyMetrics``, for ``GET /metrics``
     Router.aclose()                     closes every engine's connection pool
 
@@ -18,6 +18,11 @@ to a decode engine alone, which computes the prompt (see ``apps/proxy/prefill.py
 answer carries ``x-kvtier-prefill`` (what the prefill hop did) and ``Server-Timing:
 prefill;dur=MS`` (the hop as the proxy saw it), so a client can split its time to first token
 into the prefill and what followed.
+
+A decode engine that breaks off or stalls before the first byte of its answer reached the client
+costs the client nothing: the request goes to another decode engine (``resend.py``), without the
+prefill's offer (its KV may be gone: that engine computes the prompt), said by ``x-kvtier-resent:
+N``. With no other decode engine up, it waits on a stalled one rather than fail.
 """
 
 from __future__ import annotations
@@ -41,10 +46,13 @@ from kvtier.apps.proxy.metrics import ProxyMetrics
 from kvtier.apps.proxy.placement import Choice, Placement
 from kvtier.apps.proxy.prefill import prefill
 from kvtier.apps.proxy.relay import relay
-from kvtier.apps.proxy.upstream import open_exchange
+from kvtier.apps.proxy.resend import Attempt, Header, answered
+from kvtier.apps.proxy.stall import FirstByte
+from kvtier.apps.proxy.upstream import Exchange, open_exchange
 
 logger = logging.getLogger(__name__)
 
+RESENT = b"x-kvtier-resent"  # times the request was sent to another decode engine
 KEEPALIVE_S = 4.0  # under uvicorn's (vLLM's) 5 s: an idle connection is dropped here first
 
 
@@ -56,7 +64,7 @@ class Router:
         engines = [[engine_at(url, config.timeout_s, config.connect_timeout_s) for url in urls]
                    for urls in (config.prefill, config.decode)]  # fmt: skip
         self.prefill = Pool("prefill", engines[0], config.backoff_s)
-        self.decode = Pool("decode", engines[1], config.backoff_s)
+        self.decode = Pool("decode", engines[1], config.backoff_s, last_resort=True)
         self.metrics = ProxyMetrics(self.prefill, self.decode)
         self.placement = Placement(self.prefill, config.policy, config.connect_timeout_s)
 
@@ -74,12 +82,26 @@ class Router:
                 hop = await prefill(self.prefill, path, request, headers, deadline,
                                     self.config.prefill_timeout_s,
                                     choice.url if choice else None)  # fmt: skip
-            body = json.dumps(decode_body(request, hop.offer)).encode()
-            exchange = await open_exchange(self.decode, "POST", path, body, headers, deadline)
-            logger.debug("%s: decode on %s", request_id, exchange.engine.url)
-            self.metrics.count(hop.outcome)
             route = [] if choice is None else [choice.header(choice.url)]
-            return await relay(exchange, [*hop.headers(), *route])
+            bodies = [
+                json.dumps(decode_body(request, offer)).encode() for offer in (hop.offer, None)
+            ]
+            limits = FirstByte(deadline, self.config.first_byte_timeout_s)
+
+            async def send(attempt: Attempt) -> Exchange:
+                body = bodies[min(attempt.number, 1)]  # sent again: computed there
+                return await open_exchange(self.decode, "POST", path, body, headers, deadline,
+                                           limits=limits, tried=attempt.tried)  # fmt: skip
+
+            def more(exchange: Exchange, attempt: Attempt) -> list[Header]:
+                logger.debug("%s: decode on %s", request_id, exchange.engine.url)
+                resent = [(RESENT, b"%d" % attempt.number)] if attempt.number else []
+                return [*hop.headers(), *route, *resent]
+
+            answer = await answered(self.decode, send, more, self.config.retries,
+                                    self.metrics.resend_of(self.decode.side))  # fmt: skip
+            self.metrics.count(hop.outcome)
+            return answer
         except ProxyError as exc:
             logger.debug("%s %s: %s", request_id, path, exc.message)
             return exc.response()
@@ -104,9 +126,10 @@ class Router:
         return await check_health(self.prefill, self.decode, self.config.connect_timeout_s)
 
     async def watch(self) -> None:
-        """Probe the prefill engines' /health until cancelled (see ``kvtier.apps.proxy.health``)."""
-        await watch(self.prefill, self.config.health_interval_s, self.config.connect_timeout_s,
-                    self.placement.track)  # fmt: skip
+        """Probe every engine's /health until cancelled (see ``kvtier.apps.proxy.health``)."""
+        interval, timeout = self.config.health_interval_s, self.config.health_timeout_s
+        await asyncio.gather(watch(self.prefill, interval, timeout, self.placement.track),
+                             watch(self.decode, interval, timeout))  # fmt: skip
 
     async def aclose(self) -> None:
         await self.placement.aclose()

@@ -134,7 +134,8 @@ def ask(
     route = response.headers.get("x-kvtier-route", "")
     engine, _, rest = route.partition(";")
     reason = rest.split(";")[0].strip()
-    predicted = int(rest.rsplit("=", 1)[1]) if "predicted_cached_tokens=" in rest else 0
+    said = dict(part.strip().split("=", 1) for part in rest.split(";") if "=" in part)
+    predicted = int(said.get("predicted_cached_tokens", 0))
     provenance = (found.get("kv_transfer_params") or {}).get("kvtier") or {}
     prompt = found.get("prompt_token_ids") or choice.get("prompt_token_ids") or asked.get("prompt")
     answer = Answer(user, round_, list(prompt or []), list(choice["token_ids"]), engine, reason,
