@@ -9,9 +9,11 @@ prompt (degraded, said in ``x-kvtier-prefill`` and on ``/metrics``). One file pe
     balancer.py  Engine, Pool: least requests in flight, round-robin ties, down engines skipped
     bodies.py    the request bodies each side gets
     upstream.py  Exchange: one request on one side, retried on another engine if it cannot connect
-    relay.py     an engine's answer to the client, streamed as it comes
+    stall.py     Watch: waiting for an answer's first byte, unless its engine dies or stalls
+    resend.py    answered: a request sent again elsewhere while nothing reached the client
+    relay.py     an engine's answer to the client, streamed as it comes (once it began)
     errors.py    the answers the proxy gives itself (503 engines down, 502/504, 400)
-    health.py    GET /health; the watch that skips prefill engines whose /health fails
+    health.py    GET /health; the watch that skips engines whose /health fails or stalls
     prefill.py   the prefill hop, and the degraded outcomes (skipped, failed)
     metrics.py   GET /metrics
     router.py    Router: the two hops of a completion
