@@ -2,7 +2,8 @@
 
 A hit in the host tier loads synchronously (vLLM runs the request in the step that loads it), up
 to the prompt's last token at any prompt length (the prompt's tail is kept too), and extends the
-engine's own prefix hit the same way; outputs equal the reference.
+engine's own prefix hit the same way, unless the loads measured by then say that a tail of a few
+tokens costs more to load than to compute; outputs equal the reference.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from harness import connector, engine, generate, kvtier_transfer, prompts, settl
 from kvtier.vllm import KVTierConnector
 
 LENGTHS = [100, 250, 333, 64, 45, 97]  # mostly unaligned to the 32-token engine block
+BLOCK = 32  # the engine's block
 
 
 @pytest.fixture
@@ -51,7 +53,11 @@ def test_a_kvtier_hit_leaves_only_the_last_token_and_costs_no_step(
         settle(llm)
         hits.clear()
         assert generate(llm, token_prompts) == expected  # the engine's own hit, then kvtier's
-        assert sorted(hits) == sorted((n, n - 1, False) for n in LENGTHS)
+        # kvtier's part is the tail alone now: loaded to the last token, or computed where the
+        # loads measured in the pass before say a job of those few tokens costs more
+        own = {n: (n - 1) // BLOCK * BLOCK for n in LENGTHS}
+        assert sorted(n for n, _, _ in hits) == sorted(LENGTHS)
+        assert all(not late and hit in (n - 1, own[n]) for n, hit, late in hits), hits
         settle(llm)
         scheduler = connector(llm).scheduler
         assert scheduler.manager.num_pinned == 0
