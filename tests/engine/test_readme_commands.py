@@ -121,20 +121,45 @@ def test_every_command_has_a_form() -> None:
         assert prefix.removeprefix("kvtier ") in shown, (prefix, test)
 
 
-@pytest.mark.parametrize("command", readme_commands())
+def _runs(command: str) -> bool:
+    return _form(command) not in (_help, None) and not isinstance(_form(command), str)
+
+
+@pytest.mark.parametrize("command", [c for c in readme_commands() if _runs(c)])
 def test_the_command_runs_as_shown(command: str, tmp_path: Path) -> None:
+    done = _started(command, tmp_path)
+    _assert_ran(done, *done.communicate(timeout=600))
+
+
+def test_the_commands_shown_with_help_parse_their_arguments(tmp_path: Path) -> None:
+    """Every ``--help`` form at once (each imports vLLM for seconds: in turn, a minute)."""
+    helped = [c for c in readme_commands() if _form(c) is _help]
+    assert helped  # the long benches, the servers
+    started = [_started(command, tmp_path) for command in helped]
+    for process in started:
+        _assert_ran(process, *process.communicate(timeout=600))
+
+
+def test_commands_not_run_say_why() -> None:
+    why = {c: form for c in readme_commands() if isinstance(form := _form(c), str)}
+    assert set(why) == {c for c in readme_commands() if c.startswith(("pip install", "curl"))}
+
+
+def _started(command: str, tmp: Path) -> subprocess.Popen[str]:
+    """``command`` in its shortest form, started in a user's fresh shell."""
     form = _form(command)
-    assert form is not None
-    if isinstance(form, str):
-        pytest.skip(form)
-    argv = form(command, tmp_path)
+    assert form is not None and not isinstance(form, str)
+    argv = form(command, tmp)
     exports = _readme_commands()[command]
     if exports:  # run in the shell those lines set up
         argv = ["bash", "-c", " && ".join([*exports, f"exec {shlex.join(argv)}"])]
     env = {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "HOME": os.environ["HOME"]}
-    done = subprocess.run(
-        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, f"{shlex.join(argv)}: status {done.returncode}\n{output[-4000:]}"
-    assert "Traceback" not in output, output[-4000:]
+    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def _assert_ran(process: subprocess.Popen[str], output: str, _: object) -> None:
+    argv = process.args if isinstance(process.args, list) else [str(process.args)]
+    shown = shlex.join(str(a) for a in argv)
+    assert process.returncode == 0, f"{shown}: status {process.returncode}\n{output[-4000:]}"
+    assert "Traceback" not in output, f"{shown}\n{output[-4000:]}"
