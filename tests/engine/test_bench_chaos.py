@@ -33,4 +33,4 @@ def test_a_short_chaos_run_costs_no_client_error_and_no_different_answer(tmp_pat
     assert done.returncode == 0, done.stdout[-3000:]
     assert (tmp_path / "chaos.png").stat().st_size > 0
     page = (tmp_path / "chaos.md").read_text()
-    assert "`kvtier bench chaos --engines 2 --minutes 2.5 --seed 0 --rate 2 --quick`" in page
+    assert "`kvtier bench chaos --engines 2 --minutes 2 --seed 0 --rate 2 --quick`" in page

@@ -13,7 +13,7 @@ from kvtier.apps.command import Command
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engines", type=int, help="kv_both engines behind the fleet proxy "
                         "(default 2)")  # fmt: skip
-    parser.add_argument("--minutes", type=float, help="of load (default 30; --quick: 2.5)")
+    parser.add_argument("--minutes", type=float, help="of load (default 30; --quick: 2)")
     parser.add_argument("--seed", type=int, help="the faults and the workload (default 0)")
     parser.add_argument("--rate", type=float, help="requests sent per second (default 1; "
                         "--quick: 2)")  # fmt: skip
@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="without the prefill→decode pair and its proxy")  # fmt: skip
     parser.add_argument("--quick", action="store_true",
                         help="the short form: every fault kind once, short gaps and stalls, "
-                        "2.5 minutes")  # fmt: skip
+                        "2 minutes")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--logs", type=Path, help="keep the servers' logs in this folder")
 

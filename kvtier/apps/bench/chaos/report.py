@@ -111,7 +111,8 @@ def plot(found: Mapping[str, Any], path: Path) -> None:
                          color=COLORS.get(event["kind"], "grey"), alpha=0.25)  # fmt: skip
     rows = found["rows"]
     for stream, marker in ((False, "."), (True, "+")):
-        shown = [r for r in rows if r["status"] == "ok" and r["stream"] == stream]
+        shown = [r for r in rows if r["ttft_s"] is not None and r["status"] == "ok"
+                 and r["stream"] == stream]  # fmt: skip
         top.scatter([r["start_s"] for r in shown], [r["ttft_s"] for r in shown], s=8,
                     marker=marker, label="streamed" if stream else "whole")  # fmt: skip
     failed = [r for r in rows if r["status"] != "ok"]
@@ -131,7 +132,7 @@ def plot(found: Mapping[str, Any], path: Path) -> None:
     bottom.set_ylabel("RSS (MiB)")
     bottom.set_xlabel("seconds into the run")
     bottom.legend(fontsize=7, ncol=4)
-    top.set_title("kvtier bench chaos: " + command(found["settings"]))
+    top.set_title(command(found["settings"]))
     plots.save(figure, path)
 
 

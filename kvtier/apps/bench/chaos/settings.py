@@ -57,7 +57,7 @@ class ChaosSettings:
     @classmethod
     def quick(cls, **overrides: Any) -> ChaosSettings:
         """The short form (``--quick``, the engine test's): each fault kind once."""
-        short = cls(minutes=2.5, rate=2.0, max_tokens=8, timeout_s=60.0, gap_s=(4.0, 8.0),
+        short = cls(minutes=2.0, rate=2.0, max_tokens=8, timeout_s=60.0, gap_s=(4.0, 8.0),
                     engine_stop_s=(5.0, 6.0), redis_stop_s=(2.0, 3.0), after_s=20.0,
                     every_kind_once=True, sample_s=2.0)  # fmt: skip
         known = {f.name for f in fields(cls)}
