@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import signal
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -188,16 +189,20 @@ def test_an_engine_stalled_with_requests_in_flight_costs_no_client_error_and_rej
         placed = [_ask(proxy, doc).engine for doc in documents]
         victim = next(e for e in fleet.engines if e.url == placed[0])
         on_victim = [_more(fleet, d, 5) for d, at in zip(documents, placed) if at == victim.url]
-        try:
-            answers = _in_flight_on(
-                proxy, victim, on_victim, lambda: os.killpg(victim.process.pid, signal.SIGSTOP)
-            )
-            assert _up(proxy, victim) == 0.0  # found stalled, skipped
-        finally:
-            os.killpg(victim.process.pid, signal.SIGCONT)
-        wait(lambda: _up(proxy, victim) == 1.0, WAIT_S, "the stalled engine to rejoin")
-        resent = sample(proxy.url, "kvtier_proxy_resent_requests_total", cause="stalled")
-    assert resent >= 1  # at least one was waiting on it and went elsewhere
+
+        def stall() -> None:
+            """Stopped until the proxy found it and its first request (not streamed) moved; a
+            stream that had started waits for it."""
+            os.killpg(victim.process.pid, signal.SIGSTOP)
+            try:
+                wait(lambda: _up(proxy, victim) == 0.0 and _resent(proxy, "stalled") >= 1,
+                     WAIT_S, "the stalled engine skipped, its request moved")  # fmt: skip
+            finally:
+                os.killpg(victim.process.pid, signal.SIGCONT)
+
+        answers = _in_flight_on(proxy, victim, on_victim, stall, streamed=True)
+        wait(lambda: _up(proxy, victim) == 1.0 and index_modes(proxy) == ["exact"] * 2, WAIT_S,
+             "the stalled engine taken again, its index followed anew")  # fmt: skip
     assert reference(fleet.model, [a.prompt for a in answers], LONG) == [a.tokens for a in answers]
 
 
@@ -227,7 +232,11 @@ def test_an_engine_killed_is_dropped_from_the_index_and_its_traffic_moves(
 
 
 def _up(proxy: Server, engine: Server) -> float:
-    return sample(proxy.url, "kvtier_proxy_engine_up", url=engine.url)
+    """The proxy's ``kvtier_proxy_engine_up`` of ``engine`` (1: taken for requests)."""
+    with urllib.request.urlopen(proxy.url + "/metrics", timeout=WAIT_S) as answer:
+        text = answer.read().decode()
+    said = f'kvtier_proxy_engine_up{{side="engine",url="{engine.url}"}} '
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(said))
 
 
 def _resent(proxy: Server, cause: str) -> float:
