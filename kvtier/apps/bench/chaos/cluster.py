@@ -50,6 +50,8 @@ ENGINE_BLOCKS = 160  # each engine's own cache, in blocks of 32 tokens: less tha
 MAX_MODEL_LEN = 2048
 REDIS_MEMORY = "256mb"
 SETTLE_S = 2.0  # a new proxy beside the old one, before the old one drains
+# each engine's /health every 0.5 s, stalled when unanswered in 1 s: a stall found within 1.5 s
+WATCH = ("--health-interval-s", "0.5", "--health-timeout-s", "1")
 
 
 @dataclass
@@ -148,14 +150,13 @@ def started_cluster(settings: ChaosSettings, logs: Path, reuse_port: bool) -> It
             node.start()
         wait_healthy(*(n.server for n in [*engines, *pair] if n.server is not None))
         fleet = [KVTIER, "proxy", "--engine", *(e.url for e in engines), "--policy", "kv-aware",
-                 "--health-interval-s", "0.5", *reuse]  # fmt: skip
+                 *WATCH, *reuse]  # fmt: skip
         proxy = _proxy("proxy", fleet, logs)
         stack.callback(_stop, proxy)
         pd_proxy: Node | None = None
         if pair:
             sides = ["--prefill", pair[0].url, "--decode", pair[1].url]
-            pd_proxy = _proxy("pd-proxy", [KVTIER, "proxy", *sides, "--health-interval-s", "0.5"],
-                              logs)  # fmt: skip
+            pd_proxy = _proxy("pd-proxy", [KVTIER, "proxy", *sides, *WATCH], logs)
             stack.callback(_stop, pd_proxy)
         for started in (proxy, pd_proxy):
             if started is not None:
