@@ -6,13 +6,11 @@ long-miss part: its summary from given TTFTs)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
+from fresh_shell import run_kvtier
 
-from kvtier.apps.bench.common.servers import KVTIER
 from kvtier.apps.bench.common.timing import median
 from kvtier.apps.bench.concurrency import run as concurrency
 from kvtier.apps.bench.concurrency.rounds import Rounds
@@ -22,17 +20,10 @@ from kvtier.apps.bench.concurrency.served import LongMiss, summarize
 VERDICT_KEYS = {"key", "label", "ratio", "min", "max", "spread", "pairs", "goal", "pass"}
 
 
-def _kvtier(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``kvtier ARGS`` in a user's fresh shell: no variable but PATH and HOME."""
-    env = {name: os.environ[name] for name in ("PATH", "HOME")}
-    done = subprocess.run([KVTIER, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-5000:]
-    return done
-
-
 def test_bench_concurrency_rounds_ratios_come_from_the_measured_rounds(tmp_path: Path) -> None:
-    _kvtier("bench", "concurrency", "--quick", "--no-served", "--out", str(tmp_path), timeout=900)
+    run_kvtier(
+        "bench", "concurrency", "--quick", "--no-served", "--out", str(tmp_path), timeout=900
+    )
     assert concurrency.QUICK == Rounds(prompts=8, tokens=64, max_tokens=4, rounds=3, pairs=1,
                                        max_num_seqs=8, chunk_tokens=32)  # fmt: skip
 

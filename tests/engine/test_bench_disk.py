@@ -6,11 +6,9 @@ every ratio."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
-from kvtier.apps.bench.common.servers import KVTIER
+from fresh_shell import run_kvtier
 
 RATIOS = {
     "store", "cold_load", "warm_load",
@@ -18,19 +16,10 @@ RATIOS = {
 }  # fmt: skip
 
 
-def _kvtier(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``kvtier ARGS`` in a user's fresh shell: no variable but PATH and HOME."""
-    env = {name: os.environ[name] for name in ("PATH", "HOME")}
-    done = subprocess.run([KVTIER, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-5000:]
-    return done
-
-
 def test_bench_disk_writes_verified_ratios(tiny_model: Path, tmp_path: Path) -> None:
     out, work = tmp_path / "out", tmp_path / "work"
     work.mkdir()
-    _kvtier("bench", "disk", "--dir", str(work), "--chunks", "4", "--layers", "2", "--rounds",
+    run_kvtier("bench", "disk", "--dir", str(work), "--chunks", "4", "--layers", "2", "--rounds",
             "1", "--tokens", "256", "--repeats", "1", "--model", str(tiny_model), "--dtype",
             "float32", "--device", "cpu", "--out", str(out), timeout=900)  # fmt: skip
 

@@ -5,24 +5,13 @@ outputs with the engine without kvtier, and writes its JSON, PNG and Markdown pa
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
-from kvtier.apps.bench.common.servers import KVTIER
-
-
-def _kvtier(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``kvtier ARGS`` in a user's fresh shell: no variable but PATH and HOME."""
-    env = {name: os.environ[name] for name in ("PATH", "HOME")}
-    done = subprocess.run([KVTIER, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-5000:]
-    return done
+from fresh_shell import run_kvtier
 
 
 def test_bench_faults_runs_from_a_fresh_shell(tmp_path: Path) -> None:
-    done = _kvtier("bench", "faults", "--minutes", "0.3", "--quick", "--out", str(tmp_path),
+    done = run_kvtier("bench", "faults", "--minutes", "0.3", "--quick", "--out", str(tmp_path),
                    timeout=600)  # fmt: skip
 
     assert "0 wrong (goal: 0)" in done.stdout

@@ -6,28 +6,18 @@ counters; the Markdown page says the TTFT ratio."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
-from kvtier.apps.bench.common.servers import KVTIER
+from fresh_shell import run_kvtier
+
 from kvtier.apps.bench.redis.ttft import MEASURES
-
-
-def _kvtier(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``kvtier ARGS`` in a user's fresh shell: no variable but PATH and HOME."""
-    env = {name: os.environ[name] for name in ("PATH", "HOME")}
-    done = subprocess.run([KVTIER, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-5000:]
-    return done
 
 
 def test_bench_redis_ttft_serves_the_prompt_from_redis(
     tiny_model: Path, tmp_path: Path, redis_server: Any
 ) -> None:
-    _kvtier("bench", "redis", "--quick", "--rounds", "1", "--url", redis_server.url, "--ttft",
+    run_kvtier("bench", "redis", "--quick", "--rounds", "1", "--url", redis_server.url, "--ttft",
             "--ttft-tokens", "512", "--ttft-repeats", "1", "--model", str(tiny_model),
             "--dtype", "float32", "--out", str(tmp_path), timeout=900)  # fmt: skip
     ttft = json.loads((tmp_path / "redis.json").read_text())["ttft"]

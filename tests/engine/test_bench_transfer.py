@@ -6,13 +6,10 @@ hold every part of the split and its ratio to the bound."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
-
-from kvtier.apps.bench.common.servers import KVTIER
+from fresh_shell import run_kvtier
 
 pytestmark = pytest.mark.engine
 
@@ -21,17 +18,8 @@ PARTS = ("prefill", "transfer", "step", "first", "own_first", "proxy", "proxy_pr
          "proxy_decode_forward")  # fmt: skip
 
 
-def _kvtier(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``kvtier ARGS`` in a user's fresh shell: no variable but PATH and HOME."""
-    env = {name: os.environ[name] for name in ("PATH", "HOME")}
-    done = subprocess.run([KVTIER, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-5000:]
-    return done
-
-
 def test_bench_transfer_ttft_writes_the_split_and_its_ratio(tmp_path: Path) -> None:
-    done = _kvtier("bench", "transfer", "--quick", "--ttft", "--out", str(tmp_path), timeout=900)
+    done = run_kvtier("bench", "transfer", "--quick", "--ttft", "--out", str(tmp_path), timeout=900)
 
     document = json.loads((tmp_path / "transfer-ttft.json").read_text())
     assert (tmp_path / "transfer-ttft.png").stat().st_size > 0

@@ -6,13 +6,11 @@ goals and verdicts, per length and for the throughput; the Markdown page says th
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
+from fresh_shell import run_kvtier
 
-from kvtier.apps.bench.common.servers import KVTIER
 from kvtier.apps.bench.ttft.ratios import GOALS
 
 ROW_KEYS = {
@@ -26,17 +24,8 @@ BOUNDS = {"engine_hit_on_over_off": 1.1, "kvtier_over_engine_hit": 1.0, "through
 VERDICT_KEYS = {"key", "label", "prompt_tokens", "ratio", "spread", "pairs", "goal", "pass"}
 
 
-def _kvtier(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``kvtier ARGS`` in a user's fresh shell: no variable but PATH and HOME."""
-    env = {name: os.environ[name] for name in ("PATH", "HOME")}
-    done = subprocess.run([KVTIER, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-5000:]
-    return done
-
-
 def test_bench_ttft_writes_verified_no_regret_rows(tiny_model: Path, tmp_path: Path) -> None:
-    _kvtier("bench", "ttft", "--lengths", "128", "--unaligned", "100", "--repeats", "2",
+    run_kvtier("bench", "ttft", "--lengths", "128", "--unaligned", "100", "--repeats", "2",
             "--model", str(tiny_model), "--dtype", "float32", "--chunk-tokens", "32",
             "--pairs", "2", "--max-pairs", "2", "--prompts", "2", "--prompt-tokens", "128",
             "--max-tokens", "2", "--out", str(tmp_path), timeout=900)  # fmt: skip

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from fresh_shell import run_kvtier
 
 from kvtier.apps.bench.commands import BENCHES
-from kvtier.apps.bench.common.servers import KVTIER
 from kvtier.apps.bench.pages import SUMMARIES, page
 from kvtier.apps.cli import main
 
@@ -34,15 +32,6 @@ SHARED = {  # written once, in common/: a name, and the one file that may hold i
     ".savefig(": "common/plots.py",
     "os.posix_fadvise(": "common/page_cache.py",
 }
-
-
-def _kvtier(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``kvtier ARGS`` in a user's fresh shell: no variable but PATH and HOME."""
-    env = {name: os.environ[name] for name in ("PATH", "HOME")}
-    done = subprocess.run([KVTIER, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-5000:]
-    return done
 
 
 def test_every_family_is_a_package_and_no_file_is_long() -> None:
@@ -81,7 +70,7 @@ def test_the_report_makes_a_page_of_every_result_from_its_file_alone(tmp_path: P
     assert found, f"no results in {RESULTS}"
     for source in found:
         shutil.copy(source, tmp_path / source.name)
-    _kvtier("bench", "report", "--out", str(tmp_path), timeout=300)
+    run_kvtier("bench", "report", "--out", str(tmp_path), timeout=300)
     for source in found:
         document = json.loads(source.read_text())
         text = (tmp_path / source.name).with_suffix(".md").read_text()
@@ -99,7 +88,7 @@ def test_a_page_names_the_bench_of_a_file_it_cannot_read(tmp_path: Path) -> None
 
 
 def test_bench_copy_runs_from_a_fresh_shell(tmp_path: Path) -> None:
-    done = _kvtier("bench", "copy", "--tokens", "256", "--rounds", "1", "--device", "cpu",
+    done = run_kvtier("bench", "copy", "--tokens", "256", "--rounds", "1", "--device", "cpu",
                    "--out", str(tmp_path), timeout=300)  # fmt: skip
     rows = json.loads((tmp_path / "copy-cpu.json").read_text())["rows"]
     assert {(r["chunk_tokens"], r["direction"]) for r in rows} == {
@@ -112,7 +101,7 @@ def test_bench_copy_runs_from_a_fresh_shell(tmp_path: Path) -> None:
 
 
 def test_bench_fleet_simulated_runs_from_a_fresh_shell(tmp_path: Path) -> None:
-    _kvtier("bench", "fleet", "--no-real", "--engines", "2", "--out", str(tmp_path), timeout=300)
+    run_kvtier("bench", "fleet", "--no-real", "--engines", "2", "--out", str(tmp_path), timeout=300)
     document = json.loads((tmp_path / "fleet-sim.json").read_text())
     assert {row["engines"] for row in document["rows"]} == {2}
     assert (tmp_path / "fleet-sim.png").stat().st_size > 0
