@@ -26,6 +26,7 @@ from proxy_fakes import (
 
 from kvtier.apps.proxy.app import build_fleet_app
 from kvtier.apps.proxy.config import FleetConfig, ProxyConfig
+from kvtier.apps.proxy.hedge import HEDGE_FLOOR_S, MIN_SAMPLES, Hedge
 
 COMPLETION = {"model": "m", "prompt": "hi", "max_tokens": 3}
 TEXTS = ["t0 ", "t1 ", "t2 "]
@@ -195,3 +196,44 @@ def test_a_stalled_prefill_engine_is_given_up_on_when_found_not_at_the_prefills_
         assert decode.received[0].body.get("kv_transfer_params") is None
 
     run(scenario())
+
+
+def test_a_first_byte_later_than_nearly_every_recent_one_goes_to_a_second_engine_too() -> None:
+    slow, quick = FakeEngine("slow"), FakeEngine("quick")
+    release = asyncio.Event()
+
+    async def scenario() -> None:
+        async with serving(slow.app, quick.app) as urls, fleet_of(*urls) as client:
+            for _ in range(MIN_SAMPLES):  # the recent first bytes: milliseconds
+                assert (await client.post("/v1/completions", json=COMPLETION)).status_code == 200
+            slow.before_answer = _hang(release)
+            start = time.monotonic()
+            answers = await asyncio.gather(
+                *(client.post("/v1/completions", json=COMPLETION) for _ in range(2))
+            )
+            took = time.monotonic() - start
+            hedged = await metric(client, "kvtier_proxy_resent_requests_total", side="engine",
+                                  cause="hedged")  # fmt: skip
+            release.set()
+        assert [a.status_code for a in answers] == [200, 200]
+        assert hedged == 1 and took < 1.0  # hedged after HEDGE_FLOOR_S, not at /health's 3 s
+        routes = [a.headers["x-kvtier-route"] for a in answers]
+        assert all(r.startswith(f"{urls[1]};") for r in routes), routes
+
+    run(scenario())
+
+
+def test_hedging_waits_for_enough_answers_and_can_be_turned_off() -> None:
+    hedge = Hedge(2.0, HEDGE_FLOOR_S)
+    for i in range(MIN_SAMPLES - 1):
+        hedge.saw(False, 0.01 * (i + 1))
+    assert hedge.after(False) is None  # too few to say what is late
+    hedge.saw(False, 0.5)
+    assert hedge.after(False) == pytest.approx(1.0)  # 2 x the 99th percentile
+    assert hedge.after(True) is None  # streams are timed apart
+    for _ in range(MIN_SAMPLES):
+        hedge.saw(True, 0.001)
+    assert hedge.after(True) == HEDGE_FLOOR_S
+    assert Hedge(0.0, HEDGE_FLOOR_S).after(False) is None
+    with pytest.raises(ValueError, match="hedge_after_p99"):
+        FleetConfig(("http://127.0.0.1:1",), hedge_after_p99=-1)

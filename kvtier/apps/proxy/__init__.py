@@ -11,6 +11,7 @@ prompt (degraded, said in ``x-kvtier-prefill`` and on ``/metrics``). One file pe
     upstream.py  Exchange: one request on one side, retried on another engine if it cannot connect
     stall.py     Watch: waiting for an answer's first byte, unless its engine dies or stalls
     resend.py    answered: a request sent again elsewhere while nothing reached the client
+    hedge.py     Hedge: when a late first byte sends a request to a second engine too
     relay.py     an engine's answer to the client, streamed as it comes (once it began)
     errors.py    the answers the proxy gives itself (503 engines down, 502/504, 400)
     health.py    GET /health; the watch that skips engines whose /health fails or stalls

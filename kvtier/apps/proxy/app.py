@@ -46,6 +46,7 @@ def build_app(
     health_timeout_s: float = 3.0,
     first_byte_timeout_s: float = 120.0,
     retries: int = 2,
+    hedge_after_p99: float = 2.0,
 ) -> FastAPI:
     """The app for these engines (see ``ProxyConfig``; a bad URL raises ``ValueError``).
 
@@ -53,7 +54,7 @@ def build_app(
     lifespan ends."""
     config = ProxyConfig(tuple(prefill), tuple(decode), timeout_s, connect_timeout_s, backoff_s,
                          prefill_timeout_s, health_interval_s, policy, health_timeout_s,
-                         first_byte_timeout_s, retries)  # fmt: skip
+                         first_byte_timeout_s, retries, hedge_after_p99)  # fmt: skip
     started = f"prefill {', '.join(config.prefill)}; decode {', '.join(config.decode)}"
     return _app(Router(config), started)
 

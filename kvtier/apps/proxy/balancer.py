@@ -118,7 +118,7 @@ class Pool:
             engine.fault.set()
         return changed
 
-    def elsewhere(self, engine: Engine, tried: Container[str] = ()) -> bool:
+    def elsewhere(self, engine: Engine | None, tried: Container[str] = ()) -> bool:
         """Whether an engine up other than ``engine`` (and those ``tried``) could take a
         request now."""
         now = self._clock()

@@ -74,6 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "any byte of the answer reached the client",
     )  # fmt: skip
     parser.add_argument(
+        "--hedge-after-p99", type=float, default=2.0,
+        help="a request whose first byte is later than this x the recent 99th percentile goes "
+        "to a second engine too, the first to answer serving it (0: never)",
+    )  # fmt: skip
+    parser.add_argument(
         "--reuse-port", action="store_true",
         help="listen with SO_REUSEPORT: a new proxy takes the port while the old one drains "
         "(a restart without refused connections: start the new one, then SIGTERM the old)",
@@ -96,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
             config = FleetConfig(
                 tuple(args.engine), args.policy, args.timeout_s, args.connect_timeout_s,
                 args.backoff_s, args.health_interval_s, args.health_timeout_s,
-                args.first_byte_timeout_s, args.retries,
+                args.first_byte_timeout_s, args.retries, args.hedge_after_p99,
             )  # fmt: skip
             app = build_fleet_app(config)
         elif not (args.prefill and args.decode):
@@ -109,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
                 health_interval_s=args.health_interval_s, policy=args.policy,
                 health_timeout_s=args.health_timeout_s,
                 first_byte_timeout_s=args.first_byte_timeout_s, retries=args.retries,
+                hedge_after_p99=args.hedge_after_p99,
             )  # fmt: skip
     except ValueError as exc:
         print(f"kvtier proxy: {exc}", file=sys.stderr)

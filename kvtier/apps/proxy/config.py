@@ -33,6 +33,8 @@ class ProxyConfig:
     first_byte_timeout_s: float = 120.0  # a decode engine silent this long after a request
     #                                      was sent: the request goes to another
     retries: int = 2  # times a request goes to another decode engine (resend.py)
+    hedge_after_p99: float = 2.0  # a decode answer's first byte later than this x the recent
+    #                               99th percentile: sent to a second engine too (0: never)
 
     def __post_init__(self) -> None:
         _check_policy(self.policy)
@@ -55,6 +57,7 @@ class FleetConfig:
     health_timeout_s: float = 3.0
     first_byte_timeout_s: float = 120.0
     retries: int = 2
+    hedge_after_p99: float = 2.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engines", _engine_urls("engine", self.engines))
@@ -70,6 +73,8 @@ def _check_limits(config: ProxyConfig | FleetConfig, keys: tuple[str, ...]) -> N
         isinstance(config.retries, int) and config.retries >= 0
     ):
         raise ValueError(f"retries must be an integer >= 0, got {config.retries!r}")
+    if not config.hedge_after_p99 >= 0:
+        raise ValueError(f"hedge_after_p99 must be >= 0, got {config.hedge_after_p99!r}")
 
 
 def _check_policy(policy: str) -> None:

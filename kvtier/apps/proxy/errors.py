@@ -22,6 +22,7 @@ from starlette.responses import Response
 BROKE = "broke"  # the engine broke off: reset, closed, or an answer cut short
 STALLED = "stalled"  # it went down, or sent no first byte in time, while it had the request
 TIMED_OUT = "timed_out"  # the request's own time ran out
+HEDGED = "hedged"  # not a failure: its first byte was late, so it went to a second engine too
 
 
 class ProxyError(Exception):

@@ -31,8 +31,9 @@ from kvtier.apps.proxy.config import FleetConfig
 from kvtier.apps.proxy.errors import EnginesDown, ProxyError
 from kvtier.apps.proxy.fleet_metrics import FleetMetrics
 from kvtier.apps.proxy.health import OK, probe, stalled
+from kvtier.apps.proxy.hedge import HEDGE_FLOOR_S, Hedge
 from kvtier.apps.proxy.placement import Choice, Placement
-from kvtier.apps.proxy.resend import Attempt, Header, answered
+from kvtier.apps.proxy.resend import Attempt, Header, Policy, answered
 from kvtier.apps.proxy.router import engine_at, json_object, models_of, request_headers
 from kvtier.apps.proxy.stall import FirstByte
 from kvtier.apps.proxy.upstream import Exchange, open_exchange
@@ -47,6 +48,7 @@ class FleetRouter:
         engines = [engine_at(url, *limits) for url in config.engines]
         self.pool = Pool("engine", engines, config.backoff_s, last_resort=True)
         self.placement = Placement(self.pool, config.policy, config.connect_timeout_s)
+        self.hedge = Hedge(config.hedge_after_p99, HEDGE_FLOOR_S)
         self.metrics = FleetMetrics(self)
 
     async def complete(self, path: str, raw: bytes, authorization: str | None) -> Response:
@@ -63,13 +65,14 @@ class FleetRouter:
                 with self.placement.sending(choice) if first else contextlib.nullcontext():
                     return await open_exchange(self.pool, "POST", path, raw, headers, deadline,
                                                choice.url if first else None, limits,
-                                               attempt.tried)  # fmt: skip
+                                               attempt.tried, attempt.took)  # fmt: skip
 
             def more(exchange: Exchange, attempt: Attempt) -> list[Header]:
                 return [choice.header(exchange.engine.url, attempt.number)]
 
             went: list[Exchange] = []
-            response = await answered(self.pool, _noting(send, went), more, self.config.retries,
+            policy = Policy(self.config.retries, self.hedge, bool(request.get("stream")))
+            response = await answered(self.pool, _noting(send, went), more, policy,
                                       self.metrics.resend_of(self.pool.side))  # fmt: skip
             url = went[-1].engine.url
             self.metrics.decided(self.config.policy, choice.reason if url == choice.url

@@ -13,7 +13,9 @@
     kvtier_proxy_resent_requests_total{side,cause}
                                                 requests sent to another engine before any byte
                                                 of the answer reached the client: the engine
-                                                ``broke`` off, or ``stalled`` (``resend.py``)
+                                                ``broke`` off, or ``stalled``, or it was late
+                                                and went to a second one too: ``hedged``
+                                                (``resend.py``)
 
 Every label value is present from the start, at 0.
 """
@@ -28,7 +30,7 @@ from prometheus_client.registry import Collector
 from starlette.responses import Response
 
 from kvtier.apps.proxy.balancer import Pool
-from kvtier.apps.proxy.errors import BROKE, STALLED
+from kvtier.apps.proxy.errors import BROKE, HEDGED, STALLED
 from kvtier.apps.proxy.prefill import DEGRADED, Outcome
 
 
@@ -76,7 +78,7 @@ def resent_counter(registry: CollectorRegistry, sides: list[str]) -> Counter:
         registry=registry,
     )  # fmt: skip
     for side in sides:
-        for cause in (BROKE, STALLED):
+        for cause in (BROKE, STALLED, HEDGED):
             counter.labels(side=side, cause=cause)
     return counter
 

@@ -42,11 +42,12 @@ from kvtier.apps.proxy.bodies import decode_body
 from kvtier.apps.proxy.config import ProxyConfig
 from kvtier.apps.proxy.errors import BadRequest, EnginesDown, ProxyError
 from kvtier.apps.proxy.health import check_health, watch
+from kvtier.apps.proxy.hedge import HEDGE_FLOOR_S, Hedge
 from kvtier.apps.proxy.metrics import ProxyMetrics
 from kvtier.apps.proxy.placement import Choice, Placement
 from kvtier.apps.proxy.prefill import prefill
 from kvtier.apps.proxy.relay import relay
-from kvtier.apps.proxy.resend import Attempt, Header, answered
+from kvtier.apps.proxy.resend import Attempt, Header, Policy, answered
 from kvtier.apps.proxy.stall import FirstByte
 from kvtier.apps.proxy.upstream import Exchange, open_exchange
 
@@ -67,6 +68,7 @@ class Router:
         self.decode = Pool("decode", engines[1], config.backoff_s, last_resort=True)
         self.metrics = ProxyMetrics(self.prefill, self.decode)
         self.placement = Placement(self.prefill, config.policy, config.connect_timeout_s)
+        self.hedge = Hedge(config.hedge_after_p99, HEDGE_FLOOR_S)
 
     async def complete(self, path: str, raw: bytes, authorization: str | None) -> Response:
         """The answer to a completion request ``raw`` sent to ``path``."""
@@ -91,14 +93,16 @@ class Router:
             async def send(attempt: Attempt) -> Exchange:
                 body = bodies[min(attempt.number, 1)]  # sent again: computed there
                 return await open_exchange(self.decode, "POST", path, body, headers, deadline,
-                                           limits=limits, tried=attempt.tried)  # fmt: skip
+                                           limits=limits, tried=attempt.tried,
+                                           took=attempt.took)  # fmt: skip
 
             def more(exchange: Exchange, attempt: Attempt) -> list[Header]:
                 logger.debug("%s: decode on %s", request_id, exchange.engine.url)
                 resent = [(RESENT, b"%d" % attempt.number)] if attempt.number else []
                 return [*hop.headers(), *route, *resent]
 
-            answer = await answered(self.decode, send, more, self.config.retries,
+            policy = Policy(self.config.retries, self.hedge, bool(request.get("stream")))
+            answer = await answered(self.decode, send, more, policy,
                                     self.metrics.resend_of(self.decode.side))  # fmt: skip
             self.metrics.count(hop.outcome)
             return answer

@@ -109,14 +109,18 @@ async def open_exchange(
     prefer: str | None = None,
     limits: FirstByte | None = None,
     tried: dict[str, str] | None = None,
+    took: list[str] | None = None,
 ) -> Exchange:
     """Send the request to an engine of ``pool`` (``prefer``'s first, if up; none of
-    ``tried``, which gains those that refused) and wait for its answer's headers.
+    ``tried``, which gains those that refused; ``took`` gains each engine it is sent to) and
+    wait for its answer's headers.
 
     Raises ``EnginesDown`` (naming each engine and why) when none could be connected to, and
     ``EngineFailed`` when the chosen one failed after that."""
     tried = {} if tried is None else tried
     while (engine := pool.acquire(tried, prefer)) is not None:
+        if took is not None:
+            took.append(engine.url)
         request = engine.client.build_request(method, path, content=body, headers=headers)
         watch = None if limits is None else Watch(pool, engine, limits, tried)
         sent = engine.client.send(request, stream=True)
