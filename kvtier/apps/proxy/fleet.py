@@ -22,7 +22,6 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
 
 from starlette.responses import Response
 
@@ -70,11 +69,9 @@ class FleetRouter:
             def more(exchange: Exchange, attempt: Attempt) -> list[Header]:
                 return [choice.header(exchange.engine.url, attempt.number)]
 
-            went: list[Exchange] = []
             policy = Policy(self.config.retries, self.hedge, bool(request.get("stream")))
-            response = await answered(self.pool, _noting(send, went), more, policy,
-                                      self.metrics.resend_of(self.pool.side))  # fmt: skip
-            url = went[-1].engine.url
+            response, url = await answered(self.pool, send, more, policy,
+                                           self.metrics.resend_of(self.pool.side))  # fmt: skip
             self.metrics.decided(self.config.policy, choice.reason if url == choice.url
                                  else "retry")  # fmt: skip
             if not request.get("stream"):
@@ -133,18 +130,6 @@ class FleetRouter:
     async def aclose(self) -> None:
         await self.placement.aclose()
         await asyncio.gather(*(engine.client.aclose() for engine in self.pool.engines))
-
-
-def _noting(
-    send: Callable[[Attempt], Awaitable[Exchange]], went: list[Exchange]
-) -> Callable[[Attempt], Awaitable[Exchange]]:
-    """``send``, each exchange it opens appended to ``went``."""
-
-    async def sent(attempt: Attempt) -> Exchange:
-        went.append(await send(attempt))
-        return went[-1]
-
-    return sent
 
 
 def _cached(response: Response) -> int | None:

@@ -1,6 +1,6 @@
 """A request sent again to another engine while nothing of its answer has reached the client.
 
-    await answered(pool, send, headers, policy, count) -> Response
+    await answered(pool, send, headers, policy, count) -> Answered(response, url)
 
 ``send(attempt)`` opens the request's exchange with an engine of ``pool`` (``upstream.py``),
 avoiding ``attempt.tried``; ``relay`` then waits for the first byte of the answer (a stream's
@@ -48,6 +48,11 @@ class Attempt(NamedTuple):
     took: list[str]
 
 
+class Answered(NamedTuple):
+    response: Response
+    url: str  # the engine whose answer it is
+
+
 class Policy(NamedTuple):
     retries: int  # sendings beyond the first, at most
     hedge: Hedge | None  # when a late first byte sends it to a second engine too
@@ -60,19 +65,19 @@ async def answered(
     headers: Callable[[Exchange, Attempt], Sequence[Header]],
     policy: Policy,
     count: Callable[[str], None],
-) -> Response:
+) -> Answered:
     """The client's response: the first answer an engine began, as the module says.
 
     Raises ``EnginesDown`` when no engine is left to try, and ``EngineFailed`` when the last
     one tried failed (or the deadline passed)."""
     clock = asyncio.get_running_loop().time
     started, tried = clock(), dict[str, str]()
-    live: dict[asyncio.Future[Response], Attempt] = {}
+    live: dict[asyncio.Future[Answered], Attempt] = {}
     sendings = 0
 
-    async def one(attempt: Attempt) -> Response:
+    async def one(attempt: Attempt) -> Answered:
         exchange = await send(attempt)
-        return await relay(exchange, headers(exchange, attempt))
+        return Answered(await relay(exchange, headers(exchange, attempt)), exchange.engine.url)
 
     def start(avoid: dict[str, str]) -> None:
         nonlocal sendings
@@ -134,9 +139,9 @@ def _noted(
     return last
 
 
-async def _dropped(task: asyncio.Future[Response]) -> None:
+async def _dropped(task: asyncio.Future[Answered]) -> None:
     """A sending no longer needed: ended, its engine's connection closed."""
     with contextlib.suppress(BaseException):
-        response = await task
+        response = (await task).response
         if isinstance(response, StreamRelay):
             await response.exchange.close()

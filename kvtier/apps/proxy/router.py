@@ -105,7 +105,7 @@ class Router:
             answer = await answered(self.decode, send, more, policy,
                                     self.metrics.resend_of(self.decode.side))  # fmt: skip
             self.metrics.count(hop.outcome)
-            return answer
+            return answer.response
         except ProxyError as exc:
             logger.debug("%s %s: %s", request_id, path, exc.message)
             return exc.response()
