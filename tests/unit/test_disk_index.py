@@ -395,11 +395,15 @@ def test_scanning_100k_files_costs_at_most_4x_a_bare_walk_and_stat(tmp_path: Pat
         assert total == 2 * 100_000
         return time.perf_counter() - started
 
+    def scan() -> tuple[float, DiskIndex]:
+        started = time.perf_counter()
+        index = DiskIndex(tmp_path, 1 << 40, 1, FP, FILE)
+        return time.perf_counter() - started, index
+
     walk_and_stat()  # warm the directory cache for both
     bare = min(walk_and_stat() for _ in range(2))
-    started = time.perf_counter()
-    disk = DiskIndex(tmp_path, 1 << 40, 1, FP, FILE)
-    scanned = time.perf_counter() - started
+    # each side's best of two: one sample beside another test's engine is no measure
+    (scanned, disk), _ = sorted((scan() for _ in range(2)), key=lambda timed: timed[0])
 
     assert len(disk) == 100_000 and disk.used == 2 * 100_000
     assert scanned <= 4 * bare, f"scan {scanned:.2f} s, bare walk and stat {bare:.2f} s"
