@@ -31,6 +31,7 @@ def test_a_short_chaos_run_costs_no_client_error_and_no_different_answer(tmp_pat
                for r in document["rows"])  # fmt: skip
     assert len(document["faults"]) >= 3 and all(f["done"] for f in document["faults"])
     assert done.returncode == 0, done.stdout[-3000:]
+    assert "kvtier bench chaos: 1.0 of 2 min: " in done.stdout  # progress while it runs
     assert (tmp_path / "chaos.png").stat().st_size > 0
     page = (tmp_path / "chaos.md").read_text()
     assert "`kvtier bench chaos --engines 2 --minutes 2 --seed 0 --rate 2 --quick`" in page

@@ -6,7 +6,8 @@ A request is due every ``1 / settings.rate`` seconds on ``clock`` (the run's) un
 ``settings.duration_s``; when ``settings.in_flight`` are unanswered, the due one waits for a
 slot (counted in ``held``). Each request opens a connection of its own (no keep-alive), so that
 a refused connection is the proxy's refusal, never a stale pooled one. Every request ends within
-its timeout (``client.send``); the loop returns when the last has ended.
+its timeout (``client.send``); the loop returns when the last has ended. A line of progress is
+printed every thirtieth of the run (10 s at least): time, sent, answered, failed.
 """
 
 from __future__ import annotations
@@ -48,9 +49,15 @@ async def drive(
         finally:
             slots.release()
 
+    every = max(10.0, settings.duration_s / 30)
+    told = every
+
     async with httpx.AsyncClient(timeout=None, limits=limits, trust_env=False) as client:
         due = clock()
         while due < settings.duration_s:
+            if due >= told:
+                told += every
+                _progress(due, settings.duration_s, len(asks), records)
             await asyncio.sleep(max(0.0, due - clock()))
             if slots.locked():
                 held += 1
@@ -63,3 +70,9 @@ async def drive(
             due += 1.0 / settings.rate
         await asyncio.gather(*tasks)
     return Driven(asks, records, held)
+
+
+def _progress(at: float, total: float, sent: int, records: list[Record]) -> None:
+    failed = sum(not r.ok for r in records)
+    print(f"kvtier bench chaos: {at / 60:.1f} of {total / 60:g} min: {sent} sent, "
+          f"{len(records) - failed} answered, {failed} failed", flush=True)  # fmt: skip
