@@ -85,13 +85,13 @@ class Router:
                                     self.config.prefill_timeout_s,
                                     choice.url if choice else None)  # fmt: skip
             route = [] if choice is None else [choice.header(choice.url)]
-            bodies = [
-                json.dumps(decode_body(request, offer)).encode() for offer in (hop.offer, None)
-            ]
+            first = json.dumps(decode_body(request, hop.offer)).encode()
             limits = FirstByte(deadline, self.config.first_byte_timeout_s)
 
             async def send(attempt: Attempt) -> Exchange:
-                body = bodies[min(attempt.number, 1)]  # sent again: computed there
+                body = first
+                if attempt.number and hop.offer is not None:  # sent again: computed there
+                    body = json.dumps(decode_body(request, None)).encode()
                 return await open_exchange(self.decode, "POST", path, body, headers, deadline,
                                            limits=limits, tried=attempt.tried,
                                            took=attempt.took)  # fmt: skip
