@@ -45,7 +45,7 @@ def test_provenance_counts_every_prompt_token_once(tiny_model: Path) -> None:
         assert not connector(llm).scheduler.requests  # provenance keeps nothing alive
         assert len(connector(llm).scheduler.job_log) == 0
     # at least the whole chunks (a prompt's tail may come from host memory too)
-    assert all(f["cpu"] >= tokens for f, tokens in zip(loaded, [64, 192, 448]))
+    assert all(f["cpu"] >= tokens for f, tokens in zip(loaded, [64, 192, 448])), loaded
     assert all(f["computed"] >= 1 for f in loaded)  # the last token, to sample the next
     assert all(f["engine_cached_tokens"] == 0 and f["failed_tokens"] == 0 for f in loaded)
     assert all(f["load_ms"] > 0 for f in loaded)

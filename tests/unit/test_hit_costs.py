@@ -131,6 +131,23 @@ def test_one_load_size_alone_is_flat_and_a_proportional_load_a_line_through_the_
     assert line is not None and line.at(800) == pytest.approx(ms(40))
 
 
+def test_one_slow_tail_among_three_sets_no_per_token_rate() -> None:
+    """Three tails, each its own size class: one slowed by a busy machine would draw a line of
+    120 us a token through them; the loads' fit takes its line from steady classes only."""
+    samples = ((3, ms(0.4)), (25, ms(3)), (1, ms(0.16)))
+    loose, steady = CostFit(origin=False), CostFit(origin=False, steady=True)
+    for tokens, seconds in samples:
+        loose.add(tokens, seconds)
+        steady.add(tokens, seconds)
+    assert (loose.predict(99) or 0.0) > ms(10)  # what the fit would say without steadiness
+    assert steady.line() == (pytest.approx(ms(0.4)), 0.0)  # the median: the slow one ignored
+    for _ in range(2):  # each class steady: the line through the medians
+        for tokens, seconds in ((3, ms(0.4)), (25, ms(0.5)), (1, ms(0.16))):
+            steady.add(tokens, seconds)
+    line = steady.line()
+    assert line is not None and line.at(99) < ms(1.5)
+
+
 # ---- the engine's steps ---------------------------------------------------------------------
 
 
@@ -219,8 +236,13 @@ def test_a_tier_costs_nothing_until_three_loads_measured_it() -> None:
         costs.loaded("disk", 512, seconds)
     costs.loaded("disk", 256, ms(10))  # seconds per token: 39 us
     view = costs.view()
-    assert view is not None and view.load("disk", 1024) == pytest.approx(ms(40))
+    assert view is not None and view.load("disk", 1024) == pytest.approx(ms(15))  # no line yet
     assert view.load("disk", 0) == 0.0
+    costs.loaded("disk", 512, ms(20))
+    costs.loaded("disk", 256, ms(10))
+    costs.loaded("disk", 256, ms(10))  # two sizes of three loads each: a line
+    view = costs.view()
+    assert view is not None and view.load("disk", 1024) == pytest.approx(ms(40))
 
 
 def test_computing_is_credited_with_half_the_largest_steps_average_at_least() -> None:

@@ -3,7 +3,8 @@
     Smoothed.add(sample); .value          one quantity: the median of its last three samples,
                                           followed by an EWMA (None before any sample)
     Smoothed.steady                       three samples at least: no single one decides
-    CostFit(origin=True)                  a cost fit online (origin: how a failed fit falls back)
+    CostFit(origin=True, steady=False)    a cost fit online (origin: how a failed fit falls back;
+                                          steady: only classes of WINDOW samples set the line)
     CostFit.add(units, seconds)           one sample: a step of the engine, a tier's load
     CostFit.line() -> Line | None         seconds ~ fixed + per_unit * units (None: no sample)
     CostFit.predict(units) -> float|None  the line at ``units``
@@ -18,10 +19,16 @@ and each class follows its own recent samples.
 Where no line fits (one class alone, or a negative slope or intercept: noise), the fallback
 leans the way a wrong estimate costs least. A step's fit (``origin=True``) falls back to a line
 through the origin: computing is never credited with less than its largest steps show. A load's
-(``origin=False``) falls back, on a negative slope or one class, to the mean seconds, flat: a
-short load's fixed cost (a tail of a few tokens in 0.3 ms) never becomes a per-token rate that
-would charge a long load a hundred times what it costs; a longer load than any measured is then
-predicted optimistically, loaded, and measured.
+(``origin=False``) falls back, on a negative slope or one class, to the median of the classes'
+seconds, flat: a short load's fixed cost (a tail of a few tokens in 0.3 ms) never becomes a
+per-token rate that would charge a long load a hundred times what it costs; a longer load than
+any measured is then predicted optimistically, loaded, and measured.
+
+With ``steady`` (a load's fit: few samples, each a whole job), a class enters the line only once
+it is steady, its value a median of WINDOW samples; until two classes are, the fit falls back
+(flat: the median of every class's seconds). Three tails of 1, 3 and 25 tokens are three classes
+of one sample each: one of them slowed by a busy machine (3 ms) would otherwise draw a line of
+120 us a token through them and decline every longer hit; the median ignores it.
 """
 
 from __future__ import annotations
@@ -91,9 +98,10 @@ class _SizeClass:
 class CostFit:
     """seconds ~ fixed + per_unit * units, fit online from samples of any size."""
 
-    def __init__(self, origin: bool = True) -> None:
-        """``origin``: where no line fits, one through the origin (True) or flat (False)."""
-        self.origin = origin
+    def __init__(self, origin: bool = True, steady: bool = False) -> None:
+        """``origin``: where no line fits, one through the origin (True) or flat (False);
+        ``steady``: only steady classes set the line (see the module's docstring)."""
+        self.origin, self.steady = origin, steady
         self._classes: dict[int, _SizeClass] = {}
         self._line: Line | None = None
         self.samples = 0
@@ -122,19 +130,24 @@ class CostFit:
         """The weighted least-squares line through the size classes; where none fits, the
         fallback ``origin`` chose (see the module's docstring)."""
         if self._line is None and self._classes:
-            self._line = _fit(
-                [
-                    (size.units.value or 0.0, size.per_unit.value or 0.0,
-                     min(size.per_unit.count, WEIGHT_CAP))
-                    for size in self._classes.values()
-                ],
-                self.origin,
-            )  # fmt: skip
+            points = [
+                (size.units.value or 0.0, size.per_unit.value or 0.0,
+                 min(size.per_unit.count, WEIGHT_CAP))
+                for size in self._classes.values()
+            ]  # fmt: skip
+            fitted = [
+                point
+                for point, size in zip(points, self._classes.values())
+                if size.per_unit.steady or not self.steady
+            ]
+            line = _fit(fitted) if len(fitted) >= 2 else None
+            self._line = line if line is not None else _fallback(points, self.origin)
         return self._line
 
 
-def _fit(points: list[tuple[float, float, int]], origin: bool) -> Line:
-    """The line through ``(units, seconds per unit, weight)`` points."""
+def _fit(points: list[tuple[float, float, int]]) -> Line | None:
+    """The line through ``(units, seconds per unit, weight)`` points: one with a positive slope
+    and no negative fixed part (a negative one: through the origin); None: no such line."""
     xs = [x for x, _, _ in points]
     ys = [x * per_unit for x, per_unit, _ in points]
     ws = [float(w) for _, _, w in points]
@@ -142,16 +155,21 @@ def _fit(points: list[tuple[float, float, int]], origin: bool) -> Line:
     mean_x = sum(w * x for w, x in zip(ws, xs)) / total
     mean_y = sum(w * y for w, y in zip(ws, ys)) / total
     sxx = sum(w * (x - mean_x) ** 2 for w, x in zip(ws, xs))
-    if sxx > 0:
-        slope = sum(w * (x - mean_x) * (y - mean_y) for w, x, y in zip(ws, xs, ys)) / sxx
-        fixed = mean_y - slope * mean_x
-        if slope > 0 and fixed >= 0:
-            return Line(fixed, slope)
-        if slope > 0:  # proportional: no fixed part
-            origin = True
+    if sxx <= 0:
+        return None
+    slope = sum(w * (x - mean_x) * (y - mean_y) for w, x, y in zip(ws, xs, ys)) / sxx
+    fixed = mean_y - slope * mean_x
+    if slope <= 0:
+        return None
+    return Line(fixed, slope) if fixed >= 0 else _fallback(points, origin=True)
+
+
+def _fallback(points: list[tuple[float, float, int]], origin: bool) -> Line:
+    """Where no line fits: through the origin (``origin``), else flat at the median of the
+    points' seconds."""
     if not origin:
-        return Line(mean_y, 0.0)
-    through_origin = sum(w * x * y for w, x, y in zip(ws, xs, ys)) / sum(
-        w * x * x for w, x in zip(ws, xs)
+        return Line(statistics.median(x * per_unit for x, per_unit, _ in points), 0.0)
+    through_origin = sum(w * x * x * per_unit for x, per_unit, w in points) / sum(
+        w * x * x for x, _, w in points
     )
     return Line(0.0, through_origin)

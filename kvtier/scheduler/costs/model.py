@@ -22,10 +22,10 @@ The costs, in seconds (``CostView``):
               rules took a wait to cost): a loaded machine's step is the noisiest measure
     tier      its loads' seconds ~ fixed + per_token * tokens (a job's seconds against its
               tokens: for one engine, its bytes per second and its cost per job), fit by size
-              class like the steps (``fit.py``, flat where no line fits: a tail of a few tokens
-              never sets a per-token rate). A tier with fewer than three loads is not measured
-              yet and costs nothing: it is loaded (optimism), and so measured; no single slow
-              load ever declines it
+              class like the steps, a class only once it has three loads (``fit.py``, flat
+              where no line fits: a tail of a few tokens never sets a per-token rate). A tier
+              with fewer than three loads is not measured yet and costs nothing: it is loaded
+              (optimism), and so measured; no single slow load ever declines it
 
 A tier judged too slow is loaded no more, so no new sample would ever tell that it got faster:
 once PROBE_AFTER_DECLINED hits declined it and PROBE_AFTER_S passed since a hit last loaded it,
@@ -100,7 +100,7 @@ class HitCosts:
     def loaded(self, tier: str, tokens: int, seconds: float) -> None:
         if tokens <= 0 or seconds < 0:
             return
-        self.tiers.setdefault(tier, CostFit(origin=False)).add(tokens, seconds)
+        self.tiers.setdefault(tier, CostFit(origin=False, steady=True)).add(tokens, seconds)
         self._probes.setdefault(tier, _Probe(self.clock()))
 
     def view(self) -> CostView | None:
