@@ -27,6 +27,7 @@ from rich.progress import Progress
 from kvtier.apps import demo_report
 from kvtier.apps.bench.common.connector import kvtier_config
 from kvtier.apps.bench.common.engine_env import apply_in_process_env
+from kvtier.apps.engine_heap import freeze_survivors
 from kvtier.apps.models import model_path
 from kvtier.apps.prompts import make_prompt
 from kvtier.apps.provenance_report import ProvenanceTotals, add_up
@@ -149,6 +150,7 @@ def _engine(model: Path, workload: Workload, transfer: dict[str, Any] | None) ->
 
     rounds = len(workload.messages)
     longest = SYSTEM_TOKENS + rounds * (MESSAGE_TOKENS[1] + REPLY_TOKENS)
+    freeze_survivors()
     llm = vllm.LLM(
         model=str(model),
         dtype="float32",

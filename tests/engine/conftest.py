@@ -40,6 +40,7 @@ def _reset_vllm_process_state() -> Iterator[None]:
     vllm.envs.disable_envs_cache()
     gc.unfreeze()
     gc.collect()
+    gc.freeze()  # what outlives a test (modules, session fixtures): the next engine's GC skips it
 
 
 @pytest.fixture(scope="session")

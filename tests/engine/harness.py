@@ -11,6 +11,7 @@ from typing import Any
 import vllm
 from vllm import LLM, SamplingParams
 
+from kvtier.apps.engine_heap import freeze_survivors
 from kvtier.apps.prompts import make_prompt
 from kvtier.vllm import KVTierConnector, engine_connector, settle
 
@@ -45,6 +46,7 @@ def engine_args(model: Path, **overrides: Any) -> dict[str, Any]:
 
 @contextmanager
 def engine(model: Path, **overrides: Any) -> Iterator[LLM]:
+    freeze_survivors()
     llm = LLM(**engine_args(model, **overrides))
     try:
         yield llm

@@ -24,6 +24,10 @@ from typing import Any
 
 import disk_job  # noqa: F401  (the imports every job would make: vLLM, torch, kvtier)
 
+from kvtier.apps.engine_heap import freeze_survivors  # noqa: E402
+
+freeze_survivors()  # the imports, frozen: no child's collections scan (or touch) them
+
 
 def _answer(message: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(message) + "\n")

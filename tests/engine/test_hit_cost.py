@@ -35,7 +35,11 @@ CHUNK = 64  # tokens per chunk: two engine blocks of 32
 LENGTH = 1024  # tokens per prompt: 16 chunks, about 10 ms of prefill on an idle core
 CHUNKS = LENGTH // CHUNK
 READ_DELAY_S = 0.03  # per chunk read: 0.48 s a prompt, slower than its prefill on a busy machine
-RATIO_BOUND = 1.05
+# the median's bound. Alone here, with or without a CPU hog beside it, the median is 1.00-1.01;
+# beside another test worker's engines it ranged 0.96-1.09 with no change to the code (their
+# bursts are not the independent noise the interval assumes). A tier still loaded costs 20x;
+# a hit that waits a step for nothing, 1.3x or more
+RATIO_BOUND = 1.10
 MIN_PAIRS, MAX_PAIRS = 21, 81
 PRECISION = 1.06  # the median's 95% interval spans at most this ratio: +-3%
 BUDGET_S = 90.0
