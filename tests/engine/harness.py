@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,7 +54,7 @@ def engine(model: Path, **overrides: Any) -> Iterator[LLM]:
         # the object alive, and a late teardown would tear down the next engine's groups
         llm.llm_engine.engine_core.shutdown()
         del llm
-        gc.collect()
+        freeze_survivors()  # the engine's objects collected (vLLM's shutdown unfroze them)
         vllm.distributed.cleanup_dist_env_and_memory()
 
 

@@ -215,5 +215,5 @@ def _engine(args: dict[str, Any]) -> Iterator[LLM]:
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.unfreeze()
-        gc.collect()
+        freeze_survivors()
         vllm.distributed.cleanup_dist_env_and_memory()

@@ -120,4 +120,4 @@ def _is_kvtier(engine_args: dict[str, Any]) -> bool:
 
 def _collect() -> None:
     gc.unfreeze()  # the in-process EngineCore froze its startup heap (KV cache included)
-    gc.collect()
+    freeze_survivors()
