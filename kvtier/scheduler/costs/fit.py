@@ -19,16 +19,16 @@ and each class follows its own recent samples.
 Where no line fits (one class alone, or a negative slope or intercept: noise), the fallback
 leans the way a wrong estimate costs least. A step's fit (``origin=True``) falls back to a line
 through the origin: computing is never credited with less than its largest steps show. A load's
-(``origin=False``) falls back, on a negative slope or one class, to the median of the classes'
+(``origin=False``) falls back, on a negative slope or one class, to the cheapest class's
 seconds, flat: a short load's fixed cost (a tail of a few tokens in 0.3 ms) never becomes a
 per-token rate that would charge a long load a hundred times what it costs; a longer load than
 any measured is then predicted optimistically, loaded, and measured.
 
 With ``steady`` (a load's fit: few samples, each a whole job), a class enters the line only once
 it is steady, its value a median of WINDOW samples; until two classes are, the fit falls back
-(flat: the median of every class's seconds). Three tails of 1, 3 and 25 tokens are three classes
-of one sample each: one of them slowed by a busy machine (3 ms) would otherwise draw a line of
-120 us a token through them and decline every longer hit; the median ignores it.
+(flat: the cheapest class's seconds, optimistic until measured). Three tails of 1, 3 and 25
+tokens are three classes of one sample each: one of them slowed by a busy machine (3 ms) would
+otherwise draw a line of 120 us a token through them and decline every longer hit.
 """
 
 from __future__ import annotations
@@ -165,10 +165,10 @@ def _fit(points: list[tuple[float, float, int]]) -> Line | None:
 
 
 def _fallback(points: list[tuple[float, float, int]], origin: bool) -> Line:
-    """Where no line fits: through the origin (``origin``), else flat at the median of the
-    points' seconds."""
+    """Where no line fits: through the origin (``origin``), else flat at the cheapest
+    point's seconds."""
     if not origin:
-        return Line(statistics.median(x * per_unit for x, per_unit, _ in points), 0.0)
+        return Line(min(x * per_unit for x, per_unit, _ in points), 0.0)
     through_origin = sum(w * x * x * per_unit for x, per_unit, w in points) / sum(
         w * x * x for x, _, w in points
     )
