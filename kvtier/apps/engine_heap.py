@@ -8,7 +8,9 @@ unfreezes it, so that the engine's objects can be collected. Frozen objects are 
 collection: an engine started after ``freeze_survivors()`` starts about 1.5 s sooner here, and a
 process that starts engines one after another (a benchmark, the demo, the tests) gains that
 each time. Call it before an engine starts and after one was shut down and dropped: what is
-already frozen stays so (the call is then cheap), garbage outside it is collected first.
+already frozen stays so (the call is then cheap), garbage outside it is collected first. An
+engine a caller still holds when it is called is frozen with the rest, and collected after the
+next unfreeze (the next engine's shutdown): at most one old engine's memory outlives its use.
 """
 
 from __future__ import annotations
