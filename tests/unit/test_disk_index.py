@@ -374,7 +374,8 @@ def test_a_long_random_run_keeps_the_budget_the_lru_order_and_the_pins(
 
 
 def test_scanning_100k_files_costs_at_most_4x_a_bare_walk_and_stat(tmp_path: Path) -> None:
-    """Measured 2.3-2.6x here (the names parsed in Python); 4x leaves room for a noisy machine."""
+    """Measured 2.3-2.6x here (the names parsed in Python); 4x leaves room for a noisy machine
+    (CI once saw 8x in a best of two taken apart from the walks: 2.68 s against 0.33 s)."""
     rng = random.Random(0)
     for _ in range(100_000):
         path = chunk_path(tmp_path, ChunkKey(FP + rng.randbytes(16) + b"\0\0"), 0)
@@ -401,9 +402,14 @@ def test_scanning_100k_files_costs_at_most_4x_a_bare_walk_and_stat(tmp_path: Pat
         return time.perf_counter() - started, index
 
     walk_and_stat()  # warm the directory cache for both
-    bare = min(walk_and_stat() for _ in range(2))
-    # each side's best of two: one sample beside another test's engine is no measure
-    (scanned, disk), _ = sorted((scan() for _ in range(2)), key=lambda timed: timed[0])
+    # each scan beside a bare walk just before it, three times: the best pair is the measure (a
+    # busy neighbour, or a collection of another test's heap, slows one pair, not three)
+    pairs = []
+    for _ in range(3):
+        bare = walk_and_stat()
+        scanned, disk = scan()
+        pairs.append((scanned / bare, scanned, bare))
 
     assert len(disk) == 100_000 and disk.used == 2 * 100_000
-    assert scanned <= 4 * bare, f"scan {scanned:.2f} s, bare walk and stat {bare:.2f} s"
+    seen = ", ".join(f"{s:.2f}/{b:.2f} s" for _, s, b in pairs)
+    assert min(pairs)[0] <= 4, f"scan / bare walk and stat: {seen}"
