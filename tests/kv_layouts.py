@@ -134,12 +134,14 @@ def round_trip(
     staged: bool | None = None,
     mechanism: str = "dma",
     pinned: bool = True,
+    host_piece: int = 0,
 ) -> dict[str, int]:
     """Store a job of scattered blocks (its first and last chunks partial) into scattered host
     slots through ``PageMover`` (``staged``, ``mechanism``: how, see ``kvtier.pages.mover``),
     check every host page and every other host byte, then load the records into other blocks
-    and check every engine tensor, logically. Returns what the plan did: its batches, gathers
-    and host copies."""
+    and check every engine tensor, logically. ``host_piece``: the host tier pinned in pieces of
+    that many bytes (on CUDA), and no host copy over one's end. Returns what the plan did: its
+    batches, gathers and host copies."""
     import numpy as np
 
     from kvtier.addresses import EngineBlocks, HostChunks
@@ -152,7 +154,7 @@ def round_trip(
     caches, groups, num_blocks = LAYOUTS[name](device)
     layout = build_layout(caches, groups, num_blocks)
     factor = 1 if name == "mla" else 4
-    host = HostTier(layout, 12, factor)
+    host = HostTier(layout, 12, factor, **({"pin_piece_bytes": host_piece} if host_piece else {}))
     if host.pinning is not None:
         assert host.pinning.wait(60)
     rng = np.random.default_rng(len(name))
@@ -175,7 +177,9 @@ def round_trip(
     def page(view: int, block: int) -> np.ndarray:
         return layout.views[view][block].view(torch.uint8).cpu().numpy()
 
-    mover = PageMover(layout.views, stage_bytes, Mechanism(mechanism), staged=staged)
+    mover = PageMover(
+        layout.views, stage_bytes, Mechanism(mechanism), staged=staged, host_piece=host_piece
+    )
     pages, mapped = pages_of(source)
     before = host.memory_np.copy()
     batches = mover.batches(pages)

@@ -1,6 +1,9 @@
 """``PageMover``: the one way kvtier moves engine pages to and from host memory.
 
-    PageMover(views, mechanism)   for a rank's block views (``layout.py``), on their device
+    PageMover(views, mechanism, host_piece=0)
+                                  for a rank's block views (``layout.py``), on their device;
+                                  no host copy over a multiple of ``host_piece`` bytes (where
+                                  the host memory's separately pinned pieces meet, ``plan.py``)
     .store(pages, host, pinned)   engine pages -> ``host`` (bytes, CPU memory)
     .load(pages, host, pinned)    ``host`` -> engine pages
     .pieces(pages, host, store)   on the CPU: the copies, in pieces for copy lanes
@@ -34,7 +37,7 @@ import torch
 
 from kvtier.pages import kernel
 from kvtier.pages.direct import direct_pieces
-from kvtier.pages.plan import Batch, Gather, Pages, plan_batches
+from kvtier.pages.plan import Batch, Gather, Pages, iter_batches, plan_batches
 from kvtier.pages.spaces import Spaces
 
 STAGE_BYTES = 64 << 20  # the most one batch stages on the device
@@ -53,6 +56,7 @@ class PageMover:
         mechanism: Mechanism = Mechanism.DMA,
         programs: int = kernel.PROGRAMS,
         staged: bool | None = None,
+        host_piece: int = 0,
     ) -> None:
         """``staged``: move through the staging area (None: on a GPU only; the tests stage on
         the CPU too, to run the GPU's steps where there is no GPU)."""
@@ -64,13 +68,14 @@ class PageMover:
         self.stage_bytes = max(stage_bytes, int(self.page_bytes.max()))
         self.mechanism = Mechanism(mechanism)
         self.programs = programs
+        self.host_piece = host_piece
         self.kernel = self.device.type == "cuda" and kernel.available()
         self.staged = self.device.type != "cpu" if staged is None else staged
         self._stage = torch.empty(0, dtype=torch.uint8, device=self.device)
         self._word = self.spaces.tensors[0].dtype
 
     def batches(self, pages: Pages) -> list[Batch]:
-        return plan_batches(pages, self.spaces, self.page_bytes, self.stage_bytes)
+        return plan_batches(pages, self.spaces, self.page_bytes, self.stage_bytes, self.host_piece)
 
     def pieces(
         self, pages: Pages, host: torch.Tensor, store: bool, piece_bytes: int
@@ -103,7 +108,10 @@ class PageMover:
             if self._straight(pages, host, store):
                 return int(self.page_bytes[pages.views].sum())
         moved = 0
-        for batch in self.batches(pages):
+        batches = iter_batches(
+            pages, self.spaces, self.page_bytes, self.stage_bytes, self.host_piece
+        )
+        for batch in batches:  # each planned while the device copies the one before
             stage, rows = self._area(batch.nbytes)
             if not store:
                 for at, offset, size in batch.copies.tolist():

@@ -2,7 +2,8 @@
 
     Pages(views, blocks, host)                the pages to move: engine page ``(views[k],
                                               blocks[k])`` <-> host bytes at ``host[k]``
-    plan_batches(pages, spaces, page_bytes, stage_bytes) -> [Batch]
+    plan_batches(pages, spaces, page_bytes, stage_bytes, host_piece=0) -> [Batch]
+    iter_batches(...)                         the same, each planned as it is asked for
 
 A batch's pages are staged in the order of their host offsets, packed, so that pages adjacent in
 host memory (a chunk's record: every view of it, ``tiers/host/records.py``) are adjacent in the
@@ -10,11 +11,16 @@ staging area too, and one copy moves each run of them: a host-tier store of whol
 consecutive slots is one device -> host copy, of scattered slots one copy per chunk. On the
 device side a batch is one gather (a store) or scatter (a load) per engine storage, over rows of
 ``spaces.unit`` bytes (``spaces.py``): one for a vLLM engine, whatever its layers and groups.
+
+A host copy never crosses a multiple of ``host_piece`` bytes (0: no such limit). The host tier is
+pinned piece by piece (``tiers/host/pinning.py``), and CUDA refuses a copy whose host bytes span
+two registrations, or a registered and an unregistered range ("invalid argument"): a run of
+records over a piece's end is two copies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -54,25 +60,33 @@ class Batch(NamedTuple):
 
 
 def plan_batches(
-    pages: Pages, spaces: Spaces, page_bytes: np.ndarray, stage_bytes: int
+    pages: Pages, spaces: Spaces, page_bytes: np.ndarray, stage_bytes: int, host_piece: int = 0
 ) -> list[Batch]:
-    """``pages`` in batches staging at most ``stage_bytes`` (at least one page each)."""
+    """``pages`` in batches staging at most ``stage_bytes`` (at least one page each), no host
+    copy over a multiple of ``host_piece`` (0: none)."""
+    return list(iter_batches(pages, spaces, page_bytes, stage_bytes, host_piece))
+
+
+def iter_batches(
+    pages: Pages, spaces: Spaces, page_bytes: np.ndarray, stage_bytes: int, host_piece: int = 0
+) -> Iterator[Batch]:
+    """``plan_batches``, each batch planned as it is asked for: a GPU copies the first while
+    the next are planned."""
     if not len(pages.views):
-        return []
+        return
     order = np.argsort(pages.host, kind="stable")
     views, blocks, host = pages.views[order], pages.blocks[order], pages.host[order]
     sizes = page_bytes[views]
     ends = np.cumsum(sizes)
-    batches = []
     start = 0
     while start < len(views):
         base = ends[start] - sizes[start]  # staging bytes before this batch
         stop = int(np.searchsorted(ends, base + stage_bytes, side="right"))
         stop = max(stop, start + 1)
         part = slice(start, stop)
-        batches.append(_batch(views[part], blocks[part], host[part], sizes[part], spaces))
+        batch = _batch(views[part], blocks[part], host[part], sizes[part], spaces)
+        yield batch._replace(copies=cut(batch.copies, host_piece))
         start = stop
-    return batches
 
 
 def _batch(
@@ -99,6 +113,24 @@ def _batch(
             mine = page_space == s
             gathers.append(Gather(s, rows[mine], staged_rows[mine]))
     return Batch(gathers, copies.astype(np.int64), int(sizes.sum()))
+
+
+def cut(copies: np.ndarray, piece: int) -> np.ndarray:
+    """``copies`` (``(host offset, staging offset, bytes)`` rows) cut where their host bytes cross
+    a multiple of ``piece`` (0: as they are)."""
+    if not piece or not len(copies):
+        return copies
+    at, staged, size = copies.T
+    first, last = at // piece, (at + size - 1) // piece
+    count = last - first + 1
+    if (count == 1).all():
+        return copies
+    which = np.repeat(np.arange(len(at)), count)  # each part's copy
+    part = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    begin = np.maximum(at[which], (first[which] + part) * piece)
+    end = np.minimum(at[which] + size[which], (first[which] + part + 1) * piece)
+    parts = np.stack([begin, staged[which] + begin - at[which], end - begin], axis=1)
+    return parts.astype(np.int64)
 
 
 def _expand(first: np.ndarray, units: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ from kvtier.pages.mover import Mechanism
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.host.io import engine_host_handlers
 from kvtier.tiers.host.io.copy_cuda import CudaCopyHandler
+from kvtier.tiers.host.pinning import PIECE_BYTES
 from kvtier.worker import TransferWorker
 
 pytestmark = pytest.mark.gpu
@@ -33,13 +34,13 @@ PATHS = {
 
 
 def _setup(
-    path: str | None = None,
+    path: str | None = None, pin_piece_bytes: int = PIECE_BYTES
 ) -> tuple[torch.Tensor, KVLayout, HostTier, TransferWorker]:
     torch.manual_seed(0)
     # FlashAttention layout: (2, num_blocks, block_size, kv_heads, head_size); two groups aliasing
     kv = torch.randn(2, NUM_BLOCKS, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
     layout = build_layout({"full.0": kv, "swa.0": kv}, [["full.0"], ["swa.0"]], NUM_BLOCKS)
-    host = HostTier(layout, 8, FACTOR)
+    host = HostTier(layout, 8, FACTOR, pin_piece_bytes)
     assert host.pinning is not None and host.pinning.wait(60)
     worker = TransferWorker()
     if path is None:
@@ -132,6 +133,27 @@ def test_a_load_does_not_hold_the_engine_thread() -> None:
     assert result.success and 0 < result.seconds < 1.0
 
 
+@pytest.mark.parametrize("path", ["dma", "kernel"])
+def test_a_run_of_records_over_a_pinned_pieces_end_is_byte_exact(path: str) -> None:
+    """Slots 0..7 in one job over a tier pinned in pieces of 5 OS pages (a record is 6): CUDA
+    refuses one copy over two registrations, so the run is cut where they meet."""
+    kv, _, host, worker = _setup(path, pin_piece_bytes=5 * 4096)
+    assert host.pin_piece_bytes == 5 * 4096
+    engine = EngineBlocks(np.arange(24), (24, 0), (0, 0))
+    slots = HostChunks(np.arange(8))
+    assert worker.transfer_async(1, (engine, slots))
+    _finish(worker, 1)
+    for block in range(24):
+        for view in (0, 1):
+            page = kv[view, block].contiguous().view(torch.uint8).flatten().cpu()
+            assert torch.equal(_page(host, 0, view, *divmod(block, FACTOR)), page)
+    original = kv.clone()
+    kv.zero_()
+    assert worker.transfer_async(2, (slots, engine))
+    _finish(worker, 2)
+    assert torch.equal(kv[:, :24], original[:, :24])
+
+
 def test_copies_are_correct_while_the_tier_is_still_being_pinned() -> None:
     """A large tier pinned a piece at a time: copies into its unpinned part are still right."""
     kv = torch.randn(2, NUM_BLOCKS, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
@@ -146,6 +168,16 @@ def test_copies_are_correct_while_the_tier_is_still_being_pinned() -> None:
     for sub in range(FACTOR):
         page = kv[0, sub].contiguous().view(torch.uint8).flatten().cpu()
         assert torch.equal(_page(host, 0, 0, last, sub), page)
+    # a run of three records over the first piece's end, pinned on one side or both by now
+    first = PIECE_BYTES // record - 1
+    assert first * record < PIECE_BYTES < (first + 3) * record
+    engine = EngineBlocks(np.arange(9), (9,), (0,))
+    assert store.transfer_async(2, engine, HostChunks(np.arange(first, first + 3)))
+    store.wait([2])
+    for block in range(9):
+        slot, sub = divmod(block, FACTOR)
+        page = kv[1, block].contiguous().view(torch.uint8).flatten().cpu()
+        assert torch.equal(_page(host, 0, 1, first + slot, sub), page)
     assert host.pinning is not None and host.pinning.wait(120)
     assert host.pinned
     store.shutdown()

@@ -66,6 +66,9 @@ def test_a_quick_cpu_run_measures_every_figure_and_imports_no_vllm(tmp_path: Pat
         assert shape[figure] is not None, (figure, shape["why_null"].get(figure))
         assert _finite(shape[figure]), (figure, shape[figure])
     assert set(shape["host_store_ratio"]) == {"cpu"}  # no dma/kernel without CUDA
+    profiled = shape["details"]["host"]["submit_profile"]  # what a job's time is made of
+    assert set(profiled) == {"store_cpu", "load_cpu"}
+    assert all(row["ms_per_job"] >= 0 and row["function"] for row in profiled["store_cpu"])
     assert shape["why_null"] == {}
     assert document["pinning_rate_bytes_s"] is None
     assert "CPU" in document["why_null"]["pinning_rate_bytes_s"]

@@ -15,6 +15,7 @@ from kvtier.pages import PageMover, Pages
 from kvtier.pages.plan import plan_batches
 from kvtier.pages.spaces import Spaces
 from kvtier.tiers.host.buffers import HostTier
+from kvtier.tiers.host.pinning import Pinning
 
 CPU = torch.device("cpu")
 
@@ -36,11 +37,11 @@ def test_a_job_larger_than_the_staging_area_moves_in_batches(name: str) -> None:
     assert done["batches"] > 1
 
 
-def _host(factor: int) -> tuple[HostTier, PageMover]:
+def _host(factor: int, host_piece: int = 0) -> tuple[HostTier, PageMover]:
     backing = torch.zeros(2, 2, 32, 16, 2, 64, dtype=torch.bfloat16)  # one allocation, as vLLM's
     caches = {f"l{i}": backing[i] for i in range(2)}
     layout = build_layout(caches, [list(caches)], 32)
-    return HostTier(layout, 16, factor), PageMover(layout.views)
+    return HostTier(layout, 16, factor), PageMover(layout.views, host_piece=host_piece)
 
 
 def test_whole_chunks_in_consecutive_slots_are_one_host_copy() -> None:
@@ -90,6 +91,29 @@ def test_batches_stay_within_the_staging_area() -> None:
     assert len(np.unique(staged)) == len(staged)
 
 
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_cut_host_copies_move_byte_exact(name: str) -> None:
+    """A host tier pinned in pieces of 3 OS pages: every run over a piece's end is two copies."""
+    whole = round_trip(name, CPU, stage_bytes=64 << 20, staged=True)
+    cut = round_trip(name, CPU, stage_bytes=64 << 20, staged=True, host_piece=3 * 4096)
+    assert cut["copies"] > whole["copies"]
+
+
+def test_no_host_copy_crosses_a_pinned_piece() -> None:
+    """CUDA refuses a copy over two registrations ("invalid argument", an H200 at 8B scale:
+    runs of 8 MiB records over the 256 MiB pieces the tier is pinned in)."""
+    piece = 10 * 4096  # not a divisor of the 64 KiB record: pieces end inside records too
+    host, mover = _host(4, host_piece=piece)
+    pages = host.page_map(0, np.arange(12), np.arange(20, 32))  # slots 5, 6, 7: one run
+    (batch,) = mover.batches(pages)
+    at, staged, size = batch.copies.T
+    assert (at // piece == (at + size - 1) // piece).all()
+    assert size.sum() == 3 * host.record_bytes
+    assert at[0] == 5 * host.record_bytes and (at[1:] == at[:-1] + size[:-1]).all()
+    assert staged[0] == 0 and (staged[1:] == staged[:-1] + size[:-1]).all()
+    assert len(batch.copies) == len(range(at[0] // piece, (at[-1] + size[-1] - 1) // piece + 1))
+
+
 def test_no_pages_is_no_batch() -> None:
     host, mover = _host(2)
     assert mover.batches(Pages.join([])) == []
@@ -119,3 +143,10 @@ def test_direct_copies_refuse_a_staged_mover() -> None:
     mover = PageMover([torch.zeros(32, 4096, dtype=torch.bfloat16)], staged=True)
     with pytest.raises(ValueError, match="on the CPU"):
         mover.pieces(host.page_map(0, np.arange(2), np.arange(2)), host.memory.view(-1), True, 1)
+
+
+@pytest.mark.parametrize("piece", [0, 1000, 4096 + 8])
+def test_a_pinning_piece_that_is_not_whole_os_pages_is_refused(piece: int) -> None:
+    """Two registrations may not share a page of memory; the error names the value."""
+    with pytest.raises(ValueError, match=f"piece_bytes .* got {piece}"):
+        Pinning(torch.empty(1 << 16, dtype=torch.uint8), CPU, piece)

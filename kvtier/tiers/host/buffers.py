@@ -22,13 +22,19 @@ from kvtier.layout import KVLayout
 from kvtier.pages import Pages
 from kvtier.tiers.base.records import RecordLayout
 from kvtier.tiers.host.commit import commit
-from kvtier.tiers.host.pinning import Pinning
+from kvtier.tiers.host.pinning import PIECE_BYTES, Pinning
 
 HUGE_PAGE = 2 << 20  # where the memory starts
 
 
 class HostTier:
-    def __init__(self, layout: KVLayout, num_chunks: int, block_size_factor: int) -> None:
+    def __init__(
+        self,
+        layout: KVLayout,
+        num_chunks: int,
+        block_size_factor: int,
+        pin_piece_bytes: int = PIECE_BYTES,
+    ) -> None:
         self.records = RecordLayout.of(layout, block_size_factor)
         self.num_chunks = num_chunks
         self.block_size_factor = block_size_factor
@@ -37,7 +43,7 @@ class HostTier:
         self.memory_np: np.ndarray = self.memory.numpy()
         self.pinning: Pinning | None = None
         if layout.device.type == "cuda" and self.memory.numel():
-            self.pinning = Pinning(self.memory, layout.device)
+            self.pinning = Pinning(self.memory, layout.device, pin_piece_bytes)
             # unregistered before the memory is freed, however the tier is dropped
             self._release = weakref.finalize(self, _release, self.pinning, self._raw)
         elif self.memory.numel():
@@ -46,6 +52,11 @@ class HostTier:
     @property
     def nbytes(self) -> int:
         return self.memory.numel()
+
+    @property
+    def pin_piece_bytes(self) -> int:
+        """A CUDA copy must not cross a multiple of this from the memory's start (0: any may)."""
+        return 0 if self.pinning is None else self.pinning.piece_bytes
 
     @property
     def pinned(self) -> bool:

@@ -1,6 +1,8 @@
 """Pinning the host tier for CUDA copies while the engine already serves.
 
     Pinning(memory, device)   registers ``memory`` with CUDA, a piece at a time, on a thread
+    .piece_bytes              bytes per registration: a CUDA copy must not cross a multiple of
+                              it from the start of ``memory`` (``pages/plan.py`` cuts there)
     .pinned_bytes             bytes registered so far, from the start of ``memory``
     .wait(timeout) -> bool    whether all of it is registered (blocks up to ``timeout``)
     .rate()                   bytes per second registered (None: not started)
@@ -25,15 +27,19 @@ import torch
 logger = logging.getLogger(__name__)
 
 PIECE_BYTES = 256 << 20  # registered per driver call
+OS_PAGE = 4096  # pieces share no page of memory: CUDA registers whole pages
 
 
 class Pinning:
     def __init__(
         self, memory: torch.Tensor, device: torch.device, piece_bytes: int = PIECE_BYTES
     ) -> None:
+        if piece_bytes <= 0 or piece_bytes % OS_PAGE:
+            raise ValueError(f"kvtier: pinning piece_bytes must be a positive multiple of "
+                             f"{OS_PAGE}, got {piece_bytes}")  # fmt: skip
         self.total_bytes = memory.numel() * memory.element_size()
+        self.piece_bytes = piece_bytes
         self._base = memory.data_ptr()
-        self._piece = piece_bytes
         self._registered: list[int] = []  # addresses of registered pieces, in order
         self._pinned = 0
         self._stop = threading.Event()
@@ -64,10 +70,10 @@ class Pinning:
             torch.cuda.set_device(device)
             cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
             self._started = time.perf_counter()
-            for at in range(0, self.total_bytes, self._piece):
+            for at in range(0, self.total_bytes, self.piece_bytes):
                 if self._stop.is_set():
                     return
-                size = min(self._piece, self.total_bytes - at)
+                size = min(self.piece_bytes, self.total_bytes - at)
                 code = cudart.cudaHostRegister(self._base + at, size, 0)
                 if int(code) != 0:
                     gib = (at / 2**30, self.total_bytes / 2**30)

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from kvtier.addresses import TransferSpec
+from kvtier.apps.bench.gpu import submit_profile
 from kvtier.apps.bench.gpu.clock import Clock
 from kvtier.apps.bench.gpu.figures import Measured, ratios, summary
 from kvtier.apps.bench.gpu.request import Request, engine_blocks_for, same_pages
@@ -189,6 +190,11 @@ def measure(rig: HostRig, reps: int, clock: Clock) -> Measured:
         "submit_ms": {m: summary([s * 1e3 for s in rig.submit_s[m]]) for m in rig.mechanisms
                       if rig.submit_s[m]},
     }  # fmt: skip
+    details["submit_profile"] = {
+        f"{side}_{m}": submit_profile.top(partial(rig.move, m, side == "store"))
+        for m in rig.mechanisms
+        for side in ("store", "load")
+    }
     if rig.engine.layout.device.type == "cuda" and not kernel.available():
         details["note"] = "Triton does not run here: the kernel mechanism moved pages by DMA"
     return Measured(figures, {}, details)

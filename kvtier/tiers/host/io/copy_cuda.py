@@ -3,7 +3,8 @@
 A job's pages (every view of every block it moves, ``HostTier.page_map``) go to the direction's
 ``PageMover`` (``kvtier/pages``): one gather or scatter on the device per batch of up to 64 MiB,
 and one device <-> host copy per run of adjacent host bytes (a chunk's record, or several in
-consecutive slots). Nothing runs per page or per view in Python.
+consecutive slots), cut where the tier's separately pinned pieces meet (CUDA refuses a copy
+over two). Nothing runs per page or per view in Python.
 
 Streams and events. One stream per direction. A job first waits for the engine's stream as it
 was at submission (a store reads blocks the step just wrote; a load fills blocks the engine may
@@ -50,7 +51,10 @@ class CudaCopyHandler(EngineHostHandler):
     ) -> None:
         super().__init__(layout, host, store)
         self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
-        self._mover = PageMover(layout.views, stage_bytes, mechanism)
+        # no copy over two pinned pieces of the tier: CUDA refuses it
+        self._mover = PageMover(
+            layout.views, stage_bytes, mechanism, host_piece=host.pin_piece_bytes
+        )
         self._memory = host.memory.view(-1)  # (num_chunks * record_bytes,) bytes
         self._jobs: deque[_Job] = deque()  # in submission order, so in completion order
 
