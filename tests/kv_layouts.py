@@ -11,6 +11,7 @@ with random bytes. Sizes are the real ones where they matter (a page's bytes), s
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -135,13 +136,15 @@ def round_trip(
     mechanism: str = "dma",
     pinned: bool = True,
     host_piece: int = 0,
+    grids: bool = False,
 ) -> dict[str, int]:
     """Store a job of scattered blocks (its first and last chunks partial) into scattered host
     slots through ``PageMover`` (``staged``, ``mechanism``: how, see ``kvtier.pages.mover``),
     check every host page and every other host byte, then load the records into other blocks
     and check every engine tensor, logically. ``host_piece``: the host tier pinned in pieces of
-    that many bytes (on CUDA), and no host copy over one's end. Returns what the plan did: its
-    batches, gathers and host copies."""
+    that many bytes (on CUDA), and no host copy over one's end. ``grids``: the pages given to
+    the mover as ``PageGrid``s, as the host tier's handlers give them. Returns what the plan
+    did: its batches, gathers and host copies."""
     import numpy as np
 
     from kvtier.addresses import EngineBlocks, HostChunks
@@ -166,13 +169,14 @@ def round_trip(
     spans = [-(-(n + s % factor) // factor) for n, s in zip(sizes, starts, strict=True)]
     slots = HostChunks(rng.permutation(12)[: sum(spans)].astype(np.int64))
 
-    def pages_of(blocks: np.ndarray) -> tuple[Pages, list[tuple[int, int, int, int]]]:
+    def pages_of(blocks: np.ndarray) -> tuple[Pages, Any, list[tuple[int, int, int, int]]]:
         engine = EngineBlocks(blocks.astype(np.int64), sizes, starts)
         plan = plan_copy(engine, slots, factor)
         mapped = [(c.group, int(b), *divmod(int(r), factor))
                   for c in plan for b, r in zip(c.block_ids, c.host_rows, strict=True)]  # fmt: skip
         pages = Pages.join([host.page_map(c.group, c.block_ids, c.host_rows) for c in plan])
-        return pages, mapped
+        given = [host.page_grid(c.group, c.block_ids, c.host_rows) for c in plan]
+        return pages, given if grids else pages, mapped
 
     def page(view: int, block: int) -> np.ndarray:
         return layout.views[view][block].view(torch.uint8).cpu().numpy()
@@ -180,10 +184,10 @@ def round_trip(
     mover = PageMover(
         layout.views, stage_bytes, Mechanism(mechanism), staged=staged, host_piece=host_piece
     )
-    pages, mapped = pages_of(source)
+    pages, given, mapped = pages_of(source)
     before = host.memory_np.copy()
     batches = mover.batches(pages)
-    mover.store(pages, host.memory.view(-1), pinned)
+    mover.store(given, host.memory.view(-1), pinned)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     written = np.zeros(before.shape, dtype=bool)
@@ -196,7 +200,7 @@ def round_trip(
     assert (host.memory_np[~written] == before[~written]).all(), f"{name}: other host bytes"
 
     original = {layer: tensor.clone() for layer, tensor in caches.items()}
-    moved, _ = pages_of(target)
+    _, moved, _ = pages_of(target)
     mover.load(moved, host.memory.view(-1), pinned)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

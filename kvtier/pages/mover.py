@@ -4,7 +4,9 @@
                                   for a rank's block views (``layout.py``), on their device;
                                   no host copy over a multiple of ``host_piece`` bytes (where
                                   the host memory's separately pinned pieces meet, ``plan.py``)
-    .store(pages, host, pinned)   engine pages -> ``host`` (bytes, CPU memory)
+    .store(pages, host, pinned)   engine pages -> ``host`` (bytes, CPU memory); ``pages``:
+                                  ``Pages``, or ``PageGrid``s (``grid.py``), which the
+                                  ``KERNEL`` mechanism moves without a per-page table
     .load(pages, host, pinned)    ``host`` -> engine pages
     .pieces(pages, host, store)   on the CPU: the copies, in pieces for copy lanes
 
@@ -18,6 +20,10 @@ On a GPU a job goes one of two ways (``Mechanism``):
   ``kernel.py`` where Triton runs, else torch's ``index_select`` / ``index_copy_``.
 - ``KERNEL``: the kernel copies every page straight between the engine and pinned host memory
   (unified addressing), no staging and no copy engine: for host memory not pinned yet, DMA.
+  Given grids, the grid kernel computes each page's addresses on the device from a table of
+  ``V + K`` entries per grid: the engine's thread does ``O(blocks)`` work per job, where a
+  page table is ``3 * V * K`` entries planned and uploaded (16,384 pages for a 4,096-token
+  job of an 8B model).
 
 Work is queued on the caller's current stream and returns without waiting for it; the caller
 records an event to know when it is done. The staging area is reused in stream order. Host
@@ -35,12 +41,13 @@ from enum import StrEnum
 import numpy as np
 import torch
 
-from kvtier.pages import kernel
+from kvtier.pages import grid, kernel
 from kvtier.pages.direct import direct_pieces
 from kvtier.pages.plan import Batch, Gather, Pages, iter_batches, plan_batches
 from kvtier.pages.spaces import Spaces
 
 STAGE_BYTES = 64 << 20  # the most one batch stages on the device
+Grids = Sequence[grid.PageGrid]
 
 
 class Mechanism(StrEnum):
@@ -63,6 +70,7 @@ class PageMover:
         if not views:
             raise ValueError("kvtier: PageMover needs at least one view")
         self.device = views[0].device
+        self.views = list(views)
         self.spaces = Spaces.of(views)
         self.page_bytes = np.array([v.shape[1] * v.element_size() for v in views], dtype=np.int64)
         self.stage_bytes = max(stage_bytes, int(self.page_bytes.max()))
@@ -90,16 +98,22 @@ class PageMover:
         (batch,) = plan_batches(pages, self.spaces, self.page_bytes, 1 << 62)
         return direct_pieces(batch, self.spaces, host, store, piece_bytes)
 
-    def store(self, pages: Pages, host: torch.Tensor, pinned: bool = True) -> int:
+    def store(self, pages: Pages | Grids, host: torch.Tensor, pinned: bool = True) -> int:
         """Queue the copies of ``pages`` into ``host`` (1-D bytes; ``pinned``: all of it is,
         which the ``KERNEL`` mechanism needs); the bytes moved."""
         return self._move(pages, host, pinned, store=True)
 
-    def load(self, pages: Pages, host: torch.Tensor, pinned: bool = True) -> int:
+    def load(self, pages: Pages | Grids, host: torch.Tensor, pinned: bool = True) -> int:
         """Queue the copies of ``host`` (1-D bytes) into ``pages``; the bytes moved."""
         return self._move(pages, host, pinned, store=False)
 
-    def _move(self, pages: Pages, host: torch.Tensor, pinned: bool, store: bool) -> int:
+    def _move(self, pages: Pages | Grids, host: torch.Tensor, pinned: bool, store: bool) -> int:
+        if not isinstance(pages, Pages):
+            straight = self.mechanism is Mechanism.KERNEL and self.kernel and pinned
+            moved = self._grids(pages, host, store) if straight and self.staged else None
+            if moved is not None:
+                return moved
+            pages = Pages.join([g.pages(self.page_bytes) for g in pages])
         if not self.staged:
             for piece in self.pieces(pages, host, store, 1 << 62):
                 piece()
@@ -160,6 +174,17 @@ class PageMover:
             return False
         self._kernel(src, dst, size)
         return True
+
+    def _grids(self, grids: Grids, host: torch.Tensor, store: bool) -> int | None:
+        """The ``KERNEL`` mechanism on grids: one launch per grid over one uploaded table;
+        None (nothing queued) where the kernel cannot move them."""
+        found = grid.tables(grids, self.views, host.data_ptr())
+        if found is None:
+            return None
+        flat = self._upload(found.flat)
+        for span in found.grids:
+            kernel.grid_copy(flat, span, host.data_ptr(), store, self.programs)
+        return sum(int(self.page_bytes[g.views].sum()) * len(g.blocks) for g in grids)
 
     def _kernel(self, src: np.ndarray, dst: np.ndarray, size: np.ndarray) -> None:
         """Queue the copies on the current stream, joined where both sides are adjacent."""

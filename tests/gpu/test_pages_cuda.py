@@ -22,6 +22,16 @@ def test_every_layout_moves_byte_exact_both_ways(name: str, mechanism: str) -> N
 
 @pytest.mark.parametrize("mechanism", ["dma", "kernel"])
 @pytest.mark.parametrize("name", list(LAYOUTS))
+def test_every_layout_moves_byte_exact_given_as_grids(name: str, mechanism: str) -> None:
+    """As the host tier's handlers give pages: ``kernel``, the grid kernel computes every
+    page's addresses on the device; ``dma``, the grids are pages again."""
+    done = round_trip(name, torch.device("cuda"), 64 << 20, mechanism=mechanism, grids=True,
+                      host_piece=3 * 4096)  # fmt: skip
+    assert done["chunks"] > 0
+
+
+@pytest.mark.parametrize("mechanism", ["dma", "kernel"])
+@pytest.mark.parametrize("name", list(LAYOUTS))
 def test_every_layout_moves_byte_exact_over_pinned_pieces(name: str, mechanism: str) -> None:
     """The host tier registered in pieces of 3 OS pages: CUDA refuses a copy over two, so every
     run of records over a piece's end must be cut there (at 8B scale on an H200 it was not)."""

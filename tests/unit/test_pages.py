@@ -11,7 +11,7 @@ import torch
 from kv_layouts import LAYOUTS, round_trip
 
 from kvtier.layout import build_layout
-from kvtier.pages import PageMover, Pages
+from kvtier.pages import PageMover, Pages, grid
 from kvtier.pages.plan import plan_batches
 from kvtier.pages.spaces import Spaces
 from kvtier.tiers.host.buffers import HostTier
@@ -112,6 +112,40 @@ def test_no_host_copy_crosses_a_pinned_piece() -> None:
     assert at[0] == 5 * host.record_bytes and (at[1:] == at[:-1] + size[:-1]).all()
     assert staged[0] == 0 and (staged[1:] == staged[:-1] + size[:-1]).all()
     assert len(batch.copies) == len(range(at[0] // piece, (at[-1] + size[-1] - 1) // piece + 1))
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_every_layout_moves_byte_exact_given_as_grids(name: str) -> None:
+    """The host tier's handlers give the mover grids; without the grid kernel they are pages."""
+    round_trip(name, CPU, stage_bytes=64 << 20, staged=True, grids=True)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_the_grid_tables_say_the_pages_of_the_page_map(name: str) -> None:
+    """What the grid kernel computes on the device (``grid.addresses``, its reference) from
+    ``V + K`` table entries is each page's engine and host address, as the page table says."""
+    caches, groups, num_blocks = LAYOUTS[name](CPU)
+    layout = build_layout(caches, groups, num_blocks)
+    factor = 1 if name == "mla" else 4
+    host = HostTier(layout, 12, factor)
+    base = host.memory.data_ptr()
+    rng = np.random.default_rng(0)
+    picks = [(g, rng.permutation(num_blocks)[:7], rng.permutation(12 * factor)[:7])
+             for g in range(len(groups))]  # fmt: skip
+    found = grid.tables([host.page_grid(*pick) for pick in picks], layout.views, base)
+    assert found is not None
+    views = layout.views
+    for index, pick in enumerate(picks):
+        pages = host.page_map(*pick)
+        engine, hosted, size = grid.addresses(*found.of(index), base)
+        pairs = zip(pages.views.tolist(), pages.blocks.tolist(), strict=True)
+        item = [v.element_size() for v in views]
+        assert engine.tolist() == [views[v].data_ptr() + b * views[v].stride(0) * item[v]
+                                   for v, b in pairs]  # fmt: skip
+        assert hosted.tolist() == (base + pages.host).tolist()
+        assert size.tolist() == [views[v].shape[1] * views[v].element_size()
+                                 for v in pages.views.tolist()]  # fmt: skip
+    assert grid.tables([host.page_grid(*picks[0])], views, base + 4) is None  # not in words
 
 
 def test_no_pages_is_no_batch() -> None:

@@ -20,6 +20,7 @@ import torch
 
 from kvtier.layout import KVLayout
 from kvtier.pages import Pages
+from kvtier.pages.grid import PageGrid
 from kvtier.tiers.base.records import RecordLayout
 from kvtier.tiers.host.commit import commit
 from kvtier.tiers.host.pinning import PIECE_BYTES, Pinning
@@ -39,6 +40,7 @@ class HostTier:
         self.num_chunks = num_chunks
         self.block_size_factor = block_size_factor
         self.record_bytes = self.records.record_bytes
+        self._page_bytes = np.array(self.records.page_bytes, dtype=np.int64)
         self._raw, self.memory = _allocate(num_chunks, self.record_bytes)  # (chunks, bytes)
         self.memory_np: np.ndarray = self.memory.numpy()
         self.pinning: Pinning | None = None
@@ -94,11 +96,14 @@ class HostTier:
     def page_map(self, group: int, block_ids: np.ndarray, rows: np.ndarray) -> Pages:
         """Engine blocks ``block_ids`` of ``group`` <-> host page rows ``rows`` (slot *
         factor + sub-block), as pages of every view of the group (``kvtier.pages``)."""
+        return self.page_grid(group, block_ids, rows).pages(self._page_bytes)
+
+    def page_grid(self, group: int, block_ids: np.ndarray, rows: np.ndarray) -> PageGrid:
+        """``page_map``'s pages as a grid: the group's views times the blocks."""
         slots, subs = np.divmod(np.asarray(rows, dtype=np.int64), self.block_size_factor)
-        offsets = self.records.page_offsets(group, subs) + slots[None, :] * self.record_bytes
         views = np.array(self.records.groups[group], dtype=np.int64)
-        blocks = np.asarray(block_ids, dtype=np.int64)
-        return Pages(np.repeat(views, len(blocks)), np.tile(blocks, len(views)), offsets.ravel())
+        return PageGrid(views, np.asarray(block_ids, dtype=np.int64), slots * self.record_bytes,
+                        subs, np.array(self.records.offsets(group), dtype=np.int64))  # fmt: skip
 
     def close(self) -> None:
         """Stop pinning and unregister the memory (the engine's copies must be done)."""

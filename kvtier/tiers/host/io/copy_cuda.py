@@ -1,6 +1,6 @@
 """Engine <-> host copies for CUDA engine tensors: one ``PageMover`` job per transfer, on a stream.
 
-A job's pages (every view of every block it moves, ``HostTier.page_map``) go to the direction's
+A job's pages (every view of every block it moves, ``HostTier.page_grid``) go to the direction's
 ``PageMover`` (``kvtier/pages``): one gather or scatter on the device per batch of up to 64 MiB,
 and one device <-> host copy per run of adjacent host bytes (a chunk's record, or several in
 consecutive slots), cut where the tier's separately pinned pieces meet (CUDA refuses a copy
@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 
 from kvtier.layout import KVLayout
-from kvtier.pages import PageMover, Pages
+from kvtier.pages import PageMover
 from kvtier.pages.mover import STAGE_BYTES, Mechanism
 from kvtier.tiers.base.chunk_plan import GroupCopy
 from kvtier.tiers.base.handler import TransferResult
@@ -60,7 +60,7 @@ class CudaCopyHandler(EngineHostHandler):
 
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
         host = self.host
-        pages = Pages.join([host.page_map(c.group, c.block_ids, c.host_rows) for c in plan])
+        pages = [host.page_grid(c.group, c.block_ids, c.host_rows) for c in plan]
         ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
         ready.record(torch.cuda.current_stream(self.device))  # the engine's work so far
         started = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
