@@ -4,7 +4,8 @@
                                                blocks[k])`` <-> the host bytes at ``at[k] +
                                                within[v] + sub[k] * page_bytes[views[v]]``
     .pages(page_bytes) -> Pages                the same pages, one entry each (``plan.py``)
-    tables(grids, views, host) -> Tables | None
+    view_table(views) -> (3, V) array          the engine's side of every view, made once
+    tables(grids, view_table, host) -> Tables | None
                                                what the grid kernel reads (``kernel.py``)
     addresses(per_view, per_block, host) -> (src, dst, size)
                                                the copies those tables say, engine -> host
@@ -56,24 +57,26 @@ class Tables(NamedTuple):
     def of(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Grid ``index``'s (per view, per block) tables."""
         view_at, v, block_at, k = self.grids[index]
-        flat = self.flat
-        return flat[view_at : view_at + 4 * v].reshape(4, v), flat[
-            block_at : block_at + 3 * k
-        ].reshape(3, k)
+        per_view = self.flat[view_at : view_at + 4 * v].reshape(4, v)
+        return per_view, self.flat[block_at : block_at + 3 * k].reshape(3, k)
 
 
-def tables(grids: Sequence[PageGrid], views: Sequence[torch.Tensor], host: int) -> Tables | None:
-    """The grid kernel's tables for ``grids`` over the engine's ``views`` and host memory at
-    address ``host``; None where an address or size is not a multiple of ``WORD``."""
+def view_table(views: Sequence[torch.Tensor]) -> np.ndarray:
+    """``(3, views)`` int64: each view's engine address of block 0's page, block stride and
+    page bytes (fixed for an engine: made once, ``tables`` picks a grid's columns)."""
+    return np.array([[v.data_ptr() for v in views],
+                     [v.stride(0) * v.element_size() for v in views],
+                     [v.shape[1] * v.element_size() for v in views]], dtype=np.int64)  # fmt: skip
+
+
+def tables(grids: Sequence[PageGrid], engine: np.ndarray, host: int) -> Tables | None:
+    """The grid kernel's tables for ``grids`` over the engine's ``view_table`` and host memory
+    at address ``host``; None where an address or size is not a multiple of ``WORD``."""
     parts: list[np.ndarray] = []
     spans = []
     at = 0
     for grid in grids:
-        chosen = [views[v] for v in grid.views.tolist()]
-        per_view = np.array([[v.data_ptr() for v in chosen],
-                             [v.stride(0) * v.element_size() for v in chosen],
-                             [v.shape[1] * v.element_size() for v in chosen],
-                             grid.within.tolist()], dtype=np.int64).reshape(-1)  # fmt: skip
+        per_view = np.concatenate([engine[:, grid.views], grid.within[None, :]]).ravel()
         per_block = np.concatenate([grid.blocks, grid.at, grid.sub]).astype(np.int64)
         view_at = at
         block_at = view_at + _padded(len(per_view))

@@ -70,7 +70,7 @@ class PageMover:
         if not views:
             raise ValueError("kvtier: PageMover needs at least one view")
         self.device = views[0].device
-        self.views = list(views)
+        self._engine_table = grid.view_table(views)  # for the grid kernel
         self.spaces = Spaces.of(views)
         self.page_bytes = np.array([v.shape[1] * v.element_size() for v in views], dtype=np.int64)
         self.stage_bytes = max(stage_bytes, int(self.page_bytes.max()))
@@ -178,7 +178,7 @@ class PageMover:
     def _grids(self, grids: Grids, host: torch.Tensor, store: bool) -> int | None:
         """The ``KERNEL`` mechanism on grids: one launch per grid over one uploaded table;
         None (nothing queued) where the kernel cannot move them."""
-        found = grid.tables(grids, self.views, host.data_ptr())
+        found = grid.tables(grids, self._engine_table, host.data_ptr())
         if found is None:
             return None
         flat = self._upload(found.flat)

@@ -132,7 +132,8 @@ def test_the_grid_tables_say_the_pages_of_the_page_map(name: str) -> None:
     rng = np.random.default_rng(0)
     picks = [(g, rng.permutation(num_blocks)[:7], rng.permutation(12 * factor)[:7])
              for g in range(len(groups))]  # fmt: skip
-    found = grid.tables([host.page_grid(*pick) for pick in picks], layout.views, base)
+    table = grid.view_table(layout.views)
+    found = grid.tables([host.page_grid(*pick) for pick in picks], table, base)
     assert found is not None
     views = layout.views
     for index, pick in enumerate(picks):
@@ -145,7 +146,7 @@ def test_the_grid_tables_say_the_pages_of_the_page_map(name: str) -> None:
         assert hosted.tolist() == (base + pages.host).tolist()
         assert size.tolist() == [views[v].shape[1] * views[v].element_size()
                                  for v in pages.views.tolist()]  # fmt: skip
-    assert grid.tables([host.page_grid(*picks[0])], views, base + 4) is None  # not in words
+    assert grid.tables([host.page_grid(*picks[0])], table, base + 4) is None  # not in words
 
 
 def test_no_pages_is_no_batch() -> None:
