@@ -1,4 +1,4 @@
-"""One Triton kernel over copy descriptors, with a bounded number of programs.
+"""Two Triton kernels, over copy descriptors and over page grids, with a bounded number of programs.
 
     available() -> bool                    Triton imports and a CUDA device is there
     fits(src, dst, size) -> bool           every address and size is a multiple of 8 bytes
