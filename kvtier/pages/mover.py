@@ -35,7 +35,7 @@ each host run is one numpy call straight between the engine's rows and host memo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from enum import StrEnum
 
 import numpy as np
@@ -83,7 +83,12 @@ class PageMover:
         self._word = self.spaces.tensors[0].dtype
 
     def batches(self, pages: Pages) -> list[Batch]:
-        return plan_batches(pages, self.spaces, self.page_bytes, self.stage_bytes, self.host_piece)
+        return list(self._batches(pages))
+
+    def _batches(self, pages: Pages) -> Iterator[Batch]:
+        """Each batch planned as it is asked for (``_move``: while the device copies the one
+        before)."""
+        return iter_batches(pages, self.spaces, self.page_bytes, self.stage_bytes, self.host_piece)
 
     def pieces(
         self, pages: Pages, host: torch.Tensor, store: bool, piece_bytes: int
@@ -122,10 +127,7 @@ class PageMover:
             if self._straight(pages, host, store):
                 return int(self.page_bytes[pages.views].sum())
         moved = 0
-        batches = iter_batches(
-            pages, self.spaces, self.page_bytes, self.stage_bytes, self.host_piece
-        )
-        for batch in batches:  # each planned while the device copies the one before
+        for batch in self._batches(pages):
             stage, rows = self._area(batch.nbytes)
             if not store:
                 for at, offset, size in batch.copies.tolist():

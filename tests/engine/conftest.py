@@ -29,6 +29,7 @@ _ENGINE_ENV = {
 for _name, _value in _ENGINE_ENV.items():
     os.environ.setdefault(_name, _value)
 
+from kvtier.apps.engine_heap import freeze_survivors  # noqa: E402
 from kvtier.apps.models import model_path  # noqa: E402  (after the environment is set)
 
 
@@ -39,8 +40,7 @@ def _reset_vllm_process_state() -> Iterator[None]:
 
     vllm.envs.disable_envs_cache()
     gc.unfreeze()
-    gc.collect()
-    gc.freeze()  # what outlives a test (modules, session fixtures): the next engine's GC skips it
+    freeze_survivors()  # what outlives a test (modules, fixtures): the next engine skips it
 
 
 @pytest.fixture(scope="session")

@@ -46,14 +46,11 @@ def _run_all(campaign: Campaign, setting: Setting, faults: list[Fault], rank: in
     with campaign.engine(setting) as run:
         for n, fault in enumerate(faults):
             share, passes = (1.0, 2) if n % 2 == 0 else (0.5, 3)
-            if setting.host == "tiny":
-                case = run.case(fault, rng, share, rank, 3)
-                assert case.wrong == 0, case
-                assert max(case.passes[1:]) >= 0.9, case
-            else:
-                case = run.case(fault, rng, share, rank, passes)
-                assert case.wrong == 0, case
-                assert min(case.passes[1:]) >= 0.9, case  # a failure shows the case's counters
+            tiny = setting.host == "tiny"
+            case = run.case(fault, rng, share, rank, 3 if tiny else passes)
+            assert case.wrong == 0, case
+            healed = max if tiny else min
+            assert healed(case.passes[1:]) >= 0.9, case  # a failure shows the case's counters
             if fault in DAMAGED_BYTES and case.damaged:  # found bad, counted by the tier
                 assert case.counters.get(f"{setting.tier}.bad_chunks", 0) > 0, case
 
