@@ -9,7 +9,9 @@ loadfile``: a module's engines and servers are started once). Files are handed o
 order, so the longest (seconds on this 2-core machine, measured) come first: a long file left for
 last would run alone while the other worker idles. xdist would sort them by their number of tests
 instead (``--loadscope-reorder``, its default: a 1-test engine file of 90 s came after every unit
-file); ``pytest_configure`` turns that off.
+file); ``pytest_configure`` turns that off. The chaos run comes first, beside files that keep
+their core busy: two of its four minutes are a light load, and beside ``test_pd.py`` (whose tests
+wait out a hold three times) both cores were idle a third of the time.
 
 Each process runs torch on one OpenMP thread (``OMP_NUM_THREADS=1``, unless already set), as
 vLLM's own server does: an in-process engine on the CPU keeps torch's default of a thread per
@@ -32,8 +34,8 @@ pytest_plugins = ["redis_fixtures"]
 _TESTS = Path(__file__).resolve().parent
 _FOLDER_MARKERS = {"engine": pytest.mark.engine, "gpu": pytest.mark.gpu}
 _LONGEST_FIRST = [  # tests/engine files, longest first (the rest keep their order, after these)
-    "test_pd.py", "test_bench_chaos.py", "test_parallel.py", "test_redis.py",
-    "test_fault_campaign.py", "test_bench_ttft.py", "test_fleet.py", "test_pd_hybrid.py",
+    "test_bench_chaos.py", "test_parallel.py", "test_redis.py", "test_fault_campaign.py",
+    "test_pd.py", "test_fleet.py", "test_bench_ttft.py", "test_pd_hybrid.py",
     "test_fault_scenario.py", "test_bench_transfer.py", "test_disk.py", "test_redis_writes.py",
     "test_block_tables.py", "test_hybrid.py", "test_connector.py", "test_connector_pressure.py",
     "test_disk_limits.py", "test_bench_disk.py", "test_bench_faults.py",
