@@ -11,7 +11,6 @@ with random bytes. Sizes are the real ones where they matter (a page's bytes), s
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -150,7 +149,7 @@ def round_trip(
     from kvtier.addresses import EngineBlocks, HostChunks
     from kvtier.layout import build_layout
     from kvtier.pages import PageMover, Pages
-    from kvtier.pages.mover import Mechanism
+    from kvtier.pages.mover import Grids, Mechanism
     from kvtier.tiers.base.chunk_plan import plan_copy
     from kvtier.tiers.host.buffers import HostTier
 
@@ -169,7 +168,9 @@ def round_trip(
     spans = [-(-(n + s % factor) // factor) for n, s in zip(sizes, starts, strict=True)]
     slots = HostChunks(rng.permutation(12)[: sum(spans)].astype(np.int64))
 
-    def pages_of(blocks: np.ndarray) -> tuple[Pages, Any, list[tuple[int, int, int, int]]]:
+    def pages_of(
+        blocks: np.ndarray,
+    ) -> tuple[Pages, Pages | Grids, list[tuple[int, int, int, int]]]:
         engine = EngineBlocks(blocks.astype(np.int64), sizes, starts)
         plan = plan_copy(engine, slots, factor)
         mapped = [(c.group, int(b), *divmod(int(r), factor))
