@@ -109,7 +109,19 @@ def test_a_host_tier_is_backed_by_huge_pages() -> None:
     # memory is: 30 of its 64 MiB on a machine busy with engines, all of it when idle)
     huge_kib, advised = _huge(buffer.data_ptr(), buffer.data_ptr() + host.nbytes)
     assert advised and all(advised)
+    if huge_kib == 0 and _plain_huge_kib(host.nbytes) == 0:  # the bound, measured after it
+        pytest.skip("the kernel had no free huge page now (memory fragmented), nor for a plain "
+                    "allocation made after the host tier's")  # fmt: skip
     assert huge_kib >= HUGE_PAGE // 1024
+
+
+def _plain_huge_kib(size: int) -> int:
+    """KiB of huge pages the kernel gives a plain allocation of ``size`` bytes now (numpy advises
+    one this large for huge pages), aligned and written a byte per page."""
+    raw = np.empty(size + HUGE_PAGE, dtype=np.uint8)
+    start = -raw.ctypes.data % HUGE_PAGE
+    raw[start : start + size : PAGE] = 1
+    return _huge(raw.ctypes.data + start, raw.ctypes.data + start + size)[0]
 
 
 def test_a_host_tier_of_no_chunks_has_empty_memory() -> None:
