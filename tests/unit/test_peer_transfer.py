@@ -96,14 +96,19 @@ def test_concurrent_pulls_from_threads() -> None:
 
 
 def test_transfer_threads_bind_once_when_they_start() -> None:
+    """Two pulls of two parts each: a server thread binds once per connection, not per pull.
+    The parts take one or two connections (a part whose helper thread starts late, on a busy
+    machine, finds the other part's connection idle already)."""
     with peers(connections=2) as (_, server, decode, client):
-        server.offer("req", [[1, 2], [3]], deadline())
-        client.pull(*server.address, "req", [[1, 2], [3]], [[4, 5], [6]])
-        server_rows = server._rows
-        bound = server_rows.bound_threads  # type: ignore[attr-defined]
-        assert bound == ["kvtier-transfer-conn"] * 2  # one per connection, not per pull
+        for req_id in ("first", "second"):
+            server.offer(req_id, [[1, 2], [3]], deadline())
+            client.pull(*server.address, req_id, [[1, 2], [3]], [[4, 5], [6]])
         assert any(name.startswith("kvtier-pull") for name in decode.rows.bound_threads)
         assert threading.current_thread().name not in decode.rows.bound_threads
+    connections = server.counters.connections  # the server's threads are joined by now
+    assert 1 <= connections <= 2
+    bound = server._rows.bound_threads  # type: ignore[attr-defined]
+    assert bound == ["kvtier-transfer-conn"] * connections
 
 
 def test_mismatched_lengths_are_a_value_error_naming_the_group() -> None:
