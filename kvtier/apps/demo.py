@@ -11,7 +11,6 @@ decoding: both runs must give the same tokens.
 
 from __future__ import annotations
 
-import gc
 import os
 import random
 import time
@@ -167,9 +166,9 @@ def _engine(model: Path, workload: Workload, transfer: dict[str, Any] | None) ->
     try:
         yield llm
     finally:
+        llm.llm_engine.engine_core.shutdown()  # vLLM's teardown: its state, the heap unfrozen
         del llm
-        gc.collect()
-        vllm.distributed.cleanup_dist_env_and_memory()
+        freeze_survivors()
 
 
 def _chat_round(llm: LLM, prompts: list[list[int]], tiered: bool) -> RoundRun:

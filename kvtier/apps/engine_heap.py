@@ -2,15 +2,17 @@
 
     freeze_survivors()   collect, then freeze what survived (``gc.freeze``)
 
-vLLM collects the whole heap several times while an engine starts (six times on the CPU here,
-0.2-0.4 s each once vLLM and torch are imported) and freezes it once started; its shutdown
-unfreezes it, so that the engine's objects can be collected. Frozen objects are skipped by every
-collection: an engine started after ``freeze_survivors()`` starts about 1.5 s sooner here, and a
-process that starts engines one after another (a benchmark, the demo, the tests) gains that
-each time. Call it before an engine starts and after one was shut down and dropped: what is
-already frozen stays so (the call is then cheap), garbage outside it is collected first. An
-engine a caller still holds when it is called is frozen with the rest, and collected after the
-next unfreeze (the next engine's shutdown): at most one old engine's memory outlives its use.
+vLLM collects the whole heap several times while an engine starts and freezes it once started;
+its in-process shutdown (``engine_core.shutdown()``) unfreezes it, collects it and tears down
+its process-wide state (``cleanup_dist_env_and_memory``, which collects it again: calling that
+once more after the shutdown only scans the heap a third time). Frozen objects are skipped by
+every collection, so an engine started after ``freeze_survivors()`` starts sooner, and a process
+that starts engines one after another (a benchmark, the demo, the tests) gains that each time.
+Call it before an engine starts, and after one was shut down and dropped where its memory must
+come back at once: what is already frozen stays so (the call is then cheap), garbage outside it
+is collected first. An engine a caller still holds when it is called is frozen with the rest,
+and collected after the next unfreeze (the next engine's shutdown): at most one old engine's
+memory outlives its use.
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ _ENGINE_ENV = {
 for _name, _value in _ENGINE_ENV.items():
     os.environ.setdefault(_name, _value)
 
-from kvtier.apps.engine_heap import freeze_survivors  # noqa: E402
 from kvtier.apps.models import model_path  # noqa: E402  (after the environment is set)
 
 
@@ -39,8 +38,9 @@ def _reset_vllm_process_state() -> Iterator[None]:
     import vllm.envs
 
     vllm.envs.disable_envs_cache()
+    # what the test froze (an engine vLLM froze at its start) collectable again: the next
+    # engine's start (``freeze_survivors``) collects it and freezes what outlives the test
     gc.unfreeze()
-    freeze_survivors()  # what outlives a test (modules, fixtures): the next engine skips it
 
 
 @pytest.fixture(scope="session")

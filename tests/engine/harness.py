@@ -7,7 +7,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import vllm
 from vllm import LLM, SamplingParams
 
 from kvtier.apps.engine_heap import freeze_survivors
@@ -52,10 +51,8 @@ def engine(model: Path, **overrides: Any) -> Iterator[LLM]:
     finally:
         # shut the engine down now: a caller's `as llm` (or a failed test's traceback) may keep
         # the object alive, and a late teardown would tear down the next engine's groups
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        freeze_survivors()  # the engine's objects collected (vLLM's shutdown unfroze them)
-        vllm.distributed.cleanup_dist_env_and_memory()
+        llm.llm_engine.engine_core.shutdown()  # vLLM's teardown too: its groups, the heap unfrozen
+        del llm  # collected by the next freeze_survivors: the next engine's start or the test's end
 
 
 def prompts(model: Path, lengths: Sequence[int], seed: int = 0) -> list[list[int]]:

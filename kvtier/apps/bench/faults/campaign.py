@@ -23,7 +23,6 @@ The settings and a case: ``setting.py``; an engine under a campaign: ``engine.py
 
 from __future__ import annotations
 
-import gc
 import json
 import time
 from collections.abc import Iterator, Sequence
@@ -212,8 +211,6 @@ def _engine(args: dict[str, Any]) -> Iterator[LLM]:
     try:
         yield llm
     finally:
-        llm.llm_engine.engine_core.shutdown()
+        llm.llm_engine.engine_core.shutdown()  # vLLM's teardown: its state, the heap unfrozen
         del llm
-        gc.unfreeze()
         freeze_survivors()
-        vllm.distributed.cleanup_dist_env_and_memory()

@@ -11,7 +11,6 @@ command that runs the bench sets them (``apply_in_process_env``); ``RuntimeError
 from __future__ import annotations
 
 import copy
-import gc
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -105,9 +104,9 @@ def on_engine(setup: Setup, transfer: dict[str, Any] | None, body: Callable[[Eng
         result = body(host)
     finally:
         engine = weakref.ref(llm)
+        llm.llm_engine.engine_core.shutdown()  # vLLM's teardown: its state, the heap unfrozen
         del llm, host
-        _collect()
-        vllm.distributed.cleanup_dist_env_and_memory()
+        freeze_survivors()
     if engine() is not None:
         raise RuntimeError("kvtier bench: an engine is still referenced after its body")
     return result
@@ -116,8 +115,3 @@ def on_engine(setup: Setup, transfer: dict[str, Any] | None, body: Callable[[Eng
 def _is_kvtier(engine_args: dict[str, Any]) -> bool:
     transfer = engine_args.get("kv_transfer_config")
     return transfer is not None and transfer["kv_connector"] == KVTIER_CONNECTOR
-
-
-def _collect() -> None:
-    gc.unfreeze()  # the in-process EngineCore froze its startup heap (KV cache included)
-    freeze_survivors()
