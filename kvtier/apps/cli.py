@@ -10,12 +10,16 @@ import warnings
 from pathlib import Path
 
 from kvtier.apps.command import Command, add_commands, dispatch
+from kvtier.apps.sigterm import exit_on_sigterm
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvtier", description=__doc__)
     add_commands(parser.add_subparsers(dest="command", required=True), COMMANDS)
-    return dispatch(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    if args.command in STARTS_SERVERS:
+        exit_on_sigterm()  # what they started is stopped (kvtier.apps.sigterm)
+    return dispatch(args)
 
 
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,6 +88,8 @@ def _inspect(args: argparse.Namespace) -> int:
     print(tier_report.render(report))
     return 1 if report.verification is not None and report.verification.bad else 0
 
+
+STARTS_SERVERS = ("bench",)  # serve and proxy stop on SIGTERM as their servers do
 
 COMMANDS: tuple[Command, ...] = (
     Command(
