@@ -28,6 +28,12 @@ def kvtier_transfer(**extra: Any) -> dict[str, Any]:
     }
 
 
+# an engine's KV cache, in blocks: 131,072 tokens at 32 a block, more than a test sends; an
+# engine allocates (and zeroes) these, not the whole VLLM_CPU_KVCACHE_SPACE (1 GiB: 1M tokens)
+ENGINE_BLOCKS = 4096
+SERVED_BLOCKS = ("--num-gpu-blocks-override", str(ENGINE_BLOCKS))  # the same, for `kvtier serve`
+
+
 def engine_args(model: Path, **overrides: Any) -> dict[str, Any]:
     args: dict[str, Any] = {
         "model": str(model),
@@ -37,6 +43,7 @@ def engine_args(model: Path, **overrides: Any) -> dict[str, Any]:
         "seed": 0,
         "block_size": 32,
         "gpu_memory_utilization": 0.3,
+        "num_gpu_blocks_override": ENGINE_BLOCKS,
         "distributed_executor_backend": "uni",
     }
     return args | overrides

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import engine, kvtier_transfer
+from harness import SERVED_BLOCKS, engine, kvtier_transfer
 from vllm import SamplingParams
 
 import kvtier
@@ -87,7 +87,9 @@ def pair(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         for role in ("kv_producer", "kv_consumer"):
             port = free_port()
             extra = {"cpu_bytes_to_use": "64MiB", "transfer": {"hold_s": HOLD_S}}
-            commands.append([*serve_command(tiny_model, port, extra), "--kv-role", role])
+            commands.append(
+                [*serve_command(tiny_model, port, extra, SERVED_BLOCKS), "--kv-role", role]
+            )
             servers.append(launch(commands[-1], port, work / f"{role}.log", PAIR_ENV))
         wait_healthy(*servers)
         started = Pair(servers[0], servers[1], tiny_model, work, commands[0])
@@ -530,7 +532,7 @@ def test_tensor_parallel_two_ranks_each_pull_their_own_shard(
     try:
         for role in ("kv_producer", "kv_consumer"):
             port = free_port()
-            command = serve_command(tiny_model, port, extra, parallel)
+            command = serve_command(tiny_model, port, extra, [*parallel, *SERVED_BLOCKS])
             servers.append(launch([*command, "--kv-role", role], port, tmp_path / role, env))
         wait_healthy(*servers)
         prefill, decode = servers

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import engine, kvtier_transfer, prompts
+from harness import SERVED_BLOCKS, engine, kvtier_transfer, prompts
 from vllm import SamplingParams
 
 import kvtier
@@ -45,7 +45,7 @@ MAX_TOKENS = 8
 @pytest.fixture(scope="module")
 def prefill(hybrid_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     port = free_port()
-    command = [*serve_command(hybrid_model, port, {"cpu_bytes_to_use": "64MiB"}),
+    command = [*serve_command(hybrid_model, port, {"cpu_bytes_to_use": "64MiB"}, SERVED_BLOCKS),
                "--kv-role", "kv_producer"]  # fmt: skip
     log = tmp_path_factory.mktemp("pd-hybrid") / "prefill.log"
     server = launch(command, port, log, {"KVTIER_TRANSFER_SECRET": SECRET, **WORKER_IN_CORE})

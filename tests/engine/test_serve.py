@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-from harness import prompts
+from harness import SERVED_BLOCKS, prompts
 
 from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.bench.common.servers import (
@@ -52,7 +52,9 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     template.write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
     port = free_port()
     extra = {"cpu_bytes_to_use": "64MiB", "disk": {"path": str(work / "tier"), "bytes": "64MiB"}}
-    command = serve_command(tiny_model, port, extra, ["--chat-template", str(template)])
+    command = serve_command(
+        tiny_model, port, extra, ["--chat-template", str(template), *SERVED_BLOCKS]
+    )
     running = launch(command, port, work / "server.log")
     try:
         wait_healthy(running)
