@@ -38,10 +38,6 @@ from kvtier.apps.bench.faults.tiers import DiskFaults, RedisFaults, TierFaults
 from kvtier.apps.engine_heap import freeze_survivors
 from kvtier.scheduler.provenance import NOT_TIERS
 
-# an engine's KV cache, in blocks (of 32 tokens): a case runs one prompt at a time, at most 64
-# blocks; an engine allocates (and zeroes) these, not the whole VLLM_CPU_KVCACHE_SPACE
-ENGINE_BLOCKS = 1024
-
 if TYPE_CHECKING:
     from vllm import LLM
 
@@ -77,7 +73,6 @@ class Campaign:
             "seed": 0,
             "block_size": 32,
             "gpu_memory_utilization": 0.3,
-            "num_gpu_blocks_override": ENGINE_BLOCKS,
             "distributed_executor_backend": "uni" if ranks == 1 else "mp",
             "tensor_parallel_size": ranks,
         }
