@@ -2,8 +2,8 @@
 
     exit_on_sigterm()   from now on, SIGTERM raises ``SystemExit(143)`` in the main thread
 
-A benchmark or the demo starts servers (vLLM engines, Redis, proxies) in sessions of their own:
-a signal sent to the command (``timeout``, a CI job cancelled, ``kill``) does not reach them.
+A benchmark starts servers (vLLM engines, Redis, proxies) in sessions of their own: a signal
+sent to the command (``timeout``, a CI job cancelled, ``kill``) does not reach them.
 Python's default SIGTERM ends the process without running its ``finally`` blocks, leaving them
 running; with this, the blocks that stop them run, within their own bounded waits. A second
 SIGTERM while they run is ignored (SIGKILL still ends the command at once).

@@ -59,7 +59,7 @@ def engine(model: Path, **overrides: Any) -> Iterator[LLM]:
         # shut the engine down now: a caller's `as llm` (or a failed test's traceback) may keep
         # the object alive, and a late teardown would tear down the next engine's groups
         llm.llm_engine.engine_core.shutdown()  # vLLM's teardown too: its groups, the heap unfrozen
-        del llm  # collected by the next freeze_survivors: the next engine's start or the test's end
+        del llm  # collected by the next engine's start (freeze_survivors), if not sooner
 
 
 def prompts(model: Path, lengths: Sequence[int], seed: int = 0) -> list[list[int]]:
