@@ -14,26 +14,25 @@ from kvtier.apps.bench.common.servers import KVTIER, wait
 SERVERS = 5  # Redis and four `kvtier serve`: two engines and a prefill→decode pair
 
 
+def _stat(pid: int | str) -> list[str] | None:
+    """``/proc/PID/stat``'s fields after the command name (state, parent, ...; the start time at
+    19), or None when the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def _children(pid: int) -> dict[int, str]:
-    """The processes whose parent is ``pid``: pid -> its start time (``/proc``'s, field 22)."""
-    found: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:  # ended meanwhile
-                continue
-            if int(fields[1]) == pid:
-                found[int(entry)] = fields[19]
-    return found
+    """The processes whose parent is ``pid``: pid -> its start time."""
+    stats = {int(entry): _stat(entry) for entry in os.listdir("/proc") if entry.isdigit()}
+    return {child: stat[19] for child, stat in stats.items() if stat and int(stat[1]) == pid}
 
 
 def _alive(pid: int, started: str) -> bool:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    return fields[19] == started and fields[0] != "Z"  # the same process, not a zombie
+    """The same process (its start time) is still there, and not a zombie."""
+    stat = _stat(pid)
+    return stat is not None and stat[19] == started and stat[0] != "Z"
 
 
 def test_a_benchmark_ended_by_sigterm_stops_its_servers(tmp_path: Path) -> None:
