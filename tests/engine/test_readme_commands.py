@@ -132,12 +132,27 @@ def test_the_command_runs_as_shown(command: str, tmp_path: Path) -> None:
 
 
 def test_the_commands_shown_with_help_parse_their_arguments(tmp_path: Path) -> None:
-    """Every ``--help`` form at once (each imports vLLM for seconds: in turn, a minute)."""
-    helped = [c for c in readme_commands() if _form(c) is _help]
+    """Every ``--help`` form at once (each imports vLLM for seconds: in turn, a minute), one of
+    each shape: commands that differ only in their numbers (the fleet's two engines' ports)
+    parse the same words."""
+    helped = _one_per_shape([c for c in readme_commands() if _form(c) is _help])
     assert helped  # the long benches, the servers
     started = [_started(command, tmp_path) for command in helped]
     for process in started:
         _assert_ran(process, *process.communicate(timeout=600))
+
+
+def _one_per_shape(commands: list[str]) -> list[str]:
+    shapes: dict[str, str] = {}
+    for command in commands:
+        shapes.setdefault(re.sub(r"\d+", "N", command), command)
+    return list(shapes.values())
+
+
+def test_one_command_of_each_shape_is_kept() -> None:
+    ports = ["kvtier serve ./m --port 8101", "kvtier serve ./m --port 8102"]
+    roles = ["kvtier serve ./m --kv-role kv_producer", "kvtier serve ./m --kv-role kv_consumer"]
+    assert _one_per_shape([*ports, *roles]) == [ports[0], *roles]
 
 
 def test_commands_not_run_say_why() -> None:
