@@ -3,7 +3,8 @@ against vLLM's server without a connector (LMCache's long-doc-qa warm-up round).
 
 Two servers alive together, the same model and vLLM arguments (``common.servers.serve_command``):
 ``kvtier serve`` with a host tier only, and vLLM's own server with no connector
-(``vllm_alone``), their workers on as many cores (``SAME_CORES``). Each pair: ``documents``
+(``vllm_alone``), their workers on as many cores (``SAME_CORES``), each in its engine core
+process, as a one-GPU server runs it (``WORKER_IN_CORE``). Each pair: ``documents``
 fresh documents of ``tokens`` tokens (never seen by either server; the same ones for both), sent
 to one server ``in_flight`` at a time (streamed, ``max_tokens`` each), then to the other, the
 order alternating per pair, with a pause between so a server's busy-polling engine has gone
@@ -29,6 +30,7 @@ from tqdm import tqdm
 from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.bench.common.servers import (
     WAIT_S,
+    WORKER_IN_CORE,
     Server,
     alone_command,
     launch,
@@ -80,7 +82,8 @@ def started(model: Path, dtype: str, work: LongMiss, logs: Path) -> Iterator[dic
                                     dtype, work.max_model_len)  # fmt: skip
             if config == "alone":  # the same vLLM arguments, without kvtier's
                 command = alone_command(command)
-            servers[config] = launch(command, port, logs / f"{config}.log", SAME_CORES)
+            env = SAME_CORES | WORKER_IN_CORE
+            servers[config] = launch(command, port, logs / f"{config}.log", env)
         wait_healthy(*servers.values())
         yield servers
     finally:

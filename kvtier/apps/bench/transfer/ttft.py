@@ -50,6 +50,7 @@ from kvtier.apps.bench.common.results import write_json
 from kvtier.apps.bench.common.servers import (
     KVTIER,
     WAIT_S,
+    WORKER_IN_CORE,
     Server,
     launch,
     post,
@@ -93,11 +94,11 @@ def disaggregated(
         ):
             port = free_port()
             command = serve_command(model, port, extra, (), dtype, max_model_len)
-            # one core each, as on two machines: a vLLM worker busy-polls its step queue for a
-            # while after each step, which would stall the other engine on a shared core
+            # one core each, as on two machines (an engine busy-polls for a while after each
+            # step, which would stall the other on a shared core); its worker in its engine
+            # core, as a one-GPU server runs it
             pinned = ["taskset", "-c", str(core % CORES), *command, "--kv-role", role]
-            cores = {"VLLM_CPU_OMP_THREADS_BIND": str(core % CORES)}
-            started[name] = launch(pinned, port, work / f"{name}.log", env | cores)
+            started[name] = launch(pinned, port, work / f"{name}.log", env | WORKER_IN_CORE)
         wait_healthy(started["prefill"], started["decode"])
         port = free_port()
         command = [KVTIER, "proxy", "--prefill", started["prefill"].url,
