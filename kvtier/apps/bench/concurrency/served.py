@@ -48,6 +48,7 @@ LOG_LINES = 30  # of a server's log, told when a document sent to it fails
 # rank, and one more per rank when a KV connector is configured (meant for NIXL). Both servers
 # keep vLLM's default without a connector, so that both compute on as many cores.
 SAME_CORES = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
+SERVER_ENV = SAME_CORES | WORKER_IN_CORE  # both servers'
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,7 @@ def started(model: Path, dtype: str, work: LongMiss, logs: Path) -> Iterator[dic
                                     dtype, work.max_model_len)  # fmt: skip
             if config == "alone":  # the same vLLM arguments, without kvtier's
                 command = alone_command(command)
-            env = SAME_CORES | WORKER_IN_CORE
-            servers[config] = launch(command, port, logs / f"{config}.log", env)
+            servers[config] = launch(command, port, logs / f"{config}.log", SERVER_ENV)
         wait_healthy(*servers.values())
         yield servers
     finally:
