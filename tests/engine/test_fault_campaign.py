@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import PARALLEL_ENV
 
 from kvtier.apps.bench.faults.campaign import Campaign, shared_prefix_prompts
 from kvtier.apps.bench.faults.setting import Setting
@@ -104,7 +105,8 @@ def test_resets_mid_load_with_host_memory_alone(campaign: Campaign) -> None:
 
 @pytest.fixture
 def tensor_parallel(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # one core per rank (VLLM_CPU.md)
+    for name, value in PARALLEL_ENV.items():  # one core per rank, torch.compile off
+        monkeypatch.setenv(name, value)
 
 
 def test_faults_on_one_rank_of_two_are_misses_on_both(

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from disk_helpers import chunk_files
-from harness import engine, full_chunks, generate, kvtier_transfer, prompts
+from harness import PARALLEL_ENV, engine, full_chunks, generate, kvtier_transfer, prompts
 from vllm.config import CompilationMode
 
 from kvtier.vllm import rank_counters
@@ -31,7 +31,8 @@ TP2: dict[str, Any] = {"tensor_parallel_size": 2, "distributed_executor_backend"
 @pytest.fixture
 def multiprocess(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(callable)
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # one core per rank (VLLM_CPU.md)
+    for name, value in PARALLEL_ENV.items():
+        monkeypatch.setenv(name, value)
 
 
 def _reset_when_drained(llm: Any) -> None:
@@ -76,9 +77,10 @@ def _reset_and_regenerate(
 def test_pipeline_parallel_two_ranks(tiny_model: Path, reference: Any, multiprocess: None) -> None:
     """Each rank computes its own layers as one engine computes them: the reference is the
     in-process one (started in seconds)."""
-    # PP on the CPU needs a traced graph instead of enforce_eager (VLLM_CPU.md). Naming the mode
-    # keeps the eager backend: under the default mode the CPU platform swaps in inductor, whose
-    # first compile on a fresh machine builds a precompiled header (20 s of a 45 s test here).
+    # PP on the CPU needs a compilation mode instead of enforce_eager (VLLM_CPU.md: only then
+    # does the CPU runner warm up, allocating the later rank's buffer). Naming the mode keeps the
+    # eager backend, where the default mode has the CPU platform swap in inductor (its first
+    # compile on a fresh machine builds a precompiled header); PARALLEL_ENV skips the trace.
     parallel: dict[str, Any] = {
         "pipeline_parallel_size": 2, "distributed_executor_backend": "mp", "enforce_eager": False,
         "compilation_config": {"mode": CompilationMode.DYNAMO_TRACE_ONCE, "backend": "eager"},
@@ -122,7 +124,8 @@ def tp2_engine(
     the first regenerates on it, the second shuts it down and restarts from its disk tier."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-        patch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+        for name, value in PARALLEL_ENV.items():
+            patch.setenv(name, value)
         shared = _SharedEngine(tiny_model, tmp_path_factory.mktemp("tp2") / "tier")
         try:
             yield shared

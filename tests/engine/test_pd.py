@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import SERVED_BLOCKS, engine, kvtier_transfer
+from harness import PARALLEL_ENV, SERVED_BLOCKS, engine, kvtier_transfer
 from vllm import SamplingParams
 
 import kvtier
@@ -526,7 +526,7 @@ def test_tensor_parallel_two_ranks_each_pull_their_own_shard(
     """Both engines TP=2 (vLLM's mp executor): rank i pulls its shard from rank i. The reference
     is the prefill engine alone (the same layout), the prompt computed there."""
     parallel = ["--tensor-parallel-size", "2", "--distributed-executor-backend", "mp"]
-    env = {"KVTIER_TRANSFER_SECRET": SECRET, "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    env = {"KVTIER_TRANSFER_SECRET": SECRET, **PARALLEL_ENV}
     extra = {"cpu_bytes_to_use": "64MiB", "transfer": {"hold_s": TP_HOLD_S}}
     servers = []
     try:
