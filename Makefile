@@ -124,10 +124,11 @@ $(STAMP): pyproject.toml setup.py $(wildcard kvtier/apps/proxy/*.c) | $(PY)
 # Beside the models' build, on the other core, once per environment ($(WARMED)):
 # scripts/warm-vllm writes the bytecode of what a served engine imports and caches vLLM's
 # inspection of the models' class, which the tests' first processes would each do otherwise.
+# A failed warm-up costs only time: it is reported, and tried again next time.
 models: $(STAMP)
 	warming=; [[ -e $(WARMED) ]] || { env $(WRITE_PYC) $(PY) scripts/warm-vllm $(WARMED) & warming=$$!; }; \
 	env $(WRITE_PYC) $(PY) -m kvtier.apps.models --out $(MODELS); \
-	[[ -z $$warming ]] || wait $$warming
+	[[ -z $$warming ]] || wait $$warming || echo "make models: scripts/warm-vllm failed (above)" >&2
 
 test: $(STAMP) models
 	$(TEST_SETUP); \
