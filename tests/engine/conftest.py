@@ -38,8 +38,9 @@ def _reset_vllm_process_state() -> Iterator[None]:
     import vllm.envs
 
     vllm.envs.disable_envs_cache()
-    # what the test froze (an engine vLLM froze at its start) collectable again: the next
-    # engine's start (``freeze_survivors``) collects it and freezes what outlives the test
+    # what the test froze (the heap at an engine's start, vLLM's own freeze once started)
+    # collectable again where no engine's shutdown unfroze it (a start that failed): the
+    # collector's own passes then free what of it is garbage
     gc.unfreeze()
 
 

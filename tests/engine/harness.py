@@ -9,7 +9,7 @@ from typing import Any
 
 from vllm import LLM, SamplingParams
 
-from kvtier.apps.engine_heap import freeze_survivors
+from kvtier.apps.engine_heap import freeze_heap
 from kvtier.apps.prompts import make_prompt
 from kvtier.vllm import KVTierConnector, engine_connector, settle
 
@@ -58,7 +58,7 @@ def engine_args(model: Path, **overrides: Any) -> dict[str, Any]:
 
 @contextmanager
 def engine(model: Path, **overrides: Any) -> Iterator[LLM]:
-    freeze_survivors()
+    freeze_heap()
     llm = LLM(**engine_args(model, **overrides))
     try:
         yield llm
@@ -66,7 +66,7 @@ def engine(model: Path, **overrides: Any) -> Iterator[LLM]:
         # shut the engine down now: a caller's `as llm` (or a failed test's traceback) may keep
         # the object alive, and a late teardown would tear down the next engine's groups
         llm.llm_engine.engine_core.shutdown()  # vLLM's teardown too: its groups, the heap unfrozen
-        del llm  # collected by the next engine's start (freeze_survivors), if not sooner
+        del llm  # freed when the caller drops it too: no cycle holds an engine
 
 
 def prompts(model: Path, lengths: Sequence[int], seed: int = 0) -> list[list[int]]:

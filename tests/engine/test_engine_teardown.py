@@ -1,6 +1,6 @@
-"""An in-process engine's teardown scans the heap only inside vLLM's own shutdown: the harness
-(like the benchmarks and the demo) adds no collection of its own; what is left of the engine is
-gone once the next engine's start (``freeze_survivors``) collected the heap."""
+"""An in-process engine's start and teardown scan the heap only where vLLM asks: the harness
+(like the benchmarks and the demo) adds no collection of its own, and nothing of the engine
+outlives its teardown (no cycle holds it: it is freed when its last name goes, without a scan)."""
 
 from __future__ import annotations
 
@@ -12,25 +12,30 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import vllm
 from harness import engine
 
-from kvtier.apps.engine_heap import freeze_survivors
+VLLM = str(Path(vllm.__file__).parent)
 
 
 @contextmanager
-def _whole_heap_collections() -> Iterator[list[bool]]:
-    """For each whole-heap collection asked for inside (automatic ones held off): whether vLLM's
-    engine shutdown (its client's ``shutdown``) asked for it."""
-    asked: list[bool] = []
+def _whole_heap_collections() -> Iterator[list[str]]:
+    """For each whole-heap collection asked for inside (automatic ones held off): the file and
+    function of the code that asked, and whether vLLM's engine shutdown (its client's
+    ``shutdown``) is among its callers, as ``"file:function[:shutdown]"``."""
+    asked: list[str] = []
 
     def record(phase: str, info: dict[str, Any]) -> None:
         if phase == "start" and info["generation"] == 2:
-            frame = sys._getframe(1)
-            callers = []
+            frame = sys._getframe(1)  # the code that called gc.collect
+            asker = f"{frame.f_code.co_filename}:{frame.f_code.co_name}"
             while frame is not None:
-                callers.append((frame.f_code.co_filename, frame.f_code.co_name))
+                code = frame.f_code
+                if code.co_filename.endswith("core_client.py") and code.co_name == "shutdown":
+                    asker += ":shutdown"
+                    break
                 frame = frame.f_back
-            asked.append(any(f.endswith("core_client.py") and n == "shutdown" for f, n in callers))
+            asked.append(asker)
 
     gc.disable()
     gc.callbacks.append(record)
@@ -41,14 +46,14 @@ def _whole_heap_collections() -> Iterator[list[bool]]:
         gc.enable()
 
 
-def test_an_engine_teardown_adds_no_collection_to_vllms(tiny_model: Path) -> None:
+def test_an_engine_start_and_teardown_add_no_collection_to_vllms(tiny_model: Path) -> None:
     context = engine(tiny_model)
-    llm = context.__enter__()
+    with _whole_heap_collections() as at_start:
+        llm = context.__enter__()
+    assert all(asker.startswith(VLLM) for asker in at_start), at_start  # vLLM's own, if any
     core = weakref.ref(llm.llm_engine.engine_core)
     del llm
     with _whole_heap_collections() as at_exit:
         context.__exit__(None, None, None)
-    assert at_exit and all(at_exit), at_exit  # vLLM's shutdown collects; nothing else does
-    with _whole_heap_collections() as at_start:
-        freeze_survivors()
-    assert at_start == [False] and core() is None
+    assert at_exit and all(a.endswith(":shutdown") for a in at_exit), at_exit  # vLLM's shutdown's
+    assert core() is None  # gone with its last name: no scan after vLLM's found it

@@ -35,7 +35,7 @@ from kvtier.apps.bench.common.engine_env import require_in_process_env
 from kvtier.apps.bench.faults.engine import CampaignEngine
 from kvtier.apps.bench.faults.setting import CHUNK, HOST, READS, REDIS_TIMEOUT_S, Setting
 from kvtier.apps.bench.faults.tiers import DiskFaults, RedisFaults, TierFaults
-from kvtier.apps.engine_heap import freeze_survivors
+from kvtier.apps.engine_heap import freeze_heap
 from kvtier.scheduler.provenance import NOT_TIERS
 
 if TYPE_CHECKING:
@@ -206,11 +206,10 @@ def _engine(args: dict[str, Any]) -> Iterator[LLM]:
     require_in_process_env()
     import vllm
 
-    freeze_survivors()
+    freeze_heap()
     llm = vllm.LLM(**args)
     try:
         yield llm
     finally:
         llm.llm_engine.engine_core.shutdown()  # vLLM's teardown: its state, the heap unfrozen
-        del llm
-        freeze_survivors()
+        del llm  # freed when the caller drops it too: no cycle holds an engine

@@ -20,7 +20,7 @@ from kvtier.apps.bench.common.engine_env import require_in_process_env
 from kvtier.apps.bench.common.timing import own_cpu_seconds
 from kvtier.apps.bench.ttft.setup import Setup
 from kvtier.apps.bench.ttft.timing import Sample, Served, reset_prefix_cache, served, timed
-from kvtier.apps.engine_heap import freeze_survivors
+from kvtier.apps.engine_heap import freeze_heap, freeze_survivors
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -47,7 +47,7 @@ class EngineHost:
         require_in_process_env()
         import vllm
 
-        freeze_survivors()
+        freeze_heap()
         return cls(vllm.LLM(**engine_args), _is_kvtier(engine_args))
 
     def commands(self) -> dict[str, Callable[..., Any]]:
@@ -97,7 +97,7 @@ def on_engine(setup: Setup, transfer: dict[str, Any] | None, body: Callable[[Eng
     import vllm
 
     args = setup.engine_args(transfer)
-    freeze_survivors()
+    freeze_heap()
     llm = vllm.LLM(**args)  # made here: a frame vLLM's first import keeps holds no engine after
     host = EngineHost(llm, _is_kvtier(args))
     try:

@@ -123,8 +123,12 @@ def _serve(conn: Connection, engine_args: dict[str, Any], env: dict[str, str]) -
     os.environ.update(env)  # before vLLM is imported
     warnings.filterwarnings("ignore", ".*torch.distributed.reduce_op", FutureWarning)
     try:
-        from kvtier.apps.bench.ttft.engine import EngineHost
+        from kvtier.apps.engine_heap import frozen_imports
 
+        with frozen_imports():  # vLLM's, once in this fresh interpreter
+            import vllm.entrypoints.llm  # noqa: F401  (most of what an LLM imports)
+
+            from kvtier.apps.bench.ttft.engine import EngineHost
         commands = EngineHost.of(engine_args).commands()
     except BaseException:
         conn.send(("error", traceback.format_exc()))
