@@ -5,9 +5,9 @@
     freeze_heap()        freeze what the collector tracks now (``gc.freeze``): no scan
     freeze_survivors()   collect, then freeze what survived
 
-Importing vLLM's server makes ~700k tracked objects; on the way, the collector's automatic passes
-scan the growing heap whole about 8 times, and later passes scan it again (2 s of a 10 s import
-here). Imported inside ``frozen_imports()``, the heap is scanned once, and what the import made
+Importing vLLM's server makes hundreds of thousands of tracked objects; on the way, the
+collector's automatic passes scan the growing heap whole several times, and later passes scan it
+again. Imported inside ``frozen_imports()``, the heap is scanned once, and what the import made
 (modules, classes, functions: alive for the process's life) is frozen, as vLLM freezes its
 server's heap once the server started.
 
@@ -17,11 +17,11 @@ the model runner's teardown, once in ``cleanup_dist_env_and_memory``). Frozen ob
 by every collection, so an engine started on a frozen heap starts sooner, and a process that
 starts engines one after another (a benchmark, the demo, the tests) gains that each time.
 
-Before an engine starts, ``freeze_heap()``: a whole-heap scan there (~700k objects once vLLM is
-imported, 0.4-0.5 s here) would find only what was dropped since the last engine's shutdown
-scanned it; that garbage is frozen with the rest and collected at the next engine's shutdown,
-which unfreezes the heap. After an engine was shut down and dropped, where its memory must come
-back at once (a benchmark that checks nothing of it is left), ``freeze_survivors()``.
+Before an engine starts, ``freeze_heap()``: a whole-heap scan there would find only what was
+dropped since the last engine's shutdown scanned it (no cycle holds a shut-down engine); that
+garbage is frozen with the rest and collected at the next engine's shutdown, which unfreezes the
+heap. After an engine was shut down and dropped, where its memory must come back at once (a
+benchmark that checks nothing of it is left), ``freeze_survivors()``.
 """
 
 from __future__ import annotations
