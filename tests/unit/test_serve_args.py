@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+from functools import partial
+from pathlib import Path
 
 import pytest
 
 from kvtier.apps.serve import split_kvtier_option, vllm_serve_args
+
+SOCKETS = Path("/tmp/kvtier-sockets")  # named only: nothing is created
+_serve_args = partial(vllm_serve_args, sockets=SOCKETS)
 
 
 def _transfer(args: list[str]) -> dict[str, object]:
@@ -15,7 +20,7 @@ def _transfer(args: list[str]) -> dict[str, object]:
 
 
 def test_defaults_load_kvtier_on_localhost() -> None:
-    args = vllm_serve_args("m", ["--port", "9"], None, cpu_only=False)
+    args = _serve_args("m", ["--port", "9"], None, cpu_only=False)
     assert args[:3] == ["m", "--port", "9"]
     assert _transfer(args) == {
         "kv_connector": "KVTierConnector",
@@ -29,19 +34,19 @@ def test_defaults_load_kvtier_on_localhost() -> None:
 
 def test_kvtier_json_goes_over_the_defaults() -> None:
     disk = {"path": "/var/cache/kvtier", "bytes": "10GiB"}
-    args = vllm_serve_args("m", [], json.dumps({"disk": disk, "block_size": 64}), cpu_only=False)
+    args = _serve_args("m", [], json.dumps({"disk": disk, "block_size": 64}), cpu_only=False)
     extra = _transfer(args)["kv_connector_extra_config"]
     assert extra == {"cpu_bytes_to_use": "1GiB", "disk": disk, "block_size": 64}
 
 
 def test_what_the_user_gives_wins() -> None:
     given = ["--host=0.0.0.0", "--gpu_memory_utilization", "0.2"]
-    args = vllm_serve_args("m", given, None, cpu_only=True)
+    args = _serve_args("m", given, None, cpu_only=True)
     assert args.count("--host") == 0 and "--gpu-memory-utilization" not in args
-    assert vllm_serve_args("m", [], None, cpu_only=True)[-2:] == ["--gpu-memory-utilization", "0.5"]
+    assert _serve_args("m", [], None, cpu_only=True)[-2:] == ["--gpu-memory-utilization", "0.5"]
     own = ["--kv-transfer-config", '{"kv_connector": "ExampleConnector"}']
-    assert vllm_serve_args("m", own, None, cpu_only=False)[1:3] == own
-    assert vllm_serve_args("m", own, None, cpu_only=False).count("--kv-transfer-config") == 1
+    assert _serve_args("m", own, None, cpu_only=False)[1:3] == own
+    assert _serve_args("m", own, None, cpu_only=False).count("--kv-transfer-config") == 1
 
 
 @pytest.mark.parametrize(
@@ -55,12 +60,12 @@ def test_what_the_user_gives_wins() -> None:
 )
 def test_a_bad_kvtier_config_fails_before_vllm_starts(kvtier_json: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        vllm_serve_args("m", [], kvtier_json, cpu_only=False)
+        _serve_args("m", [], kvtier_json, cpu_only=False)
 
 
 def test_kvtier_and_an_own_transfer_config_exclude_each_other() -> None:
     with pytest.raises(ValueError, match="exclude"):
-        vllm_serve_args("m", ["--kv-transfer-config", "{}"], "{}", cpu_only=False)
+        _serve_args("m", ["--kv-transfer-config", "{}"], "{}", cpu_only=False)
 
 
 def test_the_kvtier_option_is_found_anywhere() -> None:
@@ -79,18 +84,18 @@ def test_kv_role_goes_to_the_transfer_config_and_needs_the_secret(
 ) -> None:
     monkeypatch.delenv("KVTIER_TRANSFER_SECRET", raising=False)
     with pytest.raises(ValueError, match="transfer.secret"):
-        vllm_serve_args("m", [], None, cpu_only=False, kv_role="kv_producer")
+        _serve_args("m", [], None, cpu_only=False, kv_role="kv_producer")
     extra = '{"transfer": {"secret": "a-secret-of-some-length"}}'
-    args = vllm_serve_args("m", [], extra, False, kv_role="kv_consumer")
+    args = _serve_args("m", [], extra, False, kv_role="kv_consumer")
     config = json.loads(args[args.index("--kv-transfer-config") + 1])
     assert config["kv_role"] == "kv_consumer"
     monkeypatch.setenv("KVTIER_TRANSFER_SECRET", "from-the-environment")
-    args = vllm_serve_args("m", [], None, cpu_only=False, kv_role="kv_producer")
+    args = _serve_args("m", [], None, cpu_only=False, kv_role="kv_producer")
     assert json.loads(args[args.index("--kv-transfer-config") + 1])["kv_role"] == "kv_producer"
     with pytest.raises(ValueError, match="kv-role must be one of"):
-        vllm_serve_args("m", [], None, cpu_only=False, kv_role="kv_prefill")
+        _serve_args("m", [], None, cpu_only=False, kv_role="kv_prefill")
     with pytest.raises(ValueError, match="exclude"):
-        vllm_serve_args("m", ["--kv-transfer-config", "{}"], None, False, kv_role="kv_producer")
+        _serve_args("m", ["--kv-transfer-config", "{}"], None, False, kv_role="kv_producer")
     assert split_kvtier_option(["--kv-role", "kv_consumer", "-x"], "--kv-role") == (
         "kv_consumer",
         ["-x"],
@@ -102,12 +107,12 @@ def test_kv_events_are_published_where_the_server_listens_unless_given() -> None
         config: dict[str, object] = json.loads(args[args.index("--kv-events-config") + 1])
         return config
 
-    local = events(vllm_serve_args("m", [], None, cpu_only=False))
+    local = events(_serve_args("m", [], None, cpu_only=False))
     assert local["enable_kv_cache_events"] is True and local["publisher"] == "zmq"
-    assert str(local["endpoint"]).startswith("ipc://")  # this machine only: a Unix socket
-    assert str(local["replay_endpoint"]).startswith("ipc://")  # no port another could take
-    everywhere = events(vllm_serve_args("m", ["--host", "0.0.0.0"], None, cpu_only=False))
+    assert local["endpoint"] == f"ipc://{SOCKETS}/kv-events"  # this machine only: a Unix socket
+    assert local["replay_endpoint"] == f"ipc://{SOCKETS}/kv-events-replay"  # no port to take
+    everywhere = events(_serve_args("m", ["--host", "0.0.0.0"], None, cpu_only=False))
     assert str(everywhere["endpoint"]).startswith("tcp://*:")
     assert str(everywhere["replay_endpoint"]).startswith("tcp://*:")
     own = ["--kv-events-config", '{"enable_kv_cache_events": false}']
-    assert vllm_serve_args("m", own, None, cpu_only=False).count("--kv-events-config") == 1
+    assert _serve_args("m", own, None, cpu_only=False).count("--kv-events-config") == 1
