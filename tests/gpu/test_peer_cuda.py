@@ -22,6 +22,7 @@ from kvtier.tiers.peer.net import (
     TransferClient,
     TransferServer,
     client,
+    server,
 )
 
 pytestmark = pytest.mark.gpu
@@ -127,3 +128,43 @@ def test_a_rank_on_the_second_device() -> None:
     _pull(_rows(src), _rows(dst))
     _assert_copied(src, dst)
     assert all(t.device.index == 1 for t in dst.values())
+
+
+@pytest.mark.parametrize("connections", [1, 2])
+def test_a_pull_of_many_slices_is_exact(monkeypatch: pytest.MonkeyPatch, connections: int) -> None:
+    """Slices of two pages: every slice after a part's first was read ahead on the device while
+    the one before was sent, and committed while the next arrived."""
+    monkeypatch.setattr(server, "READ_SLICE_BYTES", 2 * 16 * 2 * 64 * 2)
+    monkeypatch.setattr(client, "WRITE_SLICE_BYTES", 2 * 16 * 2 * 64 * 2)
+    monkeypatch.setattr(client, "MIN_PART_BYTES", 1)
+    src, dst = _caches("cuda", 1), _caches("cuda", 2)
+    assert _pull(_rows(src), _rows(dst), connections) == 6 * 2 * 16 * 2 * 64 * 2
+    _assert_copied(src, dst)
+
+
+def test_a_request_of_an_8b_shape_in_16_mib_slices() -> None:
+    """Four layers of an 8B-class model (32 KiB pages), 400 blocks scattered each side: 100 MiB
+    in slices of 16 MiB over two connections, byte-exact."""
+    blocks, layers = 512, 4
+    generator = torch.Generator(device="cuda").manual_seed(3)
+    caches = [
+        {
+            f"layer.{i}": torch.randn(2, blocks, 16, 8, 128, device="cuda", generator=generator).to(
+                torch.bfloat16
+            )
+            for i in range(layers)
+        }  # fmt: skip
+        for _ in range(2)
+    ]
+    order = torch.randperm(blocks, generator=torch.Generator().manual_seed(4)).tolist()
+    remote, local = [order[:400]], [order[100:500]]
+    rows = [build_layout(c, [list(c)], blocks) for c in caches]
+    with (
+        TransferServer(CudaBlockRows(rows[0].views, rows[0].groups), IDENTITY, SECRET) as served,
+        TransferClient(CudaBlockRows(rows[1].views, rows[1].groups), IDENTITY, SECRET) as puller,
+    ):
+        served.offer("req", remote, time.monotonic() + 30)
+        assert puller.pull(*served.address, "req", remote, local) == 400 * 2 * layers * 32768
+    for name in caches[0]:
+        a, b = caches[0][name][:, remote[0]].cpu(), caches[1][name][:, local[0]].cpu()
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), name

@@ -35,12 +35,12 @@ WAIT_S = 5.0  # bound on every wait in a test
 class Engine:
     """Three views of random words; ``rows`` records which threads bound and what was committed."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, rows: type[SpyRows] | None = None) -> None:
         generator = torch.Generator().manual_seed(seed)
         full = [torch.randint(-(2**62), 2**62, (NUM_BLOCKS, 64), generator=generator) for _ in "kv"]
         packed = torch.randint(-(2**62), 2**62, (NUM_BLOCKS, 48), generator=generator)
         self.views = [*full, packed[:, :32]]  # view 2: rows of 32 words, 48 apart
-        self.rows = SpyRows(self.views, GROUPS)
+        self.rows = (rows or SpyRows)(self.views, GROUPS)
 
     def blocks(self, group: int, ids: Sequence[int]) -> list[torch.Tensor]:
         return [self.views[v][b].clone() for v in GROUPS[group] for b in ids]
@@ -53,6 +53,7 @@ class SpyRows(CpuBlockRows):
         self.bound_threads: list[str] = []
 
     def commit(self, rows: Sequence[tuple[int, int]]) -> None:
+        super().commit(rows)
         self.commits.append(list(rows))
 
     def bind_thread(self) -> None:
@@ -94,11 +95,12 @@ def peers(
     offer_wait_s: float = 0.3,
     timeout_s: float = WAIT_S,
     prefill: Engine | None = None,
+    decode: Engine | None = None,
     **server_options: Any,
 ) -> Iterator[tuple[Engine, TransferServer, Engine, TransferClient]]:
     """A prefill engine with its server and a decode engine with its client, closed after."""
     prefill = prefill or Engine(seed=1)
-    decode = Engine(seed=2)
+    decode = decode or Engine(seed=2)
     server = TransferServer(
         prefill.rows, IDENTITY, SECRET, offer_wait_s=offer_wait_s, **server_options
     )

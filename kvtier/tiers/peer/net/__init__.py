@@ -19,8 +19,9 @@ only once ``take_done`` reports it, which happens only after no connection is st
 
 Every connection is authenticated both ways with an HMAC challenge-response over a shared secret
 and refused when the two ranks' identities differ (``auth.py``); frames are a fixed binary header
-and bounded msgpack or raw row bytes, never pickles (``wire.py``); data carries an xxh3_64 checksum
-verified before the receiving rows are committed.
+and bounded msgpack or raw row bytes, never pickles (``wire.py``); data carries an xxh3_64 checksum,
+checked at the end of each part: a mismatch fails the pull (its blocks are computed again). Rows
+move a slice at a time (``base.slices``), the device's work on one beside the socket's on the next.
 """
 
 from __future__ import annotations

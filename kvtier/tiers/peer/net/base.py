@@ -5,6 +5,7 @@ PeerIdentity                  the fields that must match between the two ranks
 BlockRows                     one rank's engine KV memory as (view, block) byte rows
 request_rows(groups, ids)     the canonical row order of a request, the same at both ends
 row_bytes(page_bytes, rows)   bytes of those rows
+slices(rows, page_bytes)      rows in slices of at most ``SLICE_BYTES``, moved one at a time
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+SLICE_BYTES = 16 << 20  # rows read or written at once (CUDA: staged in pinned memory)
 
 
 class TransferError(Exception):
@@ -47,11 +50,16 @@ def _shown(value: str | None) -> str:
 class BlockRows(Protocol):
     """One rank's engine KV memory, addressed as rows ``(view, block)`` of ``page_bytes[view]``.
 
-    ``read_rows`` returns byte views to send, valid until the calling thread's next
-    ``read_rows``; ``write_rows`` returns writable byte views to receive into, and ``commit`` of
-    the same rows, on the same thread, makes what was received part of the engine's memory (it is
-    called only once the data's checksum verified). ``bind_thread`` is called once at the start
-    of every transfer thread (a CUDA implementation binds its captured device there).
+    Sending, a slice at a time on one thread: ``read_rows`` returns byte views to send, valid
+    until the thread's next ``read_rows``; ``read_ahead(rows)`` says that the thread's next
+    ``read_rows`` asks for ``rows`` (a staged implementation reads them while the last slice is
+    sent). Receiving, a slice at a time on one thread: ``write_rows`` returns writable byte views
+    to receive into; ``commit`` of the same rows makes what was received part of the engine's
+    memory, done by the time the thread's ``flush`` returns (a staged implementation moves it
+    while the next slice arrives). A pull commits its slices before its checksum is verified: a
+    failed pull leaves its blocks' contents undefined, and the engine computes them again.
+    ``bind_thread`` is called once at the start of every transfer thread (a CUDA implementation
+    binds its captured device there).
     """
 
     page_bytes: tuple[int, ...]  # bytes of one block's row in each view
@@ -59,9 +67,13 @@ class BlockRows(Protocol):
 
     def read_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]: ...
 
+    def read_ahead(self, rows: Sequence[tuple[int, int]]) -> None: ...
+
     def write_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]: ...
 
     def commit(self, rows: Sequence[tuple[int, int]]) -> None: ...
+
+    def flush(self) -> None: ...
 
     def bind_thread(self) -> None: ...
 
@@ -79,3 +91,20 @@ def request_rows(
 
 def row_bytes(page_bytes: Sequence[int], rows: Sequence[tuple[int, int]]) -> int:
     return sum(page_bytes[view] for view, _ in rows)
+
+
+def slices(
+    rows: Sequence[tuple[int, int]], page_bytes: Sequence[int], limit: int = SLICE_BYTES
+) -> list[Sequence[tuple[int, int]]]:
+    """``rows`` in order, in consecutive slices of at most ``limit`` bytes (a row larger than
+    that alone); none when there are no rows."""
+    out: list[Sequence[tuple[int, int]]] = []
+    start = size = 0
+    for i, (view, _) in enumerate(rows):
+        if i > start and size + page_bytes[view] > limit:
+            out.append(rows[start:i])
+            start, size = i, 0
+        size += page_bytes[view]
+    if start < len(rows):
+        out.append(rows[start:])
+    return out

@@ -7,28 +7,36 @@ import logging
 import socket
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import xxhash
 
 from kvtier.connect import connect
 from kvtier.tiers.peer.net import auth, wire
-from kvtier.tiers.peer.net.base import BlockRows, PeerIdentity, TransferError, request_rows
+from kvtier.tiers.peer.net.base import (
+    SLICE_BYTES,
+    BlockRows,
+    PeerIdentity,
+    TransferError,
+    request_rows,
+    slices,
+)
 from kvtier.tiers.peer.net.pool import ConnectionPool
 
 log = logging.getLogger(__name__)
 
 MIN_PART_BYTES = 1 << 20  # a pull is split only into parts at least this large
+WRITE_SLICE_BYTES = SLICE_BYTES  # rows received at once, then committed while the next arrive
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Part:
-    """Rows ``[start, stop)`` of a pull, ``nbytes`` long, received into ``views``."""
+    """Rows ``[start, stop)`` of a pull (``rows``), ``nbytes`` long."""
 
     start: int
     stop: int
     nbytes: int
-    views: list[memoryview] = field(default_factory=list)
+    rows: Sequence[tuple[int, int]]
 
 
 class TransferClient:
@@ -82,9 +90,11 @@ class TransferClient:
     ) -> int:
         """Receive the remote request's rows into the local blocks; returns the bytes received.
 
-        Rows are committed only once every part's checksum verified. Raises ``TransferError`` on
-        any failure (the local blocks' contents are then undefined), ``ValueError`` when a group's
-        remote and local lists differ in length. Always tells the server to release the offer.
+        Each part is received a slice at a time, each slice committed while the next arrives,
+        all of it done before ``pull`` returns. Raises ``TransferError`` on any failure, a
+        checksum that differs included (the local blocks' contents are then undefined: the
+        engine computes them again), ``ValueError`` when a group's remote and local lists differ
+        in length. Always tells the server to release the offer.
         """
         _check_lengths(remote_block_ids, local_block_ids, len(self._rows.groups))
         rows = request_rows(self._rows.groups, local_block_ids)
@@ -95,16 +105,12 @@ class TransferClient:
         ok = False
         try:
             if parts:
-                views = self._rows.write_rows(rows)
-                for part in parts:
-                    part.views = views[part.start : part.stop]
                 errors = self._pull_parts(pool, remote_req_id, remote, parts)
             ok = not errors
         finally:
             self._release(pool, remote_req_id, ok)
         if errors:
             raise errors[0]
-        self._rows.commit(rows)
         return sum(part.nbytes for part in parts)
 
     def close(self) -> None:
@@ -197,7 +203,7 @@ class TransferClient:
                     f"{header.length - wire.DIGEST_BYTES} bytes sent, {part.nbytes} expected"
                 )
             hasher = xxhash.xxh3_64()
-            wire.recv_rows(sock, part.views, hasher)
+            self._receive(sock, part, hasher)
             digest = bytearray(wire.DIGEST_BYTES)
             wire.recv_exact_into(sock, memoryview(digest))
             reusable = True
@@ -213,6 +219,16 @@ class TransferClient:
                 pool.checkin(sock)
             else:
                 sock.close()
+
+    def _receive(self, sock: socket.socket, part: _Part, hasher: wire.Hasher) -> None:
+        """``part``'s rows into the engine, a slice at a time, each committed as the next
+        arrives; every commit done on return, whatever failed."""
+        try:
+            for piece in slices(part.rows, self._rows.page_bytes, WRITE_SLICE_BYTES):
+                wire.recv_rows(sock, self._rows.write_rows(piece), hasher)
+                self._rows.commit(piece)
+        finally:
+            self._rows.flush()
 
     def _release(self, pool: ConnectionPool, req_id: str, ok: bool) -> None:
         """Best effort: an offer that is not released expires at its deadline on the server.
@@ -259,7 +275,7 @@ def _split(
     for i, size in enumerate(sizes):
         done += size
         if done * count >= total * (len(parts) + 1) or i == len(rows) - 1:
-            parts.append(_Part(start, i + 1, sum(sizes[start : i + 1])))
+            parts.append(_Part(start, i + 1, sum(sizes[start : i + 1]), rows[start : i + 1]))
             start = i + 1
     return parts
 

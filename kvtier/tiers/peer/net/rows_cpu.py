@@ -12,7 +12,8 @@ class CpuBlockRows:
     """``BlockRows`` over CPU views shaped ``(num_blocks, page_words)`` (``KVLayout.views``).
 
     ``read_rows`` and ``write_rows`` return byte memoryviews straight on the views' memory, which
-    stays owned by the engine; ``commit`` does nothing (the bytes already landed in place).
+    stays owned by the engine; ``read_ahead``, ``commit`` and ``flush`` do nothing (the bytes are
+    sent from, and land, in place).
     """
 
     def __init__(
@@ -32,10 +33,16 @@ class CpuBlockRows:
     def read_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
         return [self._row(view, block) for view, block in rows]
 
+    def read_ahead(self, rows: Sequence[tuple[int, int]]) -> None:
+        pass  # read in place when sent
+
     def write_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
         return [self._row(view, block) for view, block in rows]
 
     def commit(self, rows: Sequence[tuple[int, int]]) -> None:
+        pass  # received in place
+
+    def flush(self) -> None:
         pass
 
     def bind_thread(self) -> None:

@@ -1,10 +1,12 @@
 """``CudaBlockRows``: engine rows on one CUDA device, staged through pinned host memory by
-``kvtier.pages`` (one gather or scatter on the device and one host copy per transfer)."""
+``kvtier.pages``, a slice at a time, the device's half of one slice beside the socket's half of
+the next."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,18 +18,56 @@ STAGE_ALIGN = 1 << 20  # staging buffers grow in whole MiB
 MOVER_STAGE_BYTES = 16 << 20  # each thread's staging area on the device
 
 
+@dataclass
+class _Buffer:
+    """A pinned staging buffer, the device's work on it not yet waited for, and the rows read
+    ahead into it."""
+
+    memory: torch.Tensor | None = None
+    busy: torch.cuda.Event | None = None
+    ahead: Sequence[tuple[int, int]] | None = None
+
+    def wait(self) -> None:
+        if self.busy is not None:
+            self.busy.synchronize()
+            self.busy = None
+
+    def at_least(self, nbytes: int) -> torch.Tensor:
+        """The memory, grown to ``nbytes`` (whole MiB) if smaller; only once ``wait``ed."""
+        if self.memory is None or self.memory.numel() < nbytes:
+            size = max(STAGE_ALIGN, -(-nbytes // STAGE_ALIGN) * STAGE_ALIGN)
+            self.memory = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        return self.memory
+
+
+class _Thread(threading.local):
+    """One thread's stream, mover and buffers: two for reads (one lent to the socket, one read
+    ahead into) and two for writes (one receiving, one being committed)."""
+
+    def __init__(self) -> None:
+        self.stream: torch.cuda.Stream | None = None
+        self.mover: PageMover | None = None
+        self.reads = (_Buffer(), _Buffer())
+        self.writes = (_Buffer(), _Buffer())
+        self.lent = 0  # the read buffer whose views ``read_rows`` returned last
+        self.writing = 0  # the write buffer ``write_rows`` returned last
+
+
 class CudaBlockRows:
     """``BlockRows`` over CUDA views shaped ``(num_blocks, page_words)``, all on one device.
 
     The device index is captured at construction; ``bind_thread`` makes it the current device of
     the calling thread (the server's and client's threads call it once when they start). Each
-    thread has one pinned staging buffer per direction, grown to the largest transfer it served:
-    ``read_rows`` gathers the rows device -> pinned and returns views of that buffer (valid until
-    the thread's next ``read_rows``); ``write_rows`` returns views of the thread's receive buffer
-    and ``commit`` of the same rows, on the same thread, scatters it pinned -> device. The rows
-    lie back to back in the buffer, so a transfer is one gather (or scatter) on the device and
-    one copy to (or from) the buffer, by the thread's own ``PageMover``, on a side stream of the
-    thread; the copies are complete when the call returns.
+    thread moves rows on a side stream of its own, with its own ``PageMover``, through pinned
+    buffers of its own, grown to the largest slice it moved. The rows of a slice lie back to back
+    in a buffer, so a slice is one gather (or scatter) on the device and one host copy.
+
+    Serving: ``read_rows`` returns views of one read buffer, its rows gathered; ``read_ahead``
+    starts the gather of the next slice into the other, so the device reads it while the socket
+    sends the first. Pulling: ``write_rows`` returns views of one write buffer (once the commit
+    that last used it is done); ``commit`` starts the scatter of it into the engine's blocks and
+    returns, so the next slice arrives in the other buffer meanwhile. ``flush`` waits for all the
+    thread's device work.
     """
 
     def __init__(self, views: Sequence[torch.Tensor], groups: Sequence[Sequence[int]]) -> None:
@@ -48,27 +88,60 @@ class CudaBlockRows:
                 raise ValueError(f"group {g} names views {group}; there are {len(views)}")
         self.page_bytes = tuple(v.shape[1] * v.element_size() for v in views)
         self._num_blocks = np.array([v.shape[0] for v in views], dtype=np.int64)
-        self._local = threading.local()  # per thread: stream, "read" and "write" buffers
+        self._local = _Thread()
 
     def bind_thread(self) -> None:
         torch.cuda.set_device(self.device_index)
 
     def read_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
-        stage = self._stage("read", row_bytes(self.page_bytes, rows))
-        with torch.cuda.device(self.device_index), torch.cuda.stream(self._stream()):
-            self._mover().store(self._pages(rows), stage)
-            self._stream().synchronize()
-        return self._memoryviews(stage, rows)
+        local = self._local
+        spare = local.reads[1 - local.lent]
+        spare.wait()  # read ahead (these rows, or others: then its buffer is reused)
+        if spare.ahead is None or (spare.ahead is not rows and list(spare.ahead) != list(rows)):
+            self._gather(rows, spare)
+            spare.wait()
+        spare.ahead = None
+        local.lent = 1 - local.lent
+        return self._memoryviews(spare, rows)
+
+    def read_ahead(self, rows: Sequence[tuple[int, int]]) -> None:
+        spare = self._local.reads[1 - self._local.lent]
+        spare.wait()
+        self._gather(rows, spare)
+        spare.ahead = rows
 
     def write_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
-        stage = self._stage("write", row_bytes(self.page_bytes, rows))
-        return self._memoryviews(stage, rows)
+        local = self._local
+        local.writing = 1 - local.writing
+        buffer = local.writes[local.writing]
+        buffer.wait()  # its last commit
+        buffer.at_least(row_bytes(self.page_bytes, rows))
+        return self._memoryviews(buffer, rows)
 
     def commit(self, rows: Sequence[tuple[int, int]]) -> None:
-        stage = self._local.write
+        buffer = self._local.writes[self._local.writing]
+        assert buffer.memory is not None, "commit of rows never handed out by write_rows"
         with torch.cuda.device(self.device_index), torch.cuda.stream(self._stream()):
-            self._mover().load(self._pages(rows), stage)
-            self._stream().synchronize()
+            self._mover().load(self._pages(rows), buffer.memory)
+            buffer.busy = self._recorded()
+
+    def flush(self) -> None:
+        if self._local.stream is not None:
+            self._local.stream.synchronize()
+        for buffer in (*self._local.reads, *self._local.writes):
+            buffer.busy = buffer.ahead = None
+
+    def _gather(self, rows: Sequence[tuple[int, int]], buffer: _Buffer) -> None:
+        """Start the gather of ``rows`` into ``buffer`` (``busy`` until done)."""
+        memory = buffer.at_least(row_bytes(self.page_bytes, rows))
+        with torch.cuda.device(self.device_index), torch.cuda.stream(self._stream()):
+            self._mover().store(self._pages(rows), memory)
+            buffer.busy = self._recorded()
+
+    def _recorded(self) -> torch.cuda.Event:
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(self._stream())
+        return event
 
     def _pages(self, rows: Sequence[tuple[int, int]]) -> Pages:
         """``rows`` as pages, back to back in a staging buffer, in order."""
@@ -84,32 +157,20 @@ class CudaBlockRows:
         return Pages(table[:, 0], table[:, 1], np.cumsum(sizes) - sizes)
 
     def _mover(self) -> PageMover:
-        mover: PageMover | None = getattr(self._local, "mover", None)
-        if mover is None:
-            mover = self._local.mover = PageMover(self.views, MOVER_STAGE_BYTES)
-        return mover
+        if self._local.mover is None:
+            self._local.mover = PageMover(self.views, MOVER_STAGE_BYTES)
+        return self._local.mover
 
-    def _memoryviews(
-        self, stage: torch.Tensor, rows: Sequence[tuple[int, int]]
-    ) -> list[memoryview]:
-        whole = memoryview(stage.numpy())  # type: ignore[arg-type]
+    def _memoryviews(self, buffer: _Buffer, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
+        assert buffer.memory is not None
+        whole = memoryview(buffer.memory.numpy())  # type: ignore[arg-type]
         out, offset = [], 0
         for view, _ in rows:
             out.append(whole[offset : offset + self.page_bytes[view]])
             offset += self.page_bytes[view]
         return out
 
-    def _stage(self, direction: str, nbytes: int) -> torch.Tensor:
-        buf: torch.Tensor | None = getattr(self._local, direction, None)
-        if buf is None or buf.numel() < nbytes:
-            size = max(STAGE_ALIGN, -(-nbytes // STAGE_ALIGN) * STAGE_ALIGN)
-            buf = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-            setattr(self._local, direction, buf)
-        return buf
-
     def _stream(self) -> torch.cuda.Stream:
-        stream: torch.cuda.Stream | None = getattr(self._local, "stream", None)
-        if stream is None:
-            stream = torch.cuda.Stream(device=self.device_index)  # type: ignore[no-untyped-call]
-            self._local.stream = stream
-        return stream
+        if self._local.stream is None:
+            self._local.stream = torch.cuda.Stream(device=self.device_index)  # type: ignore[no-untyped-call]
+        return self._local.stream

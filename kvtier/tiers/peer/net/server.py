@@ -12,14 +12,21 @@ from dataclasses import dataclass, fields
 import xxhash
 
 from kvtier.tiers.peer.net import auth, wire
-from kvtier.tiers.peer.net.base import BlockRows, PeerIdentity, request_rows, row_bytes
+from kvtier.tiers.peer.net.base import (
+    SLICE_BYTES,
+    BlockRows,
+    PeerIdentity,
+    request_rows,
+    row_bytes,
+    slices,
+)
 from kvtier.tiers.peer.net.offers import OfferTable, Refused
 
 log = logging.getLogger(__name__)
 
 ACCEPT_TICK_S = 0.5  # how often the accept loop checks for close() if shutdown did not wake it
 CLOSE_JOIN_S = 2.0  # close() waits at most this long for the server's threads
-READ_SLICE_BYTES = 16 << 20  # rows read at once while serving (CUDA: staged in pinned memory)
+READ_SLICE_BYTES = SLICE_BYTES  # rows read at once while serving (CUDA: staged in pinned memory)
 
 
 @dataclass(frozen=True)
@@ -231,9 +238,18 @@ class TransferServer:
     def _send(self, sock: socket.socket, rows: list[tuple[int, int]], nbytes: int) -> None:
         hasher = xxhash.xxh3_64()
         head = wire.encode_header(wire.Kind.DATA, nbytes + wire.DIGEST_BYTES, wire.CHECKSUM_XXH3_64)
-        for piece in _slices(rows, self._rows.page_bytes, READ_SLICE_BYTES):
-            wire.send_rows(sock, head, self._rows.read_rows(piece), hasher)
-            head = b""
+        pieces = slices(rows, self._rows.page_bytes, READ_SLICE_BYTES)
+        try:
+            for i, piece in enumerate(pieces):
+                views = self._rows.read_rows(piece)
+                if i + 1 < len(pieces):
+                    self._rows.read_ahead(pieces[i + 1])  # read while this piece is sent
+                wire.send_rows(sock, head, views, hasher)
+                head = b""
+        finally:
+            self._rows.flush()  # no read of the engine's blocks left once the offer is let go
+        if head:
+            sock.sendall(head)  # no rows
         with self._lock:  # counted before the client can see the end of the data
             self._counts["pulls"] += 1
             self._counts["bytes_sent"] += nbytes
@@ -247,20 +263,6 @@ class TransferServer:
     def _count(self, name: str) -> None:
         with self._lock:
             self._counts[name] += 1
-
-
-def _slices(
-    rows: list[tuple[int, int]], page_bytes: tuple[int, ...], limit: int
-) -> list[list[tuple[int, int]]]:
-    out: list[list[tuple[int, int]]] = [[]]
-    size = 0
-    for row in rows:
-        if out[-1] and size + page_bytes[row[0]] > limit:
-            out.append([])
-            size = 0
-        out[-1].append(row)
-        size += page_bytes[row[0]]
-    return out
 
 
 def _shutdown(sock: socket.socket) -> None:
