@@ -69,6 +69,8 @@ def test_a_quick_cpu_run_measures_every_figure_and_imports_no_vllm(tmp_path: Pat
     profiled = shape["details"]["host"]["submit_profile"]  # what a job's time is made of
     assert set(profiled) == {"store_cpu", "load_cpu"}
     assert all(row["ms_per_job"] >= 0 and row["function"] for row in profiled["store_cpu"])
+    pulled = shape["details"]["pull"]["pull_profile"]  # and a pull's
+    assert any("recv" in row["function"] for row in pulled), pulled  # the socket's receive
     assert shape["why_null"] == {}
     assert document["pinning_rate_bytes_s"] is None
     assert "CPU" in document["why_null"]["pinning_rate_bytes_s"]

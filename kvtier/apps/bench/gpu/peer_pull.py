@@ -9,7 +9,8 @@ with the peer tier's default connections (``TransferConfig``). Each rep offers t
 and times one ``pull`` (authenticated, checksummed, committed into the decode engine's blocks);
 the blocks are checked against the prefill engine's after the reps. The bound: the same number of
 bytes over one raw TCP connection on loopback (``common/loopback.py``). Per rep the two run back to
-back, their order alternating.
+back, their order alternating. ``pull_profile``: the functions of two more pulls in the pulling
+thread (it receives the first part, then waits for the others): where a pull's time goes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 import torch
 
 from kvtier.apps.bench.common.loopback import Loopback
+from kvtier.apps.bench.gpu import submit_profile
 from kvtier.apps.bench.gpu.clock import Clock
 from kvtier.apps.bench.gpu.figures import Measured, ratios, summary
 from kvtier.apps.bench.gpu.request import Request, engine_blocks_for, same_pages
@@ -73,6 +75,7 @@ def measure(shape: Shape, tokens: int, device: torch.device, reps: int, clock: C
             pair = [("raw", raw.stream), ("kvtier", pull)]
             for side, fn in pair if rep % 2 == 0 else pair[::-1]:
                 seconds[side].append(clock.seconds(fn))
+        profile = submit_profile.top(pull, jobs=2)
     if not same_pages(decode, target, prefill, request.engine):
         raise RuntimeError("the pull brought other bytes than the prefill engine's")
     nbytes = request.nbytes
@@ -80,6 +83,7 @@ def measure(shape: Shape, tokens: int, device: torch.device, reps: int, clock: C
         "bytes": nbytes, "connections": connections,
         "seconds": {name: summary(values) for name, values in seconds.items()},
         "gb_s": {name: round(nbytes / min(values) / 1e9, 2) for name, values in seconds.items()},
+        "pull_profile": profile,
     }  # fmt: skip
     return Measured({"pull_ratio": ratios(seconds["raw"], seconds["kvtier"])}, {}, details)
 
