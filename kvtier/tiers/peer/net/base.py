@@ -10,8 +10,10 @@ slices(rows, page_bytes)      rows in slices of at most ``SLICE_BYTES``, moved o
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Protocol
 
 SLICE_BYTES = 16 << 20  # rows read or written at once (CUDA: staged in pinned memory)
@@ -98,13 +100,12 @@ def slices(
 ) -> list[Sequence[tuple[int, int]]]:
     """``rows`` in order, in consecutive slices of at most ``limit`` bytes (a row larger than
     that alone); none when there are no rows."""
+    ends = list(accumulate(page_bytes[view] for view, _ in rows))
     out: list[Sequence[tuple[int, int]]] = []
-    start = size = 0
-    for i, (view, _) in enumerate(rows):
-        if i > start and size + page_bytes[view] > limit:
-            out.append(rows[start:i])
-            start, size = i, 0
-        size += page_bytes[view]
-    if start < len(rows):
-        out.append(rows[start:])
+    start = 0
+    while start < len(rows):
+        before = ends[start - 1] if start else 0
+        stop = max(start + 1, bisect_right(ends, before + limit, start))
+        out.append(rows[start:stop])
+        start = stop
     return out

@@ -6,8 +6,10 @@ import concurrent.futures
 import logging
 import socket
 import threading
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import xxhash
 
@@ -266,17 +268,19 @@ def _split(
     rows: list[tuple[int, int]], page_bytes: tuple[int, ...], n: int, min_bytes: int = 1
 ) -> list[_Part]:
     """Contiguous parts of about equal bytes: at most ``n``, none empty, none (but a single
-    one) under ``min_bytes``."""
-    sizes = [page_bytes[view] for view, _ in rows]
-    total = sum(sizes)
+    one) under ``min_bytes``. Part ``k`` ends at the first row where the bytes so far reach
+    ``k / count`` of the total."""
+    ends = list(accumulate(page_bytes[view] for view, _ in rows))
+    total = ends[-1] if ends else 0
     count = max(1, min(n, len(rows), total // max(1, min_bytes)))
     parts: list[_Part] = []
-    start = done = 0
-    for i, size in enumerate(sizes):
-        done += size
-        if done * count >= total * (len(parts) + 1) or i == len(rows) - 1:
-            parts.append(_Part(start, i + 1, sum(sizes[start : i + 1]), rows[start : i + 1]))
-            start = i + 1
+    start = 0
+    while start < len(rows):
+        reach = -(-total * (len(parts) + 1) // count)
+        stop = min(bisect_left(ends, reach, start), len(rows) - 1) + 1
+        before = ends[start - 1] if start else 0
+        parts.append(_Part(start, stop, ends[stop - 1] - before, rows[start:stop]))
+        start = stop
     return parts
 
 
