@@ -4,9 +4,9 @@ slice it received and flushes before the pull returns; with rows that stage ever
 rows still arrive byte-exact, each committed once.
 
 ``StagedRows`` stages on the CPU as ``CudaBlockRows`` does on a device: a read hands out a copy
-(made when it was announced, else then), a write a buffer of the thread's, and a commit lands in
-the engine only when the thread flushes: a client that forgot to commit or flush leaves other
-bytes in the blocks."""
+(made when it was announced, else then), a write a buffer of the thread's, each one view for
+the whole slice, and a commit lands in the engine only when the thread flushes: a client that
+forgot to commit or flush leaves other bytes in the blocks."""
 
 from __future__ import annotations
 
@@ -41,11 +41,11 @@ class StagedRows(SpyRows):
         with self.lock:
             self.reads += 1
             self.read_ahead_hits += announced is not None
-        return announced if announced is not None else self._copies(super().read_rows(rows))
+        return [announced if announced is not None else self._copies(super().read_rows(rows))]
 
     def write_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
         self.local.received = self._copies(super().write_rows(rows))
-        return list(self.local.received)
+        return [self.local.received]
 
     def commit(self, rows: Sequence[tuple[int, int]]) -> None:
         super().commit(rows)
@@ -55,15 +55,19 @@ class StagedRows(SpyRows):
 
     def flush(self) -> None:
         for rows, received in getattr(self.local, "pending", []):
-            for place, data in zip(super().write_rows(rows), received, strict=True):
-                place[:] = data
+            offset = 0
+            for place in super().write_rows(rows):
+                place[:] = received[offset : offset + place.nbytes]
+                offset += place.nbytes
+            assert offset == received.nbytes
         self.local.pending = []
         with self.lock:
             self.flushes += 1
 
     @staticmethod
-    def _copies(views: list[memoryview]) -> list[memoryview]:
-        return [memoryview(bytearray(view)) for view in views]
+    def _copies(views: list[memoryview]) -> memoryview:
+        """The rows' bytes, back to back in one buffer."""
+        return memoryview(bytearray(b"".join(views)))
 
 
 @pytest.fixture(autouse=True)

@@ -52,14 +52,16 @@ def _shown(value: str | None) -> str:
 class BlockRows(Protocol):
     """One rank's engine KV memory, addressed as rows ``(view, block)`` of ``page_bytes[view]``.
 
-    Sending, a slice at a time on one thread: ``read_rows`` returns byte views to send, valid
-    until the thread's next ``read_rows``; ``read_ahead(rows)`` says that the thread's next
-    ``read_rows`` asks for ``rows`` (a staged implementation reads them while the last slice is
-    sent). Receiving, a slice at a time on one thread: ``write_rows`` returns writable byte views
-    to receive into; ``commit`` of the same rows makes what was received part of the engine's
-    memory, done by the time the thread's ``flush`` returns (a staged implementation moves it
-    while the next slice arrives). A pull commits its slices before its checksum is verified: a
-    failed pull leaves its blocks' contents undefined, and the engine computes them again.
+    Rows are handed out as byte views whose bytes, in order, are the rows' (a view per row, or
+    fewer where rows lie back to back). Sending, a slice at a time on one thread: ``read_rows``
+    returns byte views to send, valid until the thread's next ``read_rows``; ``read_ahead(rows)``
+    says that the thread's next ``read_rows`` asks for ``rows`` (a staged implementation reads
+    them while the last slice is sent). Receiving, a slice at a time on one thread:
+    ``write_rows`` returns writable byte views to receive into; ``commit`` of the same rows makes
+    what was received part of the engine's memory, done by the time the thread's ``flush``
+    returns (a staged implementation moves it while the next slice arrives). A pull commits its
+    slices before its checksum is verified: a failed pull leaves its blocks' contents undefined,
+    and the engine computes them again.
     ``bind_thread`` is called once at the start of every transfer thread (a CUDA implementation
     binds its captured device there).
     """

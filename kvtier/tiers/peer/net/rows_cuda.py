@@ -60,7 +60,8 @@ class CudaBlockRows:
     the calling thread (the server's and client's threads call it once when they start). Each
     thread moves rows on a side stream of its own, with its own ``PageMover``, through pinned
     buffers of its own, grown to the largest slice it moved. The rows of a slice lie back to back
-    in a buffer, so a slice is one gather (or scatter) on the device and one host copy.
+    in a buffer, so a slice is one gather (or scatter) on the device, one host copy, and one byte
+    view for the socket.
 
     Serving: ``read_rows`` returns views of one read buffer, its rows gathered; ``read_ahead``
     starts the gather of the next slice into the other, so the device reads it while the socket
@@ -162,13 +163,10 @@ class CudaBlockRows:
         return self._local.mover
 
     def _memoryviews(self, buffer: _Buffer, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
+        """The rows' bytes in ``buffer``: one view, the rows back to back."""
         assert buffer.memory is not None
         whole = memoryview(buffer.memory.numpy())  # type: ignore[arg-type]
-        out, offset = [], 0
-        for view, _ in rows:
-            out.append(whole[offset : offset + self.page_bytes[view]])
-            offset += self.page_bytes[view]
-        return out
+        return [whole[: row_bytes(self.page_bytes, rows)]]
 
     def _stream(self) -> torch.cuda.Stream:
         if self._local.stream is None:
