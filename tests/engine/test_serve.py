@@ -38,7 +38,7 @@ from kvtier.apps.bench.common.servers import (
 )
 from kvtier.apps.bench.common.servers import Server as Running
 from kvtier.apps.prompts import make_prompt
-from kvtier.apps.proxy.event_stream import sources
+from kvtier.apps.proxy.event_sources import sources
 
 pytestmark = pytest.mark.engine
 

@@ -16,7 +16,8 @@ import zmq
 from vllm.distributed.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
 
 from kvtier.apps.bench.common.ports import free_port
-from kvtier.apps.proxy.event_stream import EventStream, Mode, Source, unreachable
+from kvtier.apps.proxy.event_sources import Source, unreachable
+from kvtier.apps.proxy.event_stream import END, EventStream, Mode
 from kvtier.apps.proxy.kv_events import Event, Kind
 from kvtier.apps.proxy.prefix_index import PrefixIndex
 
@@ -92,6 +93,8 @@ class _LossyPublisher:
         self.lock = threading.Lock()
         self.answering = threading.Event()  # cleared: replay requests go unanswered
         self.answering.set()
+        self.dropped: set[int] = set()  # batch numbers (END: the end marker) the next replay drops
+        self.asked: list[int] = []  # the batch number each replay request started from
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -110,13 +113,15 @@ class _LossyPublisher:
             client, _, start = self.router.recv_multipart()
             if not self.answering.is_set():
                 continue
+            self.asked.append(int.from_bytes(start, "big"))
             with self.lock:
-                batches = sorted((s, p) for s, p in self.buffer.items()
-                                 if s >= int.from_bytes(start, "big"))  # fmt: skip
+                batches = sorted((s, p) for s, p in self.buffer.items() if s >= self.asked[-1])
+                batches.append((END, b""))
+                dropped, self.dropped = self.dropped, set()
             for seq, payload in batches:
-                self.router.send_multipart([client, b"", b"", seq.to_bytes(8, "big"), payload])
-            self.router.send_multipart([client, b"", b"", (-1).to_bytes(8, "big", signed=True),
-                                        b""])  # fmt: skip
+                if seq not in dropped:  # as a ROUTER past its high-water mark drops them
+                    number = seq.to_bytes(8, "big", signed=True)
+                    self.router.send_multipart([client, b"", b"", number, payload])
 
     def close(self) -> None:
         self._stop.set()
@@ -153,6 +158,69 @@ def test_batches_the_buffer_lost_too_rebuild_the_engines_index(stream_of) -> Non
         _until(lambda: stream.mode is Mode.EXACT and _held(index, lock, 2) == 1, "the rebuild")
     finally:
         publisher.close()
+
+
+def test_a_replay_that_dropped_batches_is_taken_up_to_the_first_and_asked_again_from_it(  # type: ignore[no-untyped-def]
+    stream_of,
+) -> None:
+    publisher = _LossyPublisher()
+    try:
+        for i in range(10):  # told before the proxy started: only the replay has them
+            publisher.batch(i, i, send=False)
+        publisher.dropped = {4, 7}  # the first replay loses batches 4 and 7
+        stream, index, lock = stream_of(publisher.source)
+        _until(lambda: stream.mode is Mode.EXACT, "the replay")
+        assert _held(index, lock, 10) == 10  # every block, none missing past a dropped batch
+        assert publisher.asked == [0, 4]
+    finally:
+        publisher.close()
+
+
+def test_a_replay_that_lost_its_end_marker_is_asked_again_not_waited_out() -> None:
+    publisher = _LossyPublisher()
+    index, lock = PrefixIndex(), threading.Lock()
+    stream = EventStream("e", publisher.source, index, lock, timeout_s=60.0)
+    try:
+        for i in range(3):
+            publisher.batch(i, i, send=False)
+        publisher.dropped = {END}
+        stream.start()
+        # quiet for QUIET_S after batch 2, not for timeout_s: asked again from batch 3
+        _until(lambda: stream.mode is Mode.EXACT, "the replay")
+        assert _held(index, lock, 3) == 3 and publisher.asked == [0, 3]
+    finally:
+        stream.stop()
+        publisher.close()
+
+
+def test_vllms_publisher_replays_a_full_buffer_to_two_streams_at_once_whole(
+    tmp_path: Path,
+) -> None:
+    """10,000 batches, ten times the replay socket's high-water mark, asked for by two streams
+    of one proxy at once (each placing its batches while the other receives): both whole."""
+    publishers = [ZmqEventPublisher(0, f"ipc://{tmp_path}/events-{e}",
+                                    f"ipc://{tmp_path}/replay-{e}") for e in range(2)]  # fmt: skip
+    index, lock = PrefixIndex(), threading.Lock()
+    streams = [EventStream(f"e{e}", Source(f"ipc://{tmp_path}/events-{e}",
+                                           f"ipc://{tmp_path}/replay-{e}", ""), index, lock)
+               for e in range(2)]  # fmt: skip
+    try:
+        for publisher in publishers:
+            for i in range(10_000):
+                publisher.publish(KVEventBatch(ts=0.0, events=[_block(i)]))
+        _until(lambda: all(len(p._buffer) == 10_000 for p in publishers), "the buffers full")
+        for stream in streams:
+            stream.start()
+        _until(lambda: all(s.mode is Mode.EXACT for s in streams), "both replays")
+        assert [s.batches for s in streams] == [10_000, 10_000]
+        with lock:
+            held = index.runs(index.digests(list(range(4 * 10_000))), ["e0", "e1"])
+        assert [held[e].total for e in ("e0", "e1")] == [10_000, 10_000]
+    finally:
+        for stream in streams:
+            stream.stop()
+        for publisher in publishers:
+            publisher.shutdown()
 
 
 def test_a_unix_socket_of_another_machine_is_said_unreachable() -> None:

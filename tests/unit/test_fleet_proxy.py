@@ -20,7 +20,8 @@ from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.proxy.app import build_app, build_fleet_app
 from kvtier.apps.proxy.balancer import Engine, Pool
 from kvtier.apps.proxy.config import FleetConfig
-from kvtier.apps.proxy.event_stream import Mode, Source
+from kvtier.apps.proxy.event_sources import Source
+from kvtier.apps.proxy.event_stream import Mode
 from kvtier.apps.proxy.kv_events import Event, Kind
 from kvtier.apps.proxy.placement import Placement
 

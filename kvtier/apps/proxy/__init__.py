@@ -26,6 +26,7 @@ where its prompt's KV already is:
 
     fleet.py          FleetRouter: tokenize (the engine's /tokenize), choose, relay
     kv_events.py      vLLM's KV event batches, decoded by field name
+    event_sources.py  where an engine publishes its events (vLLM's /kv_event_sources)
     event_stream.py   one engine's events followed (subscription + replay), its index's mode
     prefix_index.py   which engine holds which prefix in which tier, keyed by the tokens
     prefix_runs.py    a prompt's leading loadable blocks per engine, in groups of engines alike

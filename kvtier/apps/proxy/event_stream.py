@@ -1,9 +1,7 @@
 """One engine's KV events, followed on a thread of its own and placed in the proxy's index.
 
-    sources(url, timeout_s)    -> [Source]  where an engine publishes (vLLM's /kv_event_sources)
-    unreachable(url, sources)  -> str       why they cannot be followed from here ("": they can)
-    EventStream(engine, source, index, lock).start() / .stop()
-    EventStream.mode, .reason               exact, degraded (rebuilding), or down (no events)
+    EventStream(engine, source, index, lock).start() / .stop()   (sources: ``event_sources.py``)
+    EventStream.mode, .reason    exact, degraded (rebuilding), or down (no events)
 
 vLLM publishes each step's events on a ZMQ PUB socket, each batch numbered, and keeps the last
 batches for a ROUTER *replay* socket that answers "from number N" with them, then an end marker
@@ -14,28 +12,29 @@ number that skips one is a gap: the engine is *degraded* (routed by load) until 
 batches are replayed; if the buffer no longer has them, what the engine told is forgotten and
 the buffer replayed from its start, so the index never keeps a block the engine removed in a
 batch it lost. No answer from the replay socket within ``timeout_s``: the stream says why, is
-down, and tries again. A stream quiet for ``check_s`` asks the replay socket what followed its
-last batch, so events that stopped (a publisher gone while the engine still answers /health)
-show as down, and batches the subscription missed are placed. An engine whose blocks hold
-another number of tokens than the fleet's index (the first engine told) is refused: an error
-names both sizes, and the engine is routed by load, never matched with silent misses. Hash seeds
-and functions need not agree: the index is keyed by tokens (``prefix_index.py``).
+down, and tries again. vLLM's replay socket (a ZMQ ROUTER) drops what passes its high-water mark
+(1,000 batches; its buffer keeps 10,000), so a replay counts only as far as its batches follow
+one another: placed up to a missing one (or a lost end marker), then asked again from there.
+A stream quiet for ``check_s`` asks the replay socket what followed its last batch, so events
+that stopped (a publisher gone while the engine still answers /health) show as down, and batches
+the subscription missed are placed. An engine whose blocks hold another number of tokens than
+the fleet's index (the first engine told) is refused: an error names both sizes, and the engine
+is routed by load, never matched with silent misses. Hash seeds and functions need not agree:
+the index is keyed by tokens (``prefix_index.py``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from enum import Enum
 from typing import NamedTuple
-from urllib.parse import urlsplit
 
 import zmq
 
+from kvtier.apps.proxy.event_sources import Source
 from kvtier.apps.proxy.kv_events import Kind, decode_batch
 from kvtier.apps.proxy.prefix_index import PrefixIndex
 
@@ -45,6 +44,7 @@ END = -1  # the replay's end marker
 POLL_MS = 200  # how long the thread waits for a batch before it looks at ``stop`` again
 RETRY_S = 1.0  # before asking a replay socket that did not answer again
 CHECK_S = 10.0  # a stream quiet this long asks the replay socket what it missed (are they alive?)
+QUIET_S = 1.0  # a replay that sent nothing for this long lost the rest (or its end marker)
 
 
 class Mode(Enum):
@@ -53,52 +53,12 @@ class Mode(Enum):
     DOWN = "down"  # no events (not started, replay unanswered): routed by load
 
 
-class Source(NamedTuple):
-    """Where one data-parallel rank of an engine publishes its events."""
+class Replayed(NamedTuple):
+    """What a replay sent: ``batches`` (number, payload) that follow one another from the first,
+    and whether it ended (``whole``: the end marker came right after them)."""
 
-    endpoint: str
-    replay: str | None
-    topic: str
-
-
-def sources(url: str, timeout_s: float) -> list[Source]:
-    """The event sources ``url``'s engine publishes on (empty: it publishes none). A wildcard
-    host (``tcp://*:5557``, ``0.0.0.0``) is the engine's own, as reached at ``url``.
-
-    Raises ``OSError`` when the engine cannot be asked."""
-    with urllib.request.urlopen(url + "/kv_event_sources", timeout=timeout_s) as answer:
-        found = json.loads(answer.read())
-    host = urlsplit(url).hostname or "127.0.0.1"
-    out = []
-    for rank in sorted(found, key=int):
-        config = found[rank] or {}
-        if not config.get("enable_kv_cache_events") or config.get("publisher") != "zmq":
-            continue
-        replay = config.get("replay_endpoint")
-        out.append(Source(_reachable(config["endpoint"], host),
-                          _reachable(replay, host) if replay else None,
-                          config.get("topic") or ""))  # fmt: skip
-    return out
-
-
-def unreachable(url: str, found: list[Source]) -> str:
-    """Why the proxy cannot follow these sources of the engine at ``url`` ("" when it can): none,
-    or a Unix socket (``kvtier serve``'s default) of an engine on another machine."""
-    if not found:
-        return "the engine publishes no KV events (--kv-events-config)"
-    local = urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1")
-    if not local and any(source.endpoint.startswith("ipc://") for source in found):
-        return (
-            "it publishes its KV events on a Unix socket, which only its own machine reaches "
-            "(kvtier serve --host 0.0.0.0, or a --kv-events-config on tcp://*)"
-        )
-    return ""
-
-
-def _reachable(endpoint: str, host: str) -> str:
-    for wildcard in ("://*:", "://0.0.0.0:", "://[::]:"):
-        endpoint = endpoint.replace(wildcard, f"://{host}:")
-    return endpoint
+    batches: list[tuple[int, bytes]]
+    whole: bool
 
 
 class EventStream:
@@ -218,8 +178,11 @@ class EventStream:
             logger.warning("kvtier proxy: %s: %s; routed by load until it answers",
                            self.engine, self.reason)  # fmt: skip
             return
-        for seq, payload in replayed:
-            self._receive(seq, payload)
+        for seq, payload in replayed.batches:
+            if not self.refused:
+                self._receive(seq, payload)
+        if not replayed.whole and self.mode is Mode.EXACT:  # the rest is asked for again
+            self.mode, self.reason = Mode.DEGRADED, f"a replay stopped after batch {self.last}"
 
     def _refuse(self, why: str) -> None:
         """Follow this engine no more (routed by load), and say why, once, as an error."""
@@ -235,47 +198,54 @@ class EventStream:
             self.reason = "the engine has no replay socket: its index starts empty"
             self.mode = Mode.EXACT
             return True
-        replayed = self._replay(context, self.last + 1)
-        if replayed is None:
-            return False
-        if replayed and replayed[0][0] > self.last + 1 and self.last >= 0:
-            # the buffer lost some: forget what the engine told, take the buffer from its start
-            with self.lock:
-                self.index.drop(self.engine)
-            self.last = -1
-            replayed = self._replay(context, 0)
+        while not self._stop.is_set():
+            replayed = self._replay(context, self.last + 1)
             if replayed is None:
                 return False
-        for seq, payload in replayed:
-            if seq > self.last:
-                self._place(seq, payload)
-            if self.refused:
-                return False
-        self.mode, self.reason = Mode.EXACT, ""
-        return True
+            batches = replayed.batches
+            if batches and batches[0][0] > self.last + 1 and self.last >= 0:
+                # the buffer lost some: forget what the engine told, take it from its start
+                with self.lock:
+                    self.index.drop(self.engine)
+                self.last = -1
+                continue
+            for seq, payload in batches:
+                if seq > self.last:
+                    self._place(seq, payload)
+                if self.refused:
+                    return False
+            if replayed.whole:
+                self.mode, self.reason = Mode.EXACT, ""
+                return True
+            # placed as far as it went (one batch at least): the rest is asked for again
+            self.reason = f"a replay stopped after batch {self.last}; asking for the rest"
+        return False
 
-    def _replay(
-        self, context: zmq.Context[zmq.Socket[bytes]], start: int
-    ) -> list[tuple[int, bytes]] | None:
-        """The buffered batches from ``start`` on; None: no answer within ``timeout_s``."""
+    def _replay(self, context: zmq.Context[zmq.Socket[bytes]], start: int) -> Replayed | None:
+        """The buffered batches from ``start`` on, as far as they follow one another; None: no
+        answer within ``timeout_s``."""
         assert self.source.replay is not None
         dealer = context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.RCVHWM, 0)  # the engine's socket drops what this one cannot take
         dealer.connect(self.source.replay)
         try:
             dealer.send_multipart([b"", start.to_bytes(8, "big")])
             out: list[tuple[int, bytes]] = []
-            deadline = time.monotonic() + self.timeout_s
-            while True:
-                left_ms = int((deadline - time.monotonic()) * 1000)
-                if left_ms <= 0 or not dealer.poll(left_ms):
-                    self.mode = Mode.DOWN
-                    self.reason = f"no answer from {self.source.replay} in {self.timeout_s:g} s"
-                    return None
+            wait_ms = int(self.timeout_s * 1000)
+            while dealer.poll(wait_ms):
                 frames = dealer.recv_multipart()
                 seq = int.from_bytes(frames[-2], "big", signed=True)
                 if seq == END:
-                    return out
+                    return Replayed(out, whole=True)
+                if out and seq != out[-1][0] + 1:
+                    return Replayed(out, whole=False)  # some were dropped on the way
                 out.append((seq, frames[-1]))
+                wait_ms = int(min(QUIET_S, self.timeout_s) * 1000)
+            if out:
+                return Replayed(out, whole=False)  # the rest, or the end marker, was dropped
+            self.mode = Mode.DOWN
+            self.reason = f"no answer from {self.source.replay} in {self.timeout_s:g} s"
+            return None
         finally:
             dealer.close()

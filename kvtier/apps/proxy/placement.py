@@ -37,7 +37,8 @@ import httpx
 
 from kvtier.apps.proxy.balancer import Engine, Pool
 from kvtier.apps.proxy.errors import EnginesDown
-from kvtier.apps.proxy.event_stream import EventStream, Mode, Source, sources, unreachable
+from kvtier.apps.proxy.event_sources import Source, sources, unreachable
+from kvtier.apps.proxy.event_stream import EventStream, Mode
 from kvtier.apps.proxy.positions import Positions
 from kvtier.apps.proxy.prefix_index import PrefixIndex
 from kvtier.apps.proxy.scoring import Held, Loads, choose

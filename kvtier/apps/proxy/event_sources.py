@@ -1,0 +1,62 @@
+"""Where an engine publishes its KV events, and whether the proxy can follow them from here.
+
+    sources(url, timeout_s)    -> [Source]  where an engine publishes (vLLM's /kv_event_sources)
+    unreachable(url, sources)  -> str       why they cannot be followed from here ("": they can)
+
+Each source found is followed by an ``EventStream`` (``event_stream.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import NamedTuple
+from urllib.parse import urlsplit
+
+
+class Source(NamedTuple):
+    """Where one data-parallel rank of an engine publishes its events."""
+
+    endpoint: str
+    replay: str | None
+    topic: str
+
+
+def sources(url: str, timeout_s: float) -> list[Source]:
+    """The event sources ``url``'s engine publishes on (empty: it publishes none). A wildcard
+    host (``tcp://*:5557``, ``0.0.0.0``) is the engine's own, as reached at ``url``.
+
+    Raises ``OSError`` when the engine cannot be asked."""
+    with urllib.request.urlopen(url + "/kv_event_sources", timeout=timeout_s) as answer:
+        found = json.loads(answer.read())
+    host = urlsplit(url).hostname or "127.0.0.1"
+    out = []
+    for rank in sorted(found, key=int):
+        config = found[rank] or {}
+        if not config.get("enable_kv_cache_events") or config.get("publisher") != "zmq":
+            continue
+        replay = config.get("replay_endpoint")
+        out.append(Source(_reachable(config["endpoint"], host),
+                          _reachable(replay, host) if replay else None,
+                          config.get("topic") or ""))  # fmt: skip
+    return out
+
+
+def unreachable(url: str, found: list[Source]) -> str:
+    """Why the proxy cannot follow these sources of the engine at ``url`` ("" when it can): none,
+    or a Unix socket (``kvtier serve``'s default) of an engine on another machine."""
+    if not found:
+        return "the engine publishes no KV events (--kv-events-config)"
+    local = urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1")
+    if not local and any(source.endpoint.startswith("ipc://") for source in found):
+        return (
+            "it publishes its KV events on a Unix socket, which only its own machine reaches "
+            "(kvtier serve --host 0.0.0.0, or a --kv-events-config on tcp://*)"
+        )
+    return ""
+
+
+def _reachable(endpoint: str, host: str) -> str:
+    for wildcard in ("://*:", "://0.0.0.0:", "://[::]:"):
+        endpoint = endpoint.replace(wildcard, f"://{host}:")
+    return endpoint
