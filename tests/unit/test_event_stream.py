@@ -198,12 +198,11 @@ def test_vllms_publisher_replays_a_full_buffer_to_two_streams_at_once_whole(
 ) -> None:
     """10,000 batches, ten times the replay socket's high-water mark, asked for by two streams
     of one proxy at once (each placing its batches while the other receives): both whole."""
-    publishers = [ZmqEventPublisher(0, f"ipc://{tmp_path}/events-{e}",
-                                    f"ipc://{tmp_path}/replay-{e}") for e in range(2)]  # fmt: skip
+    found = [Source(f"ipc://{tmp_path}/events-{e}", f"ipc://{tmp_path}/replay-{e}", "")
+             for e in range(2)]  # fmt: skip
+    publishers = [ZmqEventPublisher(0, source.endpoint, source.replay) for source in found]
     index, lock = PrefixIndex(), threading.Lock()
-    streams = [EventStream(f"e{e}", Source(f"ipc://{tmp_path}/events-{e}",
-                                           f"ipc://{tmp_path}/replay-{e}", ""), index, lock)
-               for e in range(2)]  # fmt: skip
+    streams = [EventStream(f"e{e}", source, index, lock) for e, source in enumerate(found)]
     try:
         for publisher in publishers:
             for i in range(10_000):

@@ -179,8 +179,9 @@ class EventStream:
                            self.engine, self.reason)  # fmt: skip
             return
         for seq, payload in replayed.batches:
-            if not self.refused:
-                self._receive(seq, payload)
+            if self.refused:
+                return
+            self._receive(seq, payload)
         if not replayed.whole and self.mode is Mode.EXACT:  # the rest is asked for again
             self.mode, self.reason = Mode.DEGRADED, f"a replay stopped after batch {self.last}"
 
@@ -209,9 +210,8 @@ class EventStream:
                     self.index.drop(self.engine)
                 self.last = -1
                 continue
-            for seq, payload in batches:
-                if seq > self.last:
-                    self._place(seq, payload)
+            for seq, payload in batches:  # each after the last placed (asked from there)
+                self._place(seq, payload)
                 if self.refused:
                     return False
             if replayed.whole:
@@ -232,7 +232,7 @@ class EventStream:
         try:
             dealer.send_multipart([b"", start.to_bytes(8, "big")])
             out: list[tuple[int, bytes]] = []
-            wait_ms = int(self.timeout_s * 1000)
+            wait_ms, quiet_ms = int(self.timeout_s * 1000), int(min(QUIET_S, self.timeout_s) * 1000)
             while dealer.poll(wait_ms):
                 frames = dealer.recv_multipart()
                 seq = int.from_bytes(frames[-2], "big", signed=True)
@@ -241,7 +241,7 @@ class EventStream:
                 if out and seq != out[-1][0] + 1:
                     return Replayed(out, whole=False)  # some were dropped on the way
                 out.append((seq, frames[-1]))
-                wait_ms = int(min(QUIET_S, self.timeout_s) * 1000)
+                wait_ms = quiet_ms
             if out:
                 return Replayed(out, whole=False)  # the rest, or the end marker, was dropped
             self.mode = Mode.DOWN
