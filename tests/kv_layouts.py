@@ -136,14 +136,16 @@ def round_trip(
     pinned: bool = True,
     host_piece: int = 0,
     grids: bool = False,
+    triton: bool | None = None,
 ) -> dict[str, int]:
     """Store a job of scattered blocks (its first and last chunks partial) into scattered host
     slots through ``PageMover`` (``staged``, ``mechanism``: how, see ``kvtier.pages.mover``),
     check every host page and every other host byte, then load the records into other blocks
     and check every engine tensor, logically. ``host_piece``: the host tier pinned in pieces of
     that many bytes (on CUDA), and no host copy over one's end. ``grids``: the pages given to
-    the mover as ``PageGrid``s, as the host tier's handlers give them. Returns what the plan
-    did: its batches, gathers and host copies."""
+    the mover as ``PageGrid``s, as the host tier's handlers give them. ``triton``: the mover's
+    (None: its default). Returns what the plan
+    did: its batches, gathers and host copies, the grids it was given."""
     import numpy as np
 
     from kvtier.addresses import EngineBlocks, HostChunks
@@ -182,9 +184,8 @@ def round_trip(
     def page(view: int, block: int) -> np.ndarray:
         return layout.views[view][block].view(torch.uint8).cpu().numpy()
 
-    mover = PageMover(
-        layout.views, stage_bytes, Mechanism(mechanism), staged=staged, host_piece=host_piece
-    )
+    mover = PageMover(layout.views, stage_bytes, Mechanism(mechanism), staged=staged,
+                      host_piece=host_piece, triton=triton)  # fmt: skip
     pages, given, mapped = pages_of(source)
     before = host.memory_np.copy()
     batches = mover.batches(pages)
@@ -217,5 +218,6 @@ def round_trip(
         "gathers": sum(len(b.gathers) for b in batches),
         "copies": sum(len(b.copies) for b in batches),
         "chunks": len(slots.slots),
+        "grids": len(given) if grids else 0,  # PageGrids given each way
         "spaces": len(mover.spaces.tensors),
     }

@@ -64,9 +64,12 @@ class PageMover:
         programs: int = kernel.PROGRAMS,
         staged: bool | None = None,
         host_piece: int = 0,
+        triton: bool | None = None,
     ) -> None:
         """``staged``: move through the staging area (None: on a GPU only; the tests stage on
-        the CPU too, to run the GPU's steps where there is no GPU)."""
+        the CPU too, to run the GPU's steps where there is no GPU). ``triton``: move with the
+        kernels of ``kernel.py`` (None: on a GPU where Triton runs; the tests run them on the
+        CPU under Triton's interpreter)."""
         if not views:
             raise ValueError("kvtier: PageMover needs at least one view")
         self.device = views[0].device
@@ -77,7 +80,9 @@ class PageMover:
         self.mechanism = Mechanism(mechanism)
         self.programs = programs
         self.host_piece = host_piece
-        self.kernel = self.device.type == "cuda" and kernel.available()
+        if triton is None:
+            triton = self.device.type == "cuda" and kernel.available()
+        self.kernel = triton
         self.staged = self.device.type != "cpu" if staged is None else staged
         self._stage = torch.empty(0, dtype=torch.uint8, device=self.device)
         self._word = self.spaces.tensors[0].dtype

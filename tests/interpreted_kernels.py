@@ -1,0 +1,90 @@
+"""kvtier's Triton kernels run on the CPU: every KV layout's round trip (``kv_layouts.py``)
+through ``PageMover`` with the kernels on, under Triton's interpreter, which runs a kernel's
+programs one after the other in numpy over the raw addresses it is given (CPU memory here).
+
+``python interpreted_kernels.py`` runs every case of ``CASES`` in this process (Triton
+importable, ``TRITON_INTERPRET=1`` set before it is imported) and prints one JSON object: per
+case id, its error (None: byte-exact both ways), its kernel launches and what the plan did.
+``tests/unit/test_kernels_interpreted.py`` runs it in a process of its own: Triton must not be
+importable where vLLM runs on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+from kv_layouts import LAYOUTS, round_trip
+
+PIECE = 3 * 4096  # the host tier pinned in pieces of 3 OS pages: no copy over a piece's end
+
+
+class Case(NamedTuple):
+    layout: str
+    mechanism: str  # "dma": the kernel gathers into the staging area; "kernel": straight
+    grids: bool  # pages given as the host tier's handlers give them
+    host_piece: int = 0
+    stage_bytes: int = 64 << 20
+    pinned: bool = True
+
+    @property
+    def id(self) -> str:
+        given = "grids" if self.grids else "pages"
+        extra = [f"piece{self.host_piece}"] if self.host_piece else []
+        extra += [f"stage{self.stage_bytes}"] if self.stage_bytes != 64 << 20 else []
+        extra += [] if self.pinned else ["unpinned"]
+        return "-".join([self.layout, self.mechanism, given, *extra])
+
+
+CASES = [
+    Case(name, mechanism, grids, piece)
+    for name in LAYOUTS
+    for mechanism in ("dma", "kernel")
+    for grids in (False, True)
+    for piece in (0, PIECE)
+]
+CASES += [Case(name, "dma", False, stage_bytes=PIECE) for name in ("flash_attn", "mla", "separate")]
+CASES += [Case("flash_attn", "kernel", True, pinned=False)]
+
+
+def _counting(launches: Counter[str]) -> None:
+    """Count each kernel launch, by kernel, as the mover makes it."""
+    from kvtier.pages import kernel
+
+    def counted(name: str, launch: Callable[..., None]) -> Callable[..., None]:
+        def run(*args: Any, **kwargs: Any) -> None:
+            launches[name] += 1
+            launch(*args, **kwargs)
+
+        return run
+
+    kernel.copy = counted("copy", kernel.copy)  # type: ignore[assignment]
+    kernel.grid_copy = counted("grid", kernel.grid_copy)  # type: ignore[assignment]
+
+
+def main() -> None:
+    launches: Counter[str] = Counter()
+    _counting(launches)
+    results: dict[str, dict[str, Any]] = {}
+    for case in CASES:
+        launches.clear()
+        try:
+            done: dict[str, Any] = round_trip(
+                case.layout, torch.device("cpu"), case.stage_bytes, staged=True,
+                mechanism=case.mechanism, pinned=case.pinned, host_piece=case.host_piece,
+                grids=case.grids, triton=True,
+            )  # fmt: skip
+            done["error"] = None
+        except Exception:
+            done = {"error": traceback.format_exc()}
+        results[case.id] = done | {"copy": launches["copy"], "grid": launches["grid"]}
+    json.dump(results, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
