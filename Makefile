@@ -125,8 +125,8 @@ $(STAMP): pyproject.toml setup.py $(wildcard kvtier/apps/proxy/*.c) | $(PY)
 	env $(WRITE_PYC) $(PY) -c "$$VENV_CHECK"
 	touch $@
 
-# Triton, for its interpreter only: tests/unit/test_kernels_interpreted.py runs kvtier's copy
-# kernels on the CPU with it, in processes of their own. Outside the environment's packages,
+# Triton, for tests only: tests/unit/test_kernels_on_cpu.py runs kvtier's copy kernels on the
+# CPU under its interpreter, and compiles them for GPUs, in processes of their own. Outside the environment's packages,
 # where it would break vLLM on the CPU; the same wheel pip fetched for xgrammar, from its cache.
 $(TRITON_SITE)/.installed: | $(PY)
 	$(PY) -m pip install -q --no-deps --no-compile --target $(TRITON_SITE) '$(TRITON)' $(PIP_QUIET)

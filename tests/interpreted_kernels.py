@@ -5,7 +5,7 @@ programs one after the other in numpy over the raw addresses it is given (CPU me
 ``python interpreted_kernels.py`` runs every case of ``CASES`` in this process (Triton
 importable, ``TRITON_INTERPRET=1`` set before it is imported) and prints one JSON object: per
 case id, its error (None: byte-exact both ways), its kernel launches and what the plan did.
-``tests/unit/test_kernels_interpreted.py`` runs it in a process of its own: Triton must not be
+``tests/unit/test_kernels_on_cpu.py`` runs it in a process of its own: Triton must not be
 importable where vLLM runs on the CPU.
 """
 

@@ -1,0 +1,78 @@
+"""kvtier's two Triton kernels (``kvtier/pages/kernel.py``) checked where no GPU is, each way in
+a process of its own:
+
+- interpreted (``tests/interpreted_kernels.py``): every KV layout moved both ways through
+  ``PageMover`` with the kernels on, under Triton's interpreter, on CPU memory — the kernels'
+  arithmetic, which bytes each program moves where and the grid kernel's page addresses, byte
+  for byte;
+- compiled (``tests/compiled_kernels.py``): both kernels lowered and assembled for the GPUs vLLM
+  runs on, as their launches type them.
+
+What only a GPU shows (unified addressing of pinned host memory, streams, speed) is
+``tests/gpu``'s. ``make venv`` installs Triton into ``.venv/triton-interpreter``, outside the
+environment's packages (Triton installed there breaks vLLM on the CPU), and ``make test`` names
+it (``KVTIER_TRITON_SITE``); run elsewhere without it, skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from compiled_kernels import ARCHS
+from interpreted_kernels import CASES, Case
+
+TESTS = Path(__file__).resolve().parents[1]
+GIVEN = os.environ.get("KVTIER_TRITON_SITE")  # make test names it: there, it must be
+SITE = Path(GIVEN or Path(sys.prefix) / "triton-interpreter")
+Results = dict[str, dict[str, Any]]
+
+
+def _run(script: str, tmp: Path, **env: str) -> Results:
+    """``script`` (in tests/) run with Triton importable; the JSON it prints."""
+    if not (SITE / "triton").is_dir():
+        assert not GIVEN, f"KVTIER_TRITON_SITE={GIVEN} holds no Triton"
+        pytest.skip(f"no Triton in {SITE} (make venv installs it)")
+    path = os.pathsep.join([str(SITE), str(TESTS.parent), str(TESTS)])
+    env = os.environ | {"PYTHONPATH": path, "TRITON_CACHE_DIR": str(tmp)} | env
+    done = subprocess.run([sys.executable, str(TESTS / script)], env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    results: Results = json.loads(done.stdout)
+    return results
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory: pytest.TempPathFactory) -> Results:
+    return _run("interpreted_kernels.py", tmp_path_factory.mktemp("triton"), TRITON_INTERPRET="1")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> Results:
+    return _run("compiled_kernels.py", tmp_path_factory.mktemp("triton"))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_the_kernels_move_every_layout_byte_exact_both_ways(
+    interpreted: Results, case: Case
+) -> None:
+    done = interpreted[case.id]
+    assert done["error"] is None, done["error"]
+    if case.mechanism == "kernel" and case.pinned and case.grids:
+        # the grid kernel: one launch per grid of the job, no page table
+        assert (done["grid"], done["copy"]) == (2 * done["grids"], 0)
+    elif case.mechanism == "kernel" and case.pinned:
+        assert (done["grid"], done["copy"]) == (0, 2)  # every page straight, one launch a move
+    else:  # through the staging area: the copy kernel is each space's gather
+        assert (done["grid"], done["copy"]) == (0, 2 * done["gathers"])
+
+
+@pytest.mark.parametrize("gpu", list(ARCHS))
+def test_the_kernels_compile_for_the_gpus_vllm_runs_on(compiled: Results, gpu: str) -> None:
+    for which, size in compiled[gpu].items():
+        assert isinstance(size, int) and size > 0, (which, size)
