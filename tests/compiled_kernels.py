@@ -5,7 +5,10 @@ GPU: Triton lowers them to PTX and its own ``ptxas`` assembles them for a named 
 ``kvtier/pages/kernel.py`` with the argument types their launches have (tables of int64, counts
 that fit 32 bits, a host address that does not), the grid kernel both ways, for each of
 ``ARCHS``, and prints one JSON object: per architecture and kernel, its cubin's bytes, or the
-error. ``tests/unit/test_kernels_on_cpu.py`` runs it in a process of its own.
+error. Then, under ``"warmup"``, what ``kernel.available()`` compiled at its warm-up, and what
+there was after the mover's launches' argument types were bound (the same: a job compiles
+nothing), with Triton's driver standing in for an H100's (a stand-in that compiles, never
+launches). ``tests/unit/test_kernels_on_cpu.py`` runs it in a process of its own.
 """
 
 from __future__ import annotations
@@ -47,7 +50,43 @@ def main() -> None:
             except Exception:
                 size = traceback.format_exc()
             results[name][which] = size
+    results["warmup"] = _warmed()
     json.dump(results, sys.stdout)
+
+
+def _warmed() -> dict[str, Any]:
+    """``kernel.available()`` on an H100 that only compiles, then each kernel bound to
+    arguments typed as the mover's launches type them; compiled variants after each."""
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    class Compiling:  # the driver calls a warm-up makes; a launch would fail
+        def get_current_device(self) -> int:
+            return 0
+
+        def get_current_stream(self, device: int | None = None) -> int:
+            return 0
+
+        def get_current_target(self) -> GPUTarget:
+            return GPUTarget("cuda", ARCHS["H100 H200"], 32)
+
+    driver.set_active(Compiling())
+    torch.cuda.is_available = lambda: True  # type: ignore[assignment]
+    copy, grid = kernel._kernel(), kernel._grid_kernel()
+
+    def variants() -> dict[str, int]:
+        caches = {f.fn.__name__: f.device_caches.values() for f in (copy, grid)}
+        return {name: sum(len(c[0]) for c in each) for name, each in caches.items()}
+
+    done: dict[str, Any] = {"available": kernel.available(), "warmed": variants()}
+    table = torch.zeros(3 * 7, dtype=torch.int64)  # as ``PageMover._kernel`` uploads it
+    copy.warmup(table, 7, BLOCK=kernel.BLOCK_WORDS, grid=(7,))
+    flat = torch.zeros(64, dtype=torch.int64)  # as ``grid.tables`` lays a job out
+    for store in (True, False):
+        grid.warmup(flat[4:], flat[12:], 3, 5, table.data_ptr(), STORE=store,
+                    BLOCK=kernel.BLOCK_WORDS, grid=(15,))  # fmt: skip
+    return done | {"launched": variants()}
 
 
 if __name__ == "__main__":

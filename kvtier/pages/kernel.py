@@ -1,6 +1,9 @@
-"""Two Triton kernels, over copy descriptors and over page grids, with a bounded number of programs.
+"""Two Triton kernels, over copy descriptors and over page grids, with a bounded number of programs
+(defined in ``triton_kernels.py``, imported only where Triton is).
 
-    available() -> bool                    Triton imports and a CUDA device is there
+    available() -> bool                    Triton imports, a CUDA device is there, and both
+                                           kernels compile for it (at the engine's start, not
+                                           in its first job)
     fits(src, dst, size) -> bool           every address and size is a multiple of 8 bytes
     copy(descriptors, n, programs)         every ``(src, dst, size)`` copied, on the current
                                            stream; ``descriptors`` is ``(3, n)`` int64, on the
@@ -20,11 +23,14 @@ engine).
 
 from __future__ import annotations
 
+import logging
 from functools import cache
 from typing import Any
 
 import numpy as np
 import torch
+
+logger = logging.getLogger(__name__)
 
 PROGRAMS = 16  # programs per launch: a share of the SMs, not all of them
 BLOCK_WORDS = 2048  # 8-byte words each program moves per step
@@ -32,73 +38,37 @@ BLOCK_WORDS = 2048  # 8-byte words each program moves per step
 
 @cache
 def _kernel() -> Any:
-    import triton
-    import triton.language as tl
-
-    @triton.jit(do_not_specialize=["n"])  # type: ignore[untyped-decorator]
-    def copy_kernel(table, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]  # noqa: N803
-        pid = tl.program_id(0)
-        programs = tl.num_programs(0)
-        offsets = tl.arange(0, BLOCK)
-        job = pid
-        while job < n:
-            src = tl.load(table + job).to(tl.pointer_type(tl.int64))
-            dst = tl.load(table + n + job).to(tl.pointer_type(tl.int64))
-            words = tl.load(table + 2 * n + job) // 8
-            for start in range(0, words, BLOCK):
-                index = start + offsets
-                mask = index < words
-                tl.store(dst + index, tl.load(src + index, mask=mask), mask=mask)
-            job += programs
+    from kvtier.pages.triton_kernels import copy_kernel
 
     return copy_kernel
 
 
 @cache
 def _grid_kernel() -> Any:
-    import triton
-    import triton.language as tl
-
-    # sizes and addresses vary per job: one compiled kernel for all (no value specialization)
-    @triton.jit(do_not_specialize=["V", "K", "host"])  # type: ignore[untyped-decorator]
-    def grid_kernel(per_view, per_block, V, K, host, STORE: tl.constexpr, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]  # noqa: N803
-        pid = tl.program_id(0)
-        programs = tl.num_programs(0)
-        offsets = tl.arange(0, BLOCK)
-        item = pid
-        while item < V * K:  # views outer, blocks inner: grid.addresses' order
-            v = item // K
-            k = item - v * K
-            base = tl.load(per_view + v)
-            stride = tl.load(per_view + V + v)
-            page = tl.load(per_view + 2 * V + v)
-            within = tl.load(per_view + 3 * V + v)
-            block = tl.load(per_block + k)
-            at = tl.load(per_block + K + k)
-            sub = tl.load(per_block + 2 * K + k)
-            engine = (base + block * stride).to(tl.pointer_type(tl.int64))
-            hosted = (host + at + within + sub * page).to(tl.pointer_type(tl.int64))
-            words = page // 8
-            for start in range(0, words, BLOCK):
-                index = start + offsets
-                mask = index < words
-                if STORE:
-                    tl.store(hosted + index, tl.load(engine + index, mask=mask), mask=mask)
-                else:
-                    tl.store(engine + index, tl.load(hosted + index, mask=mask), mask=mask)
-            item += programs
+    from kvtier.pages.triton_kernels import grid_kernel
 
     return grid_kernel
 
 
 @cache
 def available() -> bool:
+    """Whether the kernels move pages here (else torch's index ops gather). Each kernel is
+    compiled for the current device as its launches type it (int64 tables, 32-bit counts, a
+    64-bit host address): a Triton that cannot compile them is found now, not in a job."""
     if not torch.cuda.is_available():
         return False
     try:
-        _kernel()
-        _grid_kernel()
-    except Exception:  # Triton absent or unusable: the torch path moves the pages
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    try:
+        _kernel().warmup(torch.int64, 1, BLOCK=BLOCK_WORDS, grid=(1,))
+        for store in (True, False):
+            _grid_kernel().warmup(torch.int64, torch.int64, 1, 1, 1 << 40, STORE=store,
+                                  BLOCK=BLOCK_WORDS, grid=(1,))  # fmt: skip
+    except Exception:
+        logger.warning("kvtier: Triton cannot compile the copy kernels; torch moves the pages",
+                       exc_info=True)  # fmt: skip
         return False
     return True
 

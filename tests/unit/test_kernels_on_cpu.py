@@ -6,7 +6,8 @@ a process of its own:
   arithmetic, which bytes each program moves where and the grid kernel's page addresses, byte
   for byte;
 - compiled (``tests/compiled_kernels.py``): both kernels lowered and assembled for the GPUs vLLM
-  runs on, as their launches type them.
+  runs on, as their launches type them; and compiled once by ``kernel.available()`` at the
+  engine's start, for the argument types the mover's jobs bind.
 
 What only a GPU shows (unified addressing of pinned host memory, streams, speed) is
 ``tests/gpu``'s. ``make venv`` installs Triton into ``.venv/triton-interpreter``, outside the
@@ -70,6 +71,15 @@ def test_the_kernels_move_every_layout_byte_exact_both_ways(
         assert (done["grid"], done["copy"]) == (0, 2)  # every page straight, one launch a move
     else:  # through the staging area: the copy kernel is each space's gather
         assert (done["grid"], done["copy"]) == (0, 2 * done["gathers"])
+
+
+def test_the_engine_compiles_the_kernels_at_its_start_and_no_job_compiles_again(
+    compiled: Results,
+) -> None:
+    warmup = compiled["warmup"]
+    assert warmup["available"] is True
+    assert warmup["warmed"] == {"copy_kernel": 1, "grid_kernel": 2}  # the grid kernel both ways
+    assert warmup["launched"] == warmup["warmed"]
 
 
 @pytest.mark.parametrize("gpu", list(ARCHS))
