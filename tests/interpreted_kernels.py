@@ -22,6 +22,7 @@ import torch
 from kv_layouts import LAYOUTS, round_trip
 
 PIECE = 3 * 4096  # the host tier pinned in pieces of 3 OS pages: no copy over a piece's end
+STAGE = 64 << 20  # a staging area no job here fills
 
 
 class Case(NamedTuple):
@@ -29,14 +30,14 @@ class Case(NamedTuple):
     mechanism: str  # "dma": the kernel gathers into the staging area; "kernel": straight
     grids: bool  # pages given as the host tier's handlers give them
     host_piece: int = 0
-    stage_bytes: int = 64 << 20
+    stage_bytes: int = STAGE
     pinned: bool = True
 
     @property
     def id(self) -> str:
         given = "grids" if self.grids else "pages"
         extra = [f"piece{self.host_piece}"] if self.host_piece else []
-        extra += [f"stage{self.stage_bytes}"] if self.stage_bytes != 64 << 20 else []
+        extra += [f"stage{self.stage_bytes}"] if self.stage_bytes != STAGE else []
         extra += [] if self.pinned else ["unpinned"]
         return "-".join([self.layout, self.mechanism, given, *extra])
 
