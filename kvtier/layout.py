@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import product
 from typing import NamedTuple
 
@@ -49,9 +50,15 @@ class KVLayout:
     def device(self) -> torch.device:
         return self.views[0].device if self.views else torch.device("cpu")
 
-    @property
+    @cached_property
     def page_bytes(self) -> tuple[int, ...]:
+        """Bytes of one block's page in each view (computed once: jobs read it per view)."""
         return tuple(v.shape[1] * v.element_size() for v in self.views)
+
+    @cached_property
+    def group_block_bytes(self) -> tuple[int, ...]:
+        """Bytes of one block in each group: its views' pages together."""
+        return tuple(sum(self.page_bytes[view] for view in views) for views in self.groups)
 
     def bytes_per_block(self) -> int:
         """Engine bytes per block on this rank, aliased memory counted once (0 without blocks)."""

@@ -142,7 +142,7 @@ class TierLoadHandler(ThreadedHandler):
             if bad:  # the job failed: its blocks are recomputed, this chunk was only verified
                 continue
             staged.append((slot, read))
-            nbytes += len(read.block_ids) * self._block_bytes(read.group)
+            nbytes += len(read.block_ids) * self.layout.group_block_bytes[read.group]
             if len(staged) == self._stage_np.shape[1]:
                 self._move(half, staged)
                 half, staged = (half + 1) % len(self._stage_np), []
@@ -153,9 +153,6 @@ class TierLoadHandler(ThreadedHandler):
         self.bad_chunks += len(bad)
         elapsed = time.perf_counter() - started
         return TransferResult(job_id, not bad, nbytes, elapsed, bad=tuple(sorted(bad)))
-
-    def _block_bytes(self, group: int) -> int:
-        return sum(self.layout.page_bytes[v] for v in self.layout.groups[group])
 
     def _reuse(self, half: int) -> None:
         """Wait until the last move out of staging half ``half`` completed."""

@@ -22,7 +22,7 @@ group leaves the rest of its slot unused.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import TYPE_CHECKING, Protocol
 
@@ -37,28 +37,35 @@ class RecordLayout:
     page_bytes: tuple[int, ...]  # per view: bytes of one engine block's page
     groups: tuple[tuple[int, ...], ...]  # per group: its views, in record order
     factor: int  # engine blocks per chunk
+    # per group, worked out once (a job asks for them chunk by chunk)
+    _views: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+    _offsets: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.factor < 1:
             raise ValueError(f"kvtier: block_size_factor must be >= 1, got {self.factor}")
+        views = tuple(tuple(self.page_bytes[v] * self.factor for v in g) for g in self.groups)
+        object.__setattr__(self, "_views", views)
+        offsets = tuple(tuple(accumulate(sizes, initial=0)) for sizes in views)
+        object.__setattr__(self, "_offsets", offsets)
 
     @classmethod
     def of(cls, layout: KVLayout, factor: int) -> RecordLayout:
         return cls(layout.page_bytes, layout.groups, factor)
 
     def view_bytes(self, group: int) -> list[int]:
-        return [self.page_bytes[view] * self.factor for view in self.groups[group]]
+        return list(self._views[group])
 
     def group_bytes(self, group: int) -> int:
-        return sum(self.view_bytes(group))
+        return self._offsets[group][-1]
 
     @property
     def record_bytes(self) -> int:
         """Bytes of a host slot: the largest group's record (0 without views)."""
-        return max((self.group_bytes(g) for g in range(len(self.groups))), default=0)
+        return max((offsets[-1] for offsets in self._offsets), default=0)
 
     def offsets(self, group: int) -> tuple[int, ...]:
-        return tuple(accumulate(self.view_bytes(group), initial=0))[:-1]
+        return self._offsets[group][:-1]
 
     def page_offsets(self, group: int, subs: np.ndarray) -> np.ndarray:
         """``(views of the group, len(subs))``: the byte offset in a record of sub-block

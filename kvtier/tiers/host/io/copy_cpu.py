@@ -60,8 +60,6 @@ class CpuCopyHandler(EngineHostHandler):
         self._thread = None if inline else JobThread(name, self.device, background=background)
         self._inline_finished: list[TransferResult] = []  # the caller's thread only
         self._factor = host.block_size_factor
-        page_bytes = layout.page_bytes
-        self._block_bytes = [sum(page_bytes[v] for v in views) for views in layout.groups]
 
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
         if self._thread is not None:
@@ -101,7 +99,7 @@ class CpuCopyHandler(EngineHostHandler):
         num_rows = self.host.num_chunks * self._factor
         if not batch.within(self.layout.num_blocks, num_rows):
             return super().transfer_batch(transfers)
-        nbytes = {job_id: sum(len(ids) * self._block_bytes[g] for g, ids, _ in rows)
+        nbytes = {job_id: sum(len(ids) * self.layout.group_block_bytes[g] for g, ids, _ in rows)
                   for job_id, rows in jobs.items()}  # fmt: skip
         started, total = time.perf_counter(), max(sum(nbytes.values()), 1)
         try:

@@ -42,13 +42,10 @@ class EngineHostHandler(TransferHandler):
                 continue  # a part refused: the job is
             plan = self._checked_plan(job_id, src, dst)
             plans[job_id] = None if plan is None else [*(plans.get(job_id) or []), *plan]
+        block = self.layout.group_block_bytes
         for job_id, plan in plans.items():
             if plan is not None:
-                nbytes = sum(
-                    len(copy.block_ids) * self.layout.page_bytes[view]
-                    for copy in plan
-                    for view in self.layout.groups[copy.group]
-                )
+                nbytes = sum(len(copy.block_ids) * block[copy.group] for copy in plan)
                 self._submit(job_id, plan, nbytes)
         return [plans[transfer.job_id] is not None for transfer in transfers]
 

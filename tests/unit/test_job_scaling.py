@@ -1,0 +1,128 @@
+"""A job's Python work grows at most in proportion to the views it moves, never with their square.
+
+A 70B-class tensor-parallel rank hands kvtier 160 views of 4 KiB pages: a 4,096-token host job is
+3 ms on an H200's bus. Working out a group's block bytes view by view, from page sizes recomputed
+per view, cost that job 17 ms of the engine thread's time (host tier) and a disk or Redis load
+2 s (on the CPU here; the same Python runs beside a GPU). Counted here: the Python and C calls a
+job makes, on whichever thread runs it, for layouts of 8, 32 and 128 views with the same blocks
+and chunks. Calls are counted, not timed, so the check is exact on a busy machine.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import CodeType, FrameType
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from kvtier.addresses import EngineBlocks, HostChunks, TierChunks
+from kvtier.keys import make_key
+from kvtier.layout import KVLayout, build_layout
+from kvtier.tiers.base.chunk_io import TierLoadHandler
+from kvtier.tiers.disk.files import DiskTier
+from kvtier.tiers.host.buffers import HostTier
+from kvtier.tiers.host.io import engine_host_handlers
+
+BLOCKS, CHUNKS, FACTOR = 64, 8, 4
+VIEWS = (8, 32, 128)
+
+
+class Calls:
+    """A profile hook counting the calls made inside any of ``codes``, on any thread."""
+
+    def __init__(self, *codes: CodeType) -> None:
+        self.codes = set(codes)
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event not in ("call", "c_call"):
+            return
+        caller: FrameType | None = frame
+        while caller is not None:
+            if caller.f_code in self.codes:
+                with self._lock:
+                    self.count += 1
+                return
+            caller = caller.f_back
+
+
+@contextmanager
+def profiled(calls: Calls) -> Iterator[None]:
+    """``calls`` hooked on this thread and on threads started meanwhile."""
+    before, before_threads = sys.getprofile(), threading.getprofile()
+    sys.setprofile(calls)
+    threading.setprofile(calls)
+    try:
+        yield
+    finally:
+        sys.setprofile(before)
+        threading.setprofile(before_threads)
+
+
+def _layout(views: int) -> KVLayout:
+    """``views // 2`` FlashAttention-style layers (a K and a V view each), one group."""
+    caches = {f"layer.{i}": torch.zeros(2, BLOCKS, 4, 8) for i in range(views // 2)}
+    return build_layout(caches, [list(caches)], BLOCKS)
+
+
+def _blocks() -> EngineBlocks:
+    count = CHUNKS * FACTOR
+    return EngineBlocks(np.arange(count, dtype=np.int64), (count,), (0,))
+
+
+def _host_job(views: int, store: bool) -> int:
+    layout = _layout(views)
+    host = HostTier(layout, CHUNKS, FACTOR)
+    handler = engine_host_handlers(layout, host, lanes=1)[0 if store else 1]
+    slots = HostChunks(np.arange(CHUNKS, dtype=np.int64))
+    src, dst = (_blocks(), slots) if store else (slots, _blocks())
+    assert handler.transfer_async(0, src, dst)  # first-use work, not counted
+    calls = Calls(type(handler).transfer_async.__code__)
+    with profiled(calls):
+        assert handler.transfer_async(1, src, dst)
+    handler.shutdown()
+    return calls.count
+
+
+def _disk_load(views: int, root: Path) -> int:
+    layout = _layout(views)
+    tier = DiskTier(root / str(views), 0, bytes(16), "test layout", layout, FACTOR)
+    keys = tuple(make_key(bytes(range(16)), i, 0) for i in range(CHUNKS))
+    for key in keys:
+        tier.write(key, [np.zeros(n, dtype=np.uint8) for n in tier.view_bytes(0)])
+    calls = Calls(TierLoadHandler._load.__code__)  # the job, on the handler's thread
+    with profiled(calls):
+        handler = TierLoadHandler(layout, tier, "disk")
+        for job_id in (0, 1):  # the first one's calls are first-use work, not counted
+            calls.count = 0
+            assert handler.transfer_async(job_id, TierChunks("disk", keys), _blocks())
+            handler.wait([job_id])
+            (result,) = handler.get_finished()
+            assert result.success
+    handler.shutdown()
+    return calls.count
+
+
+JOBS: dict[str, Callable[[int, Path], int]] = {
+    "host store": lambda views, _: _host_job(views, store=True),
+    "host load": lambda views, _: _host_job(views, store=False),
+    "disk load": _disk_load,
+}
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_a_jobs_calls_grow_at_most_with_its_views(job: str, tmp_path: Path) -> None:
+    counts = {views: JOBS[job](views, tmp_path) for views in VIEWS}
+    assert all(count > 0 for count in counts.values()), counts  # the hook saw the job
+    most, least = max(VIEWS), min(VIEWS)
+    # in proportion: 16 times the views, at most 16 times the calls (the square: 256 times)
+    assert counts[most] <= counts[least] * most // least, counts
+    assert counts[most] - counts[32] <= 4 * (counts[32] - counts[least]) + 64, counts
