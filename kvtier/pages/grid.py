@@ -4,6 +4,9 @@
                                                blocks[k])`` <-> the host bytes at ``at[k] +
                                                within[v] + sub[k] * page_bytes[views[v]]``
     .pages(page_bytes) -> Pages                the same pages, one entry each (``plan.py``)
+    record_grid(views, within, blocks, rows, factor, record_bytes) -> PageGrid
+                                               blocks <-> page rows of memory holding a record
+                                               a slot (host memory, a tier's staging area)
     view_table(views) -> (3, V) array          the engine's side of every view, made once
     tables(grids, view_table, host) -> Tables | None
                                                what the grid kernel reads (``kernel.py``)
@@ -43,6 +46,22 @@ class PageGrid(NamedTuple):
         blocks = len(self.blocks)
         return Pages(np.repeat(self.views, blocks), np.tile(self.blocks, len(self.views)),
                      host.ravel())  # fmt: skip
+
+
+def record_grid(
+    views: Sequence[int],
+    within: Sequence[int],
+    blocks: np.ndarray,
+    rows: np.ndarray,
+    factor: int,
+    record_bytes: int,
+) -> PageGrid:
+    """Engine blocks ``blocks`` <-> page rows ``rows`` (slot * ``factor`` + sub-block) of memory
+    holding one record of ``record_bytes`` per slot, whose views ``views`` start at ``within``
+    in a record (``tiers/base/records.py``)."""
+    slots, subs = np.divmod(np.asarray(rows, dtype=np.int64), factor)
+    return PageGrid(np.array(views, dtype=np.int64), np.asarray(blocks, dtype=np.int64),
+                    slots * record_bytes, subs, np.array(within, dtype=np.int64))  # fmt: skip
 
 
 class Tables(NamedTuple):

@@ -10,20 +10,24 @@
     .load(pages, host, pinned)    ``host`` -> engine pages
     .pieces(pages, host, store)   on the CPU: the copies, in pieces for copy lanes
 
-On a GPU a job goes one of two ways (``Mechanism``):
+On a GPU a job goes one of two ways (``Mechanism``; by default ``gpu_mechanism()``: what
+``KVTIER_GPU_COPY`` names, else ``KERNEL``):
 
-- ``DMA`` (the default): each batch (``plan.py``, up to ``stage_bytes``) is one gather on the
-  device into a staging area laid out as host memory is, then one copy per run of adjacent host
-  bytes on the copy engine (a store), or the mirror image (a load). A 4,096-token job of an
-  8B-class model (64 views of 32 KiB pages, 64-token chunks) is a gather and a copy per chunk,
-  where copying page by page took 16,384 copies. The gather is the bounded-program kernel of
-  ``kernel.py`` where Triton runs, else torch's ``index_select`` / ``index_copy_``.
 - ``KERNEL``: the kernel copies every page straight between the engine and pinned host memory
   (unified addressing), no staging and no copy engine: for host memory not pinned yet, DMA.
   Given grids, the grid kernel computes each page's addresses on the device from a table of
   ``V + K`` entries per grid: the engine's thread does ``O(blocks)`` work per job, where a
   page table is ``3 * V * K`` entries planned and uploaded (16,384 pages for a 4,096-token
-  job of an 8B model).
+  job of an 8B model). It is the default because of that thread: a job costs it under 0.1 ms,
+  where ``DMA`` plans every page (on a CPU core 1.4 ms for that job, 4-6 ms for one of 160
+  views of 4 KiB pages, longer than the bus takes to move them).
+- ``DMA``: each batch (``plan.py``, up to ``stage_bytes``) is one gather on the device into a
+  staging area laid out as host memory is, then one copy per run of adjacent host bytes on the
+  copy engine (a store), or the mirror image (a load). A 4,096-token job of an 8B-class model
+  (64 views of 32 KiB pages, 64-token chunks) is a gather and a copy per chunk, where copying
+  page by page took 16,384 copies. The gather is the bounded-program kernel of ``kernel.py``
+  where Triton runs, else torch's ``index_select`` / ``index_copy_``. It takes no SM for the
+  bus's part of the work.
 
 Work is queued on the caller's current stream and returns without waiting for it; the caller
 records an event to know when it is done. The staging area is reused in stream order. Host
@@ -35,6 +39,7 @@ each host run is one numpy call straight between the engine's rows and host memo
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from enum import StrEnum
 
@@ -55,19 +60,32 @@ class Mechanism(StrEnum):
     KERNEL = "kernel"  # one kernel straight between engine and pinned host memory
 
 
+GPU_COPY_ENV = "KVTIER_GPU_COPY"  # dma | kernel: how a GPU moves pages (default kernel)
+
+
+def gpu_mechanism() -> Mechanism:
+    """The mechanism ``KVTIER_GPU_COPY`` names, ``KERNEL`` where it is unset or empty."""
+    value = os.environ.get(GPU_COPY_ENV, "").strip().lower() or Mechanism.KERNEL.value
+    if value not in Mechanism._value2member_map_:
+        accepted = " or ".join(repr(m.value) for m in Mechanism)
+        raise ValueError(f"kvtier: {GPU_COPY_ENV} must be {accepted}, got {value!r}")
+    return Mechanism(value)
+
+
 class PageMover:
     def __init__(
         self,
         views: Sequence[torch.Tensor],
         stage_bytes: int = STAGE_BYTES,
-        mechanism: Mechanism = Mechanism.DMA,
+        mechanism: Mechanism | None = None,
         programs: int = kernel.PROGRAMS,
         staged: bool | None = None,
         host_piece: int = 0,
         triton: bool | None = None,
     ) -> None:
-        """``staged``: move through the staging area (None: on a GPU only; the tests stage on
-        the CPU too, to run the GPU's steps where there is no GPU). ``triton``: move with the
+        """``mechanism``: None, ``gpu_mechanism()``. ``staged``: move through the staging area
+        (None: on a GPU only; the tests stage on the CPU too, to run the GPU's steps where there
+        is no GPU). ``triton``: move with the
         kernels of ``kernel.py`` (None: on a GPU where Triton runs; the tests run them on the
         CPU under Triton's interpreter)."""
         if not views:
@@ -77,7 +95,7 @@ class PageMover:
         self.spaces = Spaces.of(views)
         self.page_bytes = np.array([v.shape[1] * v.element_size() for v in views], dtype=np.int64)
         self.stage_bytes = max(stage_bytes, int(self.page_bytes.max()))
-        self.mechanism = Mechanism(mechanism)
+        self.mechanism = gpu_mechanism() if mechanism is None else Mechanism(mechanism)
         self.programs = programs
         self.host_piece = host_piece
         if triton is None:

@@ -22,9 +22,11 @@ from disk_faults import full_disk_for
 from kvtier.addresses import EngineBlocks, HostChunks, TierChunks, TransferSpec
 from kvtier.keys import ChunkKey, key_group, make_key
 from kvtier.layout import KVLayout, build_layout
+from kvtier.pages import PageMover
 from kvtier.tiers.base.chunk_format import HEADER_BYTES, Buffer
-from kvtier.tiers.base.chunk_io import TierLoadHandler, TierWriteHandler
+from kvtier.tiers.base.chunk_io import ChunkRead, TierLoadHandler, TierWriteHandler, staged_grids
 from kvtier.tiers.base.handler import TransferResult
+from kvtier.tiers.base.records import RecordLayout
 from kvtier.tiers.disk.files import DiskTier
 from kvtier.tiers.host.buffers import HostTier
 
@@ -346,6 +348,33 @@ def test_a_load_outside_the_layout_is_refused(tmp_path: Path, spec: str) -> None
         assert not handler.transfer_async(1, TierChunks("disk", keys), engine)
     finally:
         handler.shutdown()
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["direct", "staged"])
+@pytest.mark.parametrize("case", CASES)
+def test_a_gpu_moves_staged_records_as_grids(case: str, staged: bool) -> None:
+    """What a load on a GPU hands its ``PageMover`` (``staged_grids``: a grid per group), moved
+    here on CPU tensors, by the mover's GPU steps (``staged``) and its CPU ones: each block gets
+    its page of its record's slot, slots in another order than the job's chunks."""
+    factor, _, groups, where = CASES[case]
+    layout = _layout()
+    records = RecordLayout.of(layout, factor)
+    subs: dict[int, list[tuple[int, int]]] = {}  # chunk position -> [(sub-block, block)]
+    for (_, block), (position, sub) in where.items():
+        subs.setdefault(position, []).append((sub, block))
+    reads = [ChunkRead(position, groups[position], np.array([b for _, b in sorted(pairs)]),
+                       min(pairs)[0]) for position, pairs in sorted(subs.items())]  # fmt: skip
+    slots = list(range(len(reads)))[::-1]
+    stage = torch.randint(0, 256, (len(reads), records.record_bytes), dtype=torch.uint8)
+    grids = staged_grids(records, list(zip(slots, reads, strict=True)), records.record_bytes)
+    assert len(grids) == len({read.group for read in reads})
+    PageMover(layout.views, staged=staged).load(grids, stage.view(-1))
+    for slot, read in zip(slots, reads, strict=True):
+        for view, offset in zip(layout.groups[read.group], records.offsets(read.group)):
+            page = layout.page_bytes[view]
+            for sub, block in enumerate(read.block_ids.tolist(), start=read.first):
+                want = stage[slot, offset + sub * page : offset + (sub + 1) * page]
+                assert torch.equal(layout.views[view][block].view(torch.uint8), want)
 
 
 # ---- TierWriteHandler --------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from kv_layouts import LAYOUTS, round_trip
 
 from kvtier.layout import build_layout
 from kvtier.pages import PageMover, Pages, grid
+from kvtier.pages.mover import GPU_COPY_ENV, Mechanism
 from kvtier.pages.plan import plan_batches
 from kvtier.pages.spaces import Spaces
 from kvtier.tiers.host.buffers import HostTier
@@ -185,3 +186,17 @@ def test_a_pinning_piece_that_is_not_whole_os_pages_is_refused(piece: int) -> No
     """Two registrations may not share a page of memory; the error names the value."""
     with pytest.raises(ValueError, match=f"piece_bytes .* got {piece}"):
         Pinning(torch.empty(1 << 16, dtype=torch.uint8), CPU, piece)
+
+
+def test_a_gpu_moves_pages_by_the_kernel_unless_the_environment_says_dma(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    views = [torch.zeros(4, 8, dtype=torch.int64)]
+    monkeypatch.delenv(GPU_COPY_ENV, raising=False)
+    assert PageMover(views).mechanism is Mechanism.KERNEL
+    monkeypatch.setenv(GPU_COPY_ENV, " DMA ")
+    assert PageMover(views).mechanism is Mechanism.DMA
+    assert PageMover(views, mechanism=Mechanism.KERNEL).mechanism is Mechanism.KERNEL  # named
+    monkeypatch.setenv(GPU_COPY_ENV, "fast")
+    with pytest.raises(ValueError, match="KVTIER_GPU_COPY must be 'dma' or 'kernel', got 'fast'"):
+        PageMover(views)

@@ -13,6 +13,7 @@ import torch
 from kvtier.addresses import EngineBlocks, HostChunks, TierChunks
 from kvtier.keys import make_key
 from kvtier.layout import build_layout
+from kvtier.pages.grid import record_grid
 from kvtier.tiers.base.chunk_io import TierLoadHandler
 from kvtier.tiers.base.records import RecordLayout
 from kvtier.tiers.disk.files import DiskTier
@@ -35,7 +36,10 @@ def test_a_record_lays_each_views_pages_back_to_back_view_after_view() -> None:
     assert records.view_bytes(0) == [512, 512] and records.group_bytes(1) == 192
     assert records.record_bytes == 1024
     assert records.offsets(0) == (0, 512)
-    assert records.page_offsets(0, np.array([1, 0])).tolist() == [[256, 0], [768, 512]]
+    # blocks 5 and 6 <-> sub-block 1 of slot 0 and sub-block 0 of slot 1, views outer
+    grid = record_grid((0, 1), records.offsets(0), np.array([5, 6]), np.array([1, 2]), FACTOR,
+                       records.record_bytes)  # fmt: skip
+    assert grid.pages(np.array(records.page_bytes)).host.tolist() == [256, 1024, 768, 1536]
 
 
 def test_a_stored_chunk_is_the_payload_chunk_files_always_held() -> None:

@@ -4,11 +4,13 @@ pair of any ``chunk_tier.py`` tier (disk; Redis, whose writes are pipelined: ``r
 ``TierLoadHandler`` (tier -> engine): reads each chunk's record (``host/records.py``) into a
 staging area, and only once every check passed (``ChunkTier.read``) moves it into the engine
 blocks, on the device of the engine tensors (never a hard-coded one). On the CPU each record is
-scattered as it is read. On a GPU the staging area is pinned, in two halves: a half's records are
-moved by one ``PageMover`` call (one host -> device copy per run of records, one scatter on the
-device) while the other half is read. A chunk that fails a check fails the job, and the engine
-recomputes its blocks; the job still verifies every other chunk (without moving it) and names ALL
-the bad ones at once, so that one pass drops every bad file, not one per pass.
+scattered as it is read, a numpy copy per view. On a GPU the staging area is pinned, in two
+halves: a half's records are moved by one ``PageMover`` load, given as grids (``staged_grids``:
+one per group, its views times the blocks; by default the copy kernel straight from the pinned
+half, ``pages/mover.py``), while the other half is read. A chunk that fails a check fails the
+job, and the engine recomputes its blocks; the job still verifies every other chunk (without
+moving it) and names ALL the bad ones at once, so that one pass drops every bad file, not one per
+pass.
 
 ``TierWriteHandler`` (host tier -> tier): writes each chunk's record straight from its host slot,
 one buffer. A ``staged`` job copies the records first, in ``transfer_async``, because this step's
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -30,7 +33,8 @@ import torch
 from kvtier.addresses import EngineBlocks, HostChunks, TierChunks, TransferSpec
 from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
-from kvtier.pages import PageMover, Pages
+from kvtier.pages import PageMover
+from kvtier.pages.grid import PageGrid, record_grid
 from kvtier.tiers.base.chunk_format import Buffer, ChunkError
 from kvtier.tiers.base.chunk_plan import GroupCopy, check_range, plan_copy
 from kvtier.tiers.base.chunk_tier import ChunkTier
@@ -45,7 +49,7 @@ READ_AHEAD = 4  # chunk files the kernel is asked to read ahead of the one being
 STAGE_BYTES = 32 << 20  # a GPU load's staging half: records moved to the device together
 
 
-class _Read(NamedTuple):
+class ChunkRead(NamedTuple):
     """A chunk of a job to read: its position in the job's keys, group, the engine blocks it
     fills and the sub-block of its record the first of them is."""
 
@@ -124,7 +128,7 @@ class TierLoadHandler(ThreadedHandler):
             self.tier.prefetch(keys[reads[n].chunk])
         bad: list[int] = []
         nbytes, half = 0, 0
-        staged: list[tuple[int, _Read]] = []  # (slot in the half, read) to move
+        staged: list[tuple[int, ChunkRead]] = []  # (slot in the half, read) to move
         for n, read in enumerate(reads):
             if n + ahead < len(reads):  # fetched while this one is handled
                 self.tier.prefetch(keys[reads[n + ahead].chunk])
@@ -161,7 +165,7 @@ class TierLoadHandler(ThreadedHandler):
             event.synchronize()
             self._moved[half] = None
 
-    def _move(self, half: int, staged: list[tuple[int, _Read]]) -> None:
+    def _move(self, half: int, staged: list[tuple[int, ChunkRead]]) -> None:
         """The records in staging half ``half`` into their engine blocks."""
         if self._mover is None:  # the CPU: a numpy copy per view, the GIL released
             for slot, read in staged:
@@ -173,24 +177,36 @@ class TierLoadHandler(ThreadedHandler):
                     pages = record[at : at + len(read.block_ids) * page]
                     self._engine_np[view][read.block_ids] = pages.reshape(-1, page)
             return
-        record_bytes = self._stage_np.shape[2]
-        parts = []
-        for slot, read in staged:
-            subs = read.first + np.arange(len(read.block_ids), dtype=np.int64)
-            offsets = self.records.page_offsets(read.group, subs) + slot * record_bytes
-            views = np.array(self.layout.groups[read.group], dtype=np.int64)
-            count = len(read.block_ids)
-            parts.append(Pages(np.repeat(views, count), np.tile(read.block_ids, len(views)),
-                               offsets.ravel()))  # fmt: skip
+        grids = staged_grids(self.records, staged, self._stage_np.shape[2])
         assert self._stream is not None
         with torch.cuda.stream(self._stream):
-            self._mover.load(Pages.join(parts), self._stage[half].view(-1))
+            self._mover.load(grids, self._stage[half].view(-1))
             moved = torch.cuda.Event()  # type: ignore[no-untyped-call]
             moved.record(self._stream)
         self._moved[half] = moved
 
 
-def _reads(plan: list[GroupCopy], factor: int) -> list[_Read]:
+def staged_grids(
+    records: RecordLayout, staged: Sequence[tuple[int, ChunkRead]], record_bytes: int
+) -> list[PageGrid]:
+    """The pages of records staged side by side (``(slot, read)``: chunk ``read`` in slot
+    ``slot``, ``record_bytes`` a slot) as one grid per group: its views times the blocks."""
+    by_group: dict[int, list[tuple[int, ChunkRead]]] = {}
+    for slot, read in staged:
+        by_group.setdefault(read.group, []).append((slot, read))
+    grids = []
+    for group, reads in by_group.items():
+        blocks = np.concatenate([read.block_ids for _, read in reads])
+        rows = np.concatenate([
+            slot * records.factor + read.first + np.arange(len(read.block_ids), dtype=np.int64)
+            for slot, read in reads
+        ])  # fmt: skip
+        grids.append(record_grid(records.groups[group], records.offsets(group), blocks, rows,
+                                 records.factor, record_bytes))  # fmt: skip
+    return grids
+
+
+def _reads(plan: list[GroupCopy], factor: int) -> list[ChunkRead]:
     """Every chunk the plan reads, in reading order, with the blocks it fills."""
     reads = []
     for copy in plan:
@@ -198,7 +214,7 @@ def _reads(plan: list[GroupCopy], factor: int) -> list[_Read]:
         for chunk in dict.fromkeys(chunk_of_row.tolist()):
             mine = np.flatnonzero(chunk_of_row == chunk)
             first = int(copy.host_rows[mine[0]]) % factor  # a chunk's rows are consecutive
-            reads.append(_Read(chunk, copy.group, copy.block_ids[mine], first))
+            reads.append(ChunkRead(chunk, copy.group, copy.block_ids[mine], first))
     return reads
 
 

@@ -16,7 +16,6 @@ group leaves the rest of its slot unused.
     .view_bytes(g) -> [int]              bytes of each view of group g in its record
     .group_bytes(g) -> int               bytes of group g's record
     .offsets(g) -> (int, ...)            where each view of group g starts in the record
-    .page_offsets(g, subs) -> (V, n)     byte offsets of sub-blocks ``subs`` in every view
     HostRecords                          host memory as a tier writes from it: a record a slot
 """
 
@@ -66,13 +65,6 @@ class RecordLayout:
 
     def offsets(self, group: int) -> tuple[int, ...]:
         return self._offsets[group][:-1]
-
-    def page_offsets(self, group: int, subs: np.ndarray) -> np.ndarray:
-        """``(views of the group, len(subs))``: the byte offset in a record of sub-block
-        ``subs[k]`` (``0 <= subs[k] < factor``) in each view of ``group``."""
-        pages = np.array([self.page_bytes[v] for v in self.groups[group]], dtype=np.int64)
-        starts = np.array(self.offsets(group), dtype=np.int64)
-        return starts[:, None] + pages[:, None] * np.asarray(subs, dtype=np.int64)[None, :]
 
 
 class HostRecords(Protocol):

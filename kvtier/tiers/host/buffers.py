@@ -20,7 +20,7 @@ import torch
 
 from kvtier.layout import KVLayout
 from kvtier.pages import Pages
-from kvtier.pages.grid import PageGrid
+from kvtier.pages.grid import PageGrid, record_grid
 from kvtier.tiers.base.records import RecordLayout
 from kvtier.tiers.host.commit import commit
 from kvtier.tiers.host.pinning import PIECE_BYTES, Pinning
@@ -100,10 +100,9 @@ class HostTier:
 
     def page_grid(self, group: int, block_ids: np.ndarray, rows: np.ndarray) -> PageGrid:
         """``page_map``'s pages as a grid: the group's views times the blocks."""
-        slots, subs = np.divmod(np.asarray(rows, dtype=np.int64), self.block_size_factor)
-        views = np.array(self.records.groups[group], dtype=np.int64)
-        return PageGrid(views, np.asarray(block_ids, dtype=np.int64), slots * self.record_bytes,
-                        subs, np.array(self.records.offsets(group), dtype=np.int64))  # fmt: skip
+        records = self.records
+        return record_grid(records.groups[group], records.offsets(group), block_ids, rows,
+                           self.block_size_factor, self.record_bytes)  # fmt: skip
 
     def close(self) -> None:
         """Stop pinning and unregister the memory (the engine's copies must be done)."""

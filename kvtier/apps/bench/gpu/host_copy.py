@@ -13,13 +13,13 @@
     measure(rig, reps, clock)        host_store_ratio and host_load_ratio per mechanism
 
 Mechanisms: on CUDA ``dma`` (a gather on the device, large copies on the copy engine) and
-``kernel`` (one Triton kernel straight to pinned host memory; DMA where Triton does not run),
-each through ``engine_host_handlers`` as the connector builds them; on the CPU ``cpu`` (the
-copy lanes). The bound is one contiguous copy of the same bytes between pinned host memory and
-device memory (``Bound``), timed back to back with each job, the order alternating per rep; a
-figure is ``bound seconds / job seconds`` per rep (1.0: as fast as the one copy). Stores copy the
-request's blocks into its slots; loads copy the slots into other blocks, which are checked
-against the originals once after the reps.
+``kernel`` (the default: one Triton kernel straight to pinned host memory; DMA where Triton does
+not run), each through ``engine_host_handlers`` as the connector builds them; on the CPU
+``cpu`` (the copy lanes). The bound is one contiguous copy of the same bytes between pinned host
+memory and device memory (``Bound``), timed back to back with each job, the order alternating
+per rep; a figure is ``bound seconds / job seconds`` per rep (1.0: as fast as the one copy).
+Stores copy the request's blocks into its slots; loads copy the slots into other blocks, which
+are checked against the originals once after the reps.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def _worker(layout: KVLayout, host: HostTier, mechanism: str) -> TransferWorker:
     load: EngineHostHandler
     if mechanism == "cpu":  # the connector's own pair: copy lanes on the CPU
         store, load = engine_host_handlers(layout, host)
-    else:  # the connector's pair, by the mechanism ``copy_mechanism`` would choose
+    else:  # the connector's pair, by this mechanism (the connector's: ``gpu_mechanism()``)
         store, load = engine_host_handlers(layout, host, mechanism=Mechanism(mechanism))
     worker = TransferWorker()
     worker.register_handler(Medium.ENGINE, Medium.CPU, store)

@@ -47,7 +47,7 @@ class CudaCopyHandler(EngineHostHandler):
         host: HostTier,
         store: bool,
         stage_bytes: int = STAGE_BYTES,
-        mechanism: Mechanism = Mechanism.DMA,
+        mechanism: Mechanism | None = None,
     ) -> None:
         super().__init__(layout, host, store)
         self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
