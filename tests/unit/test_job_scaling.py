@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import CodeType, FrameType
@@ -25,10 +25,14 @@ import torch
 from kvtier.addresses import EngineBlocks, HostChunks, TierChunks
 from kvtier.keys import make_key
 from kvtier.layout import KVLayout, build_layout
+from kvtier.pages import grid
 from kvtier.tiers.base.chunk_io import TierLoadHandler
+from kvtier.tiers.base.chunk_plan import GroupCopy
+from kvtier.tiers.base.handler import TransferResult
 from kvtier.tiers.disk.files import DiskTier
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.host.io import engine_host_handlers
+from kvtier.tiers.host.io.engine_host import EngineHostHandler
 
 BLOCKS, CHUNKS, FACTOR = 64, 8, 4
 VIEWS = (8, 32, 128)
@@ -109,6 +113,46 @@ def _disk_load(views: int, root: Path) -> int:
             assert result.success
     handler.shutdown()
     return calls.count
+
+
+class GridPlanner(EngineHostHandler):
+    """What a job on a GPU asks of the engine's thread before its one kernel launch per grid
+    (``copy_cuda.py``, the ``kernel`` mechanism): the job planned, its grids, the grid kernel's
+    tables over the engine's views (``pages/grid.py``)."""
+
+    def __init__(self, layout: KVLayout, host: HostTier, store: bool) -> None:
+        super().__init__(layout, host, store)
+        self.views = grid.view_table(layout.views)
+        self.tables: grid.Tables | None = None
+
+    def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
+        self.tables = grid.tables(self.page_grids(plan), self.views, self.host.memory.data_ptr())
+
+    def get_finished(self) -> list[TransferResult]:
+        return []
+
+    def fence(self, job_ids: Collection[int]) -> None:
+        pass
+
+    def wait(self, job_ids: Collection[int]) -> None:
+        pass
+
+
+def _gpu_plan(views: int) -> int:
+    layout = _layout(views)
+    handler = GridPlanner(layout, HostTier(layout, CHUNKS, FACTOR), store=True)
+    job = (_blocks(), HostChunks(np.arange(CHUNKS, dtype=np.int64)))
+    assert handler.transfer_async(0, *job)
+    calls = Calls(EngineHostHandler.transfer_async.__code__)
+    with profiled(calls):
+        assert handler.transfer_async(1, *job)
+    assert handler.tables is not None and len(handler.tables.grids) == 1
+    return calls.count
+
+
+def test_a_gpu_jobs_planning_is_the_same_at_any_number_of_views() -> None:
+    counts = {views: _gpu_plan(views) for views in VIEWS}
+    assert len(set(counts.values())) == 1, counts
 
 
 JOBS: dict[str, Callable[[int, Path], int]] = {

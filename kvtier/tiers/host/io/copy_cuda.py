@@ -60,7 +60,7 @@ class CudaCopyHandler(EngineHostHandler):
 
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
         host = self.host
-        pages = [host.page_grid(c.group, c.block_ids, c.host_rows) for c in plan]
+        pages = self.page_grids(plan)
         ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
         ready.record(torch.cuda.current_stream(self.device))  # the engine's work so far
         started = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]

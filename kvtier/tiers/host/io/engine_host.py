@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from kvtier.addresses import EngineBlocks, HostChunks, TransferSpec
 from kvtier.layout import KVLayout
+from kvtier.pages.grid import PageGrid
 from kvtier.tiers.base.chunk_plan import GroupCopy, check_groups, check_range, plan_copy
 from kvtier.tiers.base.handler import Transfer, TransferHandler
 from kvtier.tiers.host.buffers import HostTier
@@ -68,6 +69,11 @@ class EngineHostHandler(TransferHandler):
                 f"got {type(src).__name__} -> {type(dst).__name__}"
             )
         return engine, host
+
+    def page_grids(self, plan: list[GroupCopy]) -> list[PageGrid]:
+        """A job's pages as grids, one per copy of ``plan``: its group's views times its blocks
+        (``HostTier.page_grid``), the same work whatever the number of views."""
+        return [self.host.page_grid(c.group, c.block_ids, c.host_rows) for c in plan]
 
     @abstractmethod
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
