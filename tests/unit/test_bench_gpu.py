@@ -137,6 +137,7 @@ def test_a_measure_past_its_limit_is_interrupted(tmp_path: Path) -> None:
 def test_the_markdown_names_the_device_the_tests_and_every_figure() -> None:
     document = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-01-01T00:00:00Z",
                 "quick": True, "reps": 3, "tokens": 4096, "runtime_s": 100.0, "torch": "2.x",
+                "default_mechanism": "kernel",
                 "shapes": {"8b": {"host_store_ratio": {"dma": summary([0.95]),
                                                        "kernel": summary([0.85])},
                                   "why_null": {}}},
@@ -146,6 +147,7 @@ def test_the_markdown_names_the_device_the_tests_and_every_figure() -> None:
     assert "| 8b | host_store_ratio | dma | 0.95 | 0.95 | 0.95 | >= 0.9 | yes |" in text
     assert "| 8b | host_store_ratio | kernel | 0.85 | 0.85 | 0.85 | >= 0.9 | **no** |" in text
     assert "- 8b hit_over_prefill: not measured" in text  # a figure never measured says so
+    assert "- an engine's mechanism (`KVTIER_GPU_COPY`): kernel" in text
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,8 @@ def summary(document: Mapping[str, Any], tests: str | None = None) -> Summary:
                f"{document.get('tokens')} tokens, {document.get('runtime_s', '?')} s; torch "
                f"{document.get('torch')}")  # fmt: skip
         facts.append(("`kvtier bench gpu`", run))
+    if document.get("default_mechanism"):
+        facts.append(("an engine's mechanism (`KVTIER_GPU_COPY`)", document["default_mechanism"]))
     table, nulls = [], []
     for row in rows(document):
         goal = "-" if row["goal"] is None else f"{row['how']} {row['goal']}"
