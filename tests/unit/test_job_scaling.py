@@ -28,7 +28,7 @@ from kvtier.layout import KVLayout, build_layout
 from kvtier.pages import grid
 from kvtier.tiers.base.chunk_io import TierLoadHandler
 from kvtier.tiers.base.chunk_plan import GroupCopy
-from kvtier.tiers.base.handler import TransferResult
+from kvtier.tiers.base.handler import Transfer, TransferResult
 from kvtier.tiers.disk.files import DiskTier
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.host.io import engine_host_handlers
@@ -153,6 +153,33 @@ def _gpu_plan(views: int) -> int:
 def test_a_gpu_jobs_planning_is_the_same_at_any_number_of_views() -> None:
     counts = {views: _gpu_plan(views) for views in VIEWS}
     assert len(set(counts.values())) == 1, counts
+
+
+def test_a_steps_stores_of_many_requests_are_one_grid_per_group() -> None:
+    """A step's stores are one job of a part per request: one grid (one kernel launch) for
+    them all, holding the same pages as each part's own."""
+    layout = _layout(8)
+    host = HostTier(layout, CHUNKS, FACTOR)
+    parts = [Transfer(7, EngineBlocks(np.arange(r * FACTOR, (r + 1) * FACTOR), (FACTOR,), (0,)),
+                      HostChunks(np.array([CHUNKS - 1 - r]))) for r in range(CHUNKS)]  # fmt: skip
+    handler = GridPlanner(layout, host, store=True)
+    assert handler.transfer_batch(parts) == [True] * CHUNKS
+    assert handler.tables is not None and len(handler.tables.grids) == 1
+    expected: set[tuple[int, int, int]] = set()
+    for part in parts:
+        alone = GridPlanner(layout, host, store=True)
+        assert alone.transfer_async(0, part.src, part.dst) and alone.tables is not None
+        expected |= _copies(alone.tables)
+    assert _copies(handler.tables) == expected
+
+
+def _copies(tables: grid.Tables) -> set[tuple[int, int, int]]:
+    """Every (engine address, host offset, bytes) the tables' grids copy."""
+    found = set()
+    for index in range(len(tables.grids)):
+        engine, hosted, size = grid.addresses(*tables.of(index), host=0)
+        found |= set(zip(engine.tolist(), hosted.tolist(), size.tolist(), strict=True))
+    return found
 
 
 JOBS: dict[str, Callable[[int, Path], int]] = {

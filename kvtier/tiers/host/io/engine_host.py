@@ -11,6 +11,8 @@ import logging
 from abc import abstractmethod
 from collections.abc import Sequence
 
+import numpy as np
+
 from kvtier.addresses import EngineBlocks, HostChunks, TransferSpec
 from kvtier.layout import KVLayout
 from kvtier.pages.grid import PageGrid
@@ -71,9 +73,17 @@ class EngineHostHandler(TransferHandler):
         return engine, host
 
     def page_grids(self, plan: list[GroupCopy]) -> list[PageGrid]:
-        """A job's pages as grids, one per copy of ``plan``: its group's views times its blocks
-        (``HostTier.page_grid``), the same work whatever the number of views."""
-        return [self.host.page_grid(c.group, c.block_ids, c.host_rows) for c in plan]
+        """A job's pages as grids, one per group however many parts and requests the job has:
+        the group's views times its blocks (``HostTier.page_grid``), the same work whatever the
+        number of views (the ``kernel`` mechanism launches once per grid)."""
+        by_group: dict[int, list[GroupCopy]] = {}
+        for copy in plan:
+            by_group.setdefault(copy.group, []).append(copy)
+        return [
+            self.host.page_grid(group, np.concatenate([c.block_ids for c in copies]),
+                                np.concatenate([c.host_rows for c in copies]))
+            for group, copies in by_group.items()
+        ]  # fmt: skip
 
     @abstractmethod
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
