@@ -4,6 +4,8 @@
     available() -> bool                    Triton imports, a CUDA device is there, and both
                                            kernels compile for it (at the engine's start, not
                                            in its first job)
+    reaches_host(device) -> bool           ``device`` addresses registered host memory at its
+                                           host addresses (else no kernel touches host memory)
     fits(src, dst, size) -> bool           every address and size is a multiple of 8 bytes
     copy(descriptors, n, programs)         every ``(src, dst, size)`` copied, on the current
                                            stream; ``descriptors`` is ``(3, n)`` int64, on the
@@ -23,6 +25,7 @@ engine).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from functools import cache
 from typing import Any
@@ -34,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 PROGRAMS = 16  # programs per launch: a share of the SMs, not all of them
 BLOCK_WORDS = 2048  # 8-byte words each program moves per step
+HOST_POINTERS = 91  # CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
 
 
 @cache
@@ -69,6 +73,34 @@ def available() -> bool:
     except Exception:
         logger.warning("kvtier: Triton cannot compile the copy kernels; torch moves the pages",
                        exc_info=True)  # fmt: skip
+        return False
+    return True
+
+
+def reaches_host(device: torch.device) -> bool:
+    """Whether CUDA ``device`` reads and writes registered host memory at its host addresses, as
+    the kernels do (the driver's CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: true on Linux with
+    unified addressing, not under WSL). False where it cannot be asked: then the copy engine
+    moves host memory."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _reaches_host(index)
+
+
+@cache
+def _reaches_host(index: int) -> bool:
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+        device, value = ctypes.c_int(), ctypes.c_int()
+        failed = (
+            driver.cuInit(0)
+            or driver.cuDeviceGet(ctypes.byref(device), index)
+            or driver.cuDeviceGetAttribute(ctypes.byref(value), HOST_POINTERS, device)
+        )
+    except (OSError, AttributeError):  # no driver library, or not this one
+        failed = True
+    if failed or value.value != 1:
+        logger.warning("kvtier: CUDA device %d cannot use host pointers to registered memory; "
+                       "its pages move by the copy engine", index)  # fmt: skip
         return False
     return True
 

@@ -14,7 +14,8 @@ On a GPU a job goes one of two ways (``Mechanism``; by default ``gpu_mechanism()
 ``KVTIER_GPU_COPY`` names, else ``KERNEL``):
 
 - ``KERNEL``: the kernel copies every page straight between the engine and pinned host memory
-  (unified addressing), no staging and no copy engine: for host memory not pinned yet, DMA.
+  (unified addressing), no staging and no copy engine: for host memory not pinned yet, and on a
+  GPU that cannot address it at its host addresses (``kernel.reaches_host``), DMA.
   Given grids, the grid kernel computes each page's addresses on the device from a table of
   ``V + K`` entries per grid: the engine's thread does ``O(blocks)`` work per job, where a
   page table is ``3 * V * K`` entries planned and uploaded (16,384 pages for a 4,096-token
@@ -101,6 +102,8 @@ class PageMover:
         if triton is None:
             triton = self.device.type == "cuda" and kernel.available()
         self.kernel = triton
+        # the kernel may address host memory (always under the interpreter: the CPU's addresses)
+        self.to_host = triton and (self.device.type != "cuda" or kernel.reaches_host(self.device))
         self.staged = self.device.type != "cpu" if staged is None else staged
         self._stage = torch.empty(0, dtype=torch.uint8, device=self.device)
         self._word = self.spaces.tensors[0].dtype
@@ -137,7 +140,7 @@ class PageMover:
 
     def _move(self, pages: Pages | Grids, host: torch.Tensor, pinned: bool, store: bool) -> int:
         if not isinstance(pages, Pages):
-            straight = self.mechanism is Mechanism.KERNEL and self.kernel and pinned
+            straight = self.mechanism is Mechanism.KERNEL and self.to_host and pinned
             moved = self._grids(pages, host, store) if straight and self.staged else None
             if moved is not None:
                 return moved
@@ -146,7 +149,7 @@ class PageMover:
             for piece in self.pieces(pages, host, store, 1 << 62):
                 piece()
             return int(self.page_bytes[pages.views].sum())
-        if self.mechanism is Mechanism.KERNEL and self.kernel and pinned:
+        if self.mechanism is Mechanism.KERNEL and self.to_host and pinned:
             if self._straight(pages, host, store):
                 return int(self.page_bytes[pages.views].sum())
         moved = 0

@@ -52,5 +52,7 @@ def test_memory_not_pinned_moves_by_the_copy_engine() -> None:
 
 
 def test_triton_runs_here() -> None:
-    """The GPU machine has Triton: the bounded-program kernel is what gathers."""
+    """The GPU machine has Triton: the bounded-program kernel is what gathers, and it reaches
+    registered host memory at its host addresses (the ``kernel`` mechanism, an engine's)."""
     assert kernel.available()
+    assert kernel.reaches_host(torch.device("cuda"))

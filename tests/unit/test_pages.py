@@ -11,7 +11,7 @@ import torch
 from kv_layouts import LAYOUTS, round_trip
 
 from kvtier.layout import build_layout
-from kvtier.pages import PageMover, Pages, grid
+from kvtier.pages import PageMover, Pages, grid, kernel
 from kvtier.pages.mover import GPU_COPY_ENV, Mechanism
 from kvtier.pages.plan import plan_batches
 from kvtier.pages.spaces import Spaces
@@ -200,3 +200,9 @@ def test_a_gpu_moves_pages_by_the_kernel_unless_the_environment_says_dma(
     monkeypatch.setenv(GPU_COPY_ENV, "fast")
     with pytest.raises(ValueError, match="KVTIER_GPU_COPY must be 'dma' or 'kernel', got 'fast'"):
         PageMover(views)
+
+
+def test_a_gpu_the_driver_cannot_vouch_for_never_has_the_kernel_touch_host_memory() -> None:
+    """Without a CUDA driver to ask (this machine), ``reaches_host`` says no rather than fail:
+    an engine there would move host memory by the copy engine."""
+    assert kernel.reaches_host(torch.device("cuda", 0)) is False
