@@ -86,9 +86,8 @@ class PageMover:
     ) -> None:
         """``mechanism``: None, ``gpu_mechanism()``. ``staged``: move through the staging area
         (None: on a GPU only; the tests stage on the CPU too, to run the GPU's steps where there
-        is no GPU). ``triton``: move with the
-        kernels of ``kernel.py`` (None: on a GPU where Triton runs; the tests run them on the
-        CPU under Triton's interpreter)."""
+        is no GPU). ``triton``: move with the kernels of ``kernel.py`` (None: on a GPU where
+        Triton runs; the tests run them on the CPU under Triton's interpreter)."""
         if not views:
             raise ValueError("kvtier: PageMover needs at least one view")
         self.device = views[0].device
