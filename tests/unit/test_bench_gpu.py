@@ -69,6 +69,8 @@ def test_a_quick_cpu_run_measures_every_figure_and_imports_no_vllm(tmp_path: Pat
     profiled = shape["details"]["host"]["submit_profile"]  # what a job's time is made of
     assert set(profiled) == {"store_cpu", "load_cpu"}
     assert all(row["ms_per_job"] >= 0 and row["function"] for row in profiled["store_cpu"])
+    planned = shape["details"]["host"]["plan_ms"]  # the engine thread's planning, per mechanism
+    assert set(planned) == {"dma", "kernel"} and all(p["min"] > 0 for p in planned.values())
     pulled = shape["details"]["pull"]["pull_profile"]  # and a pull's
     assert any("recv" in row["function"] for row in pulled), pulled  # the socket's receive
     assert shape["why_null"] == {}

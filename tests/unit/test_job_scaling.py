@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import CodeType, FrameType
@@ -23,12 +23,13 @@ import pytest
 import torch
 
 from kvtier.addresses import EngineBlocks, HostChunks, TierChunks
+from kvtier.apps.bench.gpu.plan_cost import JobPlanner
 from kvtier.keys import make_key
 from kvtier.layout import KVLayout, build_layout
 from kvtier.pages import grid
+from kvtier.pages.mover import Mechanism
 from kvtier.tiers.base.chunk_io import TierLoadHandler
-from kvtier.tiers.base.chunk_plan import GroupCopy
-from kvtier.tiers.base.handler import Transfer, TransferResult
+from kvtier.tiers.base.handler import Transfer
 from kvtier.tiers.disk.files import DiskTier
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.host.io import engine_host_handlers
@@ -115,42 +116,27 @@ def _disk_load(views: int, root: Path) -> int:
     return calls.count
 
 
-class GridPlanner(EngineHostHandler):
-    """What a job on a GPU asks of the engine's thread before its one kernel launch per grid
-    (``copy_cuda.py``, the ``kernel`` mechanism): the job planned, its grids, the grid kernel's
-    tables over the engine's views (``pages/grid.py``)."""
-
-    def __init__(self, layout: KVLayout, host: HostTier, store: bool) -> None:
-        super().__init__(layout, host, store)
-        self.views = grid.view_table(layout.views)
-        self.tables: grid.Tables | None = None
-
-    def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
-        self.tables = grid.tables(self.page_grids(plan), self.views, self.host.memory.data_ptr())
-
-    def get_finished(self) -> list[TransferResult]:
-        return []
-
-    def fence(self, job_ids: Collection[int]) -> None:
-        pass
-
-    def wait(self, job_ids: Collection[int]) -> None:
-        pass
+def _tables(planner: JobPlanner) -> grid.Tables:
+    assert isinstance(planner.planned, grid.Tables)
+    return planner.planned
 
 
 def _gpu_plan(views: int) -> int:
     layout = _layout(views)
-    handler = GridPlanner(layout, HostTier(layout, CHUNKS, FACTOR), store=True)
+    handler = JobPlanner(layout, HostTier(layout, CHUNKS, FACTOR), Mechanism.KERNEL)
     job = (_blocks(), HostChunks(np.arange(CHUNKS, dtype=np.int64)))
     assert handler.transfer_async(0, *job)
     calls = Calls(EngineHostHandler.transfer_async.__code__)
     with profiled(calls):
         assert handler.transfer_async(1, *job)
-    assert handler.tables is not None and len(handler.tables.grids) == 1
+    assert len(_tables(handler).grids) == 1
     return calls.count
 
 
 def test_a_gpu_jobs_planning_is_the_same_at_any_number_of_views() -> None:
+    """What a job on a GPU asks of the engine's thread before its one kernel launch per grid
+    (the ``kernel`` mechanism, ``bench gpu``'s planner): the job planned, its grids, the grid
+    kernel's tables over the engine's views."""
     counts = {views: _gpu_plan(views) for views in VIEWS}
     assert len(set(counts.values())) == 1, counts
 
@@ -162,15 +148,15 @@ def test_a_steps_stores_of_many_requests_are_one_grid_per_group() -> None:
     host = HostTier(layout, CHUNKS, FACTOR)
     parts = [Transfer(7, EngineBlocks(np.arange(r * FACTOR, (r + 1) * FACTOR), (FACTOR,), (0,)),
                       HostChunks(np.array([CHUNKS - 1 - r]))) for r in range(CHUNKS)]  # fmt: skip
-    handler = GridPlanner(layout, host, store=True)
+    handler = JobPlanner(layout, host, Mechanism.KERNEL)
     assert handler.transfer_batch(parts) == [True] * CHUNKS
-    assert handler.tables is not None and len(handler.tables.grids) == 1
+    assert len(_tables(handler).grids) == 1
     expected: set[tuple[int, int, int]] = set()
     for part in parts:
-        alone = GridPlanner(layout, host, store=True)
-        assert alone.transfer_async(0, part.src, part.dst) and alone.tables is not None
-        expected |= _copies(alone.tables)
-    assert _copies(handler.tables) == expected
+        alone = JobPlanner(layout, host, Mechanism.KERNEL)
+        assert alone.transfer_async(0, part.src, part.dst)
+        expected |= _copies(_tables(alone))
+    assert _copies(_tables(handler)) == expected
 
 
 def _copies(tables: grid.Tables) -> set[tuple[int, int, int]]:
