@@ -2,8 +2,8 @@
 
 A 70B-class tensor-parallel rank hands kvtier 160 views of 4 KiB pages: a 4,096-token host job is
 3 ms on an H200's bus. Working out a group's block bytes view by view, from page sizes recomputed
-per view, cost that job 17 ms of the engine thread's time (host tier) and a disk or Redis load
-2 s (on the CPU here; the same Python runs beside a GPU). Counted here: the Python and C calls a
+per view, cost that job 7-12 ms of the engine thread's time (host tier) and a disk or Redis
+load 1.4-2 s (on the CPU here; the same Python runs beside a GPU). Counted here: the calls a
 job makes, on whichever thread runs it, for layouts of 8, 32 and 128 views with the same blocks
 and chunks. Calls are counted, not timed, so the check is exact on a busy machine.
 """
