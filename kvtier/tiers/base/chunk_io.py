@@ -36,7 +36,7 @@ from kvtier.layout import KVLayout
 from kvtier.pages import PageMover
 from kvtier.pages.grid import PageGrid, record_grid
 from kvtier.tiers.base.chunk_format import Buffer, ChunkError
-from kvtier.tiers.base.chunk_plan import GroupCopy, check_range, plan_copy
+from kvtier.tiers.base.chunk_plan import GroupCopy, check_range, join_by_group, plan_copy
 from kvtier.tiers.base.chunk_tier import ChunkTier
 from kvtier.tiers.base.handler import TransferResult
 from kvtier.tiers.base.job_thread import JobThread, ThreadedHandler
@@ -191,19 +191,14 @@ def staged_grids(
 ) -> list[PageGrid]:
     """The pages of records staged side by side (``(slot, read)``: chunk ``read`` in slot
     ``slot``, ``record_bytes`` a slot) as one grid per group: its views times the blocks."""
-    by_group: dict[int, list[tuple[int, ChunkRead]]] = {}
-    for slot, read in staged:
-        by_group.setdefault(read.group, []).append((slot, read))
-    grids = []
-    for group, reads in by_group.items():
-        blocks = np.concatenate([read.block_ids for _, read in reads])
-        rows = np.concatenate([
-            slot * records.factor + read.first + np.arange(len(read.block_ids), dtype=np.int64)
-            for slot, read in reads
-        ])  # fmt: skip
-        grids.append(record_grid(records.groups[group], records.offsets(group), blocks, rows,
-                                 records.factor, record_bytes))  # fmt: skip
-    return grids
+    factor = records.factor
+    copies = join_by_group(
+        GroupCopy(read.group, read.block_ids,
+                  slot * factor + read.first + np.arange(len(read.block_ids), dtype=np.int64))
+        for slot, read in staged
+    )  # fmt: skip
+    return [record_grid(records.groups[c.group], records.offsets(c.group), c.block_ids,
+                        c.host_rows, factor, record_bytes) for c in copies]  # fmt: skip
 
 
 def _reads(plan: list[GroupCopy], factor: int) -> list[ChunkRead]:

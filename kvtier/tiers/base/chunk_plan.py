@@ -10,6 +10,7 @@ exactly, or the plan is refused.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import numpy as np
@@ -48,6 +49,22 @@ def plan_copy(engine: EngineBlocks, host: HostChunks, factor: int) -> list[Group
         block_at += n
         slot_at += span
     return copies
+
+
+def join_by_group(copies: Iterable[GroupCopy]) -> list[GroupCopy]:
+    """``copies`` joined into one per group (its blocks and rows in order), groups in the order
+    they first come: a job of many parts, or of many chunks, is one grid per group."""
+    by_group: dict[int, list[GroupCopy]] = {}
+    for copy in copies:
+        by_group.setdefault(copy.group, []).append(copy)
+    return [
+        GroupCopy(
+            group,
+            np.concatenate([c.block_ids for c in parts]),
+            np.concatenate([c.host_rows for c in parts]),
+        )  # fmt: skip
+        for group, parts in by_group.items()
+    ]
 
 
 def check_groups(engine: EngineBlocks, num_groups: int) -> None:

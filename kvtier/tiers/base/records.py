@@ -36,16 +36,15 @@ class RecordLayout:
     page_bytes: tuple[int, ...]  # per view: bytes of one engine block's page
     groups: tuple[tuple[int, ...], ...]  # per group: its views, in record order
     factor: int  # engine blocks per chunk
-    # per group, worked out once (a job asks for them chunk by chunk)
-    _views: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+    # per group: where each view starts in a record, then its end (a job asks chunk by chunk)
     _offsets: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.factor < 1:
             raise ValueError(f"kvtier: block_size_factor must be >= 1, got {self.factor}")
-        views = tuple(tuple(self.page_bytes[v] * self.factor for v in g) for g in self.groups)
-        object.__setattr__(self, "_views", views)
-        offsets = tuple(tuple(accumulate(sizes, initial=0)) for sizes in views)
+        offsets = tuple(
+            tuple(accumulate(self.view_bytes(g), initial=0)) for g in range(len(self.groups))
+        )
         object.__setattr__(self, "_offsets", offsets)
 
     @classmethod
@@ -53,7 +52,7 @@ class RecordLayout:
         return cls(layout.page_bytes, layout.groups, factor)
 
     def view_bytes(self, group: int) -> list[int]:
-        return list(self._views[group])
+        return [self.page_bytes[view] * self.factor for view in self.groups[group]]
 
     def group_bytes(self, group: int) -> int:
         return self._offsets[group][-1]

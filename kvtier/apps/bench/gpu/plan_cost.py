@@ -17,15 +17,12 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-import numpy as np
-
 from kvtier.addresses import EngineBlocks, HostChunks
 from kvtier.apps.bench.gpu.figures import summary
 from kvtier.layout import KVLayout
-from kvtier.pages import Pages, grid
-from kvtier.pages.mover import STAGE_BYTES, Mechanism
-from kvtier.pages.plan import Batch, plan_batches
-from kvtier.pages.spaces import Spaces
+from kvtier.pages import PageMover, Pages, grid
+from kvtier.pages.mover import Mechanism
+from kvtier.pages.plan import Batch
 from kvtier.tiers.base.chunk_plan import GroupCopy
 from kvtier.tiers.base.handler import TransferResult
 from kvtier.tiers.host.buffers import HostTier
@@ -40,8 +37,8 @@ class JobPlanner(EngineHostHandler):
         super().__init__(layout, host, store=True)
         self.mechanism = mechanism
         self.views = grid.view_table(layout.views)
-        self.spaces = Spaces.of(layout.views)
-        self.page_bytes = np.array(layout.page_bytes, dtype=np.int64)
+        # DMA's planning is the mover's own (``batches``); it moves nothing here
+        self.mover = PageMover(layout.views, mechanism=mechanism, host_piece=host.pin_piece_bytes)
         self.planned: grid.Tables | list[Batch] | None = None
 
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
@@ -49,9 +46,8 @@ class JobPlanner(EngineHostHandler):
         if self.mechanism is Mechanism.KERNEL:
             self.planned = grid.tables(grids, self.views, self.host.memory.data_ptr())
             return
-        pages = Pages.join([g.pages(self.page_bytes) for g in grids])
-        self.planned = plan_batches(pages, self.spaces, self.page_bytes, STAGE_BYTES,
-                                    self.host.pin_piece_bytes)  # fmt: skip
+        self.planned = self.mover.batches(Pages.join([g.pages(self.mover.page_bytes)
+                                                      for g in grids]))  # fmt: skip
 
     def get_finished(self) -> list[TransferResult]:
         return []

@@ -11,12 +11,16 @@ import logging
 from abc import abstractmethod
 from collections.abc import Sequence
 
-import numpy as np
-
 from kvtier.addresses import EngineBlocks, HostChunks, TransferSpec
 from kvtier.layout import KVLayout
 from kvtier.pages.grid import PageGrid
-from kvtier.tiers.base.chunk_plan import GroupCopy, check_groups, check_range, plan_copy
+from kvtier.tiers.base.chunk_plan import (
+    GroupCopy,
+    check_groups,
+    check_range,
+    join_by_group,
+    plan_copy,
+)
 from kvtier.tiers.base.handler import Transfer, TransferHandler
 from kvtier.tiers.host.buffers import HostTier
 
@@ -76,14 +80,7 @@ class EngineHostHandler(TransferHandler):
         """A job's pages as grids, one per group however many parts and requests the job has:
         the group's views times its blocks (``HostTier.page_grid``), the same work whatever the
         number of views (the ``kernel`` mechanism launches once per grid)."""
-        by_group: dict[int, list[GroupCopy]] = {}
-        for copy in plan:
-            by_group.setdefault(copy.group, []).append(copy)
-        return [
-            self.host.page_grid(group, np.concatenate([c.block_ids for c in copies]),
-                                np.concatenate([c.host_rows for c in copies]))
-            for group, copies in by_group.items()
-        ]  # fmt: skip
+        return [self.host.page_grid(*copy) for copy in join_by_group(plan)]
 
     @abstractmethod
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:

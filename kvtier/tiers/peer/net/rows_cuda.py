@@ -60,8 +60,8 @@ class CudaBlockRows:
     the calling thread (the server's and client's threads call it once when they start). Each
     thread moves rows on a side stream of its own, with its own ``PageMover``, through pinned
     buffers of its own, grown to the largest slice it moved. The rows of a slice lie back to back
-    in a buffer, so a slice is one gather (or scatter) on the device, one host copy, and one byte
-    view for the socket.
+    in a buffer, so a slice is one ``PageMover`` move (by default the copy kernel, straight
+    between the blocks and the pinned buffer) and one byte view for the socket.
 
     Serving: ``read_rows`` returns views of one read buffer, its rows gathered; ``read_ahead``
     starts the gather of the next slice into the other, so the device reads it while the socket
