@@ -24,6 +24,7 @@ from kvtier.tiers.peer.net import (
     client,
     server,
 )
+from kvtier.tiers.peer.net.base import Rows
 
 pytestmark = pytest.mark.gpu
 
@@ -47,11 +48,11 @@ class RecordingRows(CudaBlockRows):
         super().bind_thread()
         self._record("bind")
 
-    def read_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
+    def read_rows(self, rows: Rows) -> list[memoryview]:
         self._record("read")
         return super().read_rows(rows)
 
-    def write_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
+    def write_rows(self, rows: Rows) -> list[memoryview]:
         self._record("write")
         return super().write_rows(rows)
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from kvtier.tiers.peer.net import CpuBlockRows, PeerIdentity, TransferClient, TransferServer
+from kvtier.tiers.peer.net.base import Rows
 
 SECRET = b"kvtier-test-secret-0123456789abcdef"
 IDENTITY = PeerIdentity(
@@ -52,9 +53,9 @@ class SpyRows(CpuBlockRows):
         self.commits: list[list[tuple[int, int]]] = []
         self.bound_threads: list[str] = []
 
-    def commit(self, rows: Sequence[tuple[int, int]]) -> None:
+    def commit(self, rows: Rows) -> None:
         super().commit(rows)
-        self.commits.append(list(rows))
+        self.commits.append(pairs(rows))
 
     def bind_thread(self) -> None:
         self.bound_threads.append(threading.current_thread().name)
@@ -68,12 +69,17 @@ class StallingRows(SpyRows):
         super().__init__(views, GROUPS)
         self.stall, self.stalled, self.reads = stall, stalled, 0
 
-    def read_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
+    def read_rows(self, rows: Rows) -> list[memoryview]:
         self.reads += 1
         if self.reads == 2:
             self.stalled.set()
             self.stall.wait(WAIT_S)
         return super().read_rows(rows)
+
+
+def pairs(rows: Rows) -> list[tuple[int, int]]:
+    """``rows`` as ``(view, block)`` pairs."""
+    return [(view, block) for view, block in rows.tolist()]
 
 
 def same_blocks(

@@ -14,13 +14,14 @@ import random
 import threading
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
 import torch
-from peer_setup import GROUPS, NUM_BLOCKS, Engine, SpyRows, deadline, peers, same_blocks
+from peer_setup import GROUPS, NUM_BLOCKS, Engine, SpyRows, deadline, pairs, peers, same_blocks
 
 from kvtier.tiers.peer.net import client as client_module
 from kvtier.tiers.peer.net import request_rows, server
-from kvtier.tiers.peer.net.base import slices
+from kvtier.tiers.peer.net.base import Rows, slices
 
 SLICE = 1024  # two full rows, or four packed ones
 
@@ -32,10 +33,10 @@ class StagedRows(SpyRows):
         self.lock = threading.Lock()
         self.reads = self.read_ahead_hits = self.flushes = 0
 
-    def read_ahead(self, rows: Sequence[tuple[int, int]]) -> None:
+    def read_ahead(self, rows: Rows) -> None:
         self.local.ahead = (rows, self._copies(super().read_rows(rows)))
 
-    def read_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
+    def read_rows(self, rows: Rows) -> list[memoryview]:
         ahead, self.local.ahead = getattr(self.local, "ahead", None), None
         announced = ahead[1] if ahead is not None and ahead[0] is rows else None
         with self.lock:
@@ -43,14 +44,14 @@ class StagedRows(SpyRows):
             self.read_ahead_hits += announced is not None
         return [announced if announced is not None else self._copies(super().read_rows(rows))]
 
-    def write_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
+    def write_rows(self, rows: Rows) -> list[memoryview]:
         self.local.received = self._copies(super().write_rows(rows))
         return [self.local.received]
 
-    def commit(self, rows: Sequence[tuple[int, int]]) -> None:
+    def commit(self, rows: Rows) -> None:
         super().commit(rows)
         pending = getattr(self.local, "pending", [])
-        pending.append((list(rows), self.local.received))
+        pending.append((rows.copy(), self.local.received))
         self.local.pending = pending
 
     def flush(self) -> None:
@@ -94,7 +95,7 @@ def test_staged_rows_arrive_exact_a_slice_at_a_time(connections: int) -> None:
             assert received == 6 * (512 + 512) + 5 * 256
             assert same_blocks(prefill, remote, decode, local)
             committed = [row for piece in receiving.commits for row in piece]
-            assert sorted(committed) == sorted(request_rows(GROUPS, local))  # each row once
+            assert sorted(committed) == sorted(pairs(request_rows(GROUPS, local)))  # each once
             assert len(receiving.commits) > connections  # in slices, not whole parts
             assert receiving.flushes - flushes == connections  # each part flushed once
             # every read but each part's first was announced by the read before
@@ -102,8 +103,13 @@ def test_staged_rows_arrive_exact_a_slice_at_a_time(connections: int) -> None:
 
 
 def test_slices_keep_the_order_and_a_large_row_alone() -> None:
-    rows = [(0, 1), (0, 2), (2, 3), (1, 4), (2, 5), (2, 6)]
+    rows = np.array([(0, 1), (0, 2), (2, 3), (1, 4), (2, 5), (2, 6)], dtype=np.int64)
     sizes = (512, 2048, 256)
-    assert slices(rows, sizes, 1024) == [rows[:2], rows[2:3], rows[3:4], rows[4:]]
-    assert slices(rows, sizes, 3584) == [rows[:5], rows[5:]]
-    assert slices([], sizes, 1024) == []
+
+    def cut(limit: int, rows: Rows = rows) -> list[list[tuple[int, int]]]:
+        return [pairs(piece) for piece in slices(rows, sizes, limit)]
+
+    listed = pairs(rows)
+    assert cut(1024) == [listed[:2], listed[2:3], listed[3:4], listed[4:]]
+    assert cut(3584) == [listed[:5], listed[5:]]
+    assert cut(1024, rows[:0]) == []

@@ -10,6 +10,7 @@ import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 from peer_setup import (
     GROUPS,
@@ -18,6 +19,7 @@ from peer_setup import (
     SECRET,
     Engine,
     deadline,
+    pairs,
     peers,
     same_blocks,
     wait_done,
@@ -35,8 +37,11 @@ def split_every_pull(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_request_rows_are_per_group_per_view_per_block() -> None:
-    assert request_rows(((0, 1), (2,)), [[5, 3], [7]]) == [(0, 5), (0, 3), (1, 5), (1, 3), (2, 7)]
-    assert request_rows(((0, 1), (2,)), [[], [7]]) == [(2, 7)]
+    assert pairs(request_rows(((0, 1), (2,)), [[5, 3], [7]])) == [
+        (0, 5), (0, 3), (1, 5), (1, 3), (2, 7)
+    ]  # fmt: skip
+    assert pairs(request_rows(((0, 1), (2,)), [[], [7]])) == [(2, 7)]
+    assert request_rows(((0, 1), (2,)), [[], []]).shape == (0, 2)
     with pytest.raises(ValueError, match="2 groups"):
         request_rows(((0, 1), (2,)), [[1]])
 
@@ -64,7 +69,7 @@ def test_pull_copies_random_rows_exactly(connections: int) -> None:
             assert received == 5 * (512 + 512) + 3 * 256
             assert same_blocks(prefill, remote, decode, local)
             committed = sorted(row for part in decode.rows.commits for row in part)
-            assert committed == sorted(request_rows(GROUPS, local))  # each row once
+            assert committed == sorted(pairs(request_rows(GROUPS, local)))  # each row once
         assert wait_done(server, 3) == [("req-0", True), ("req-1", True), ("req-2", True)]
         counters = server.counters
         assert counters.pulls == 3 * connections and counters.refused == counters.errors == 0
@@ -122,12 +127,12 @@ def test_mismatched_lengths_are_a_value_error_naming_the_group() -> None:
 
 
 def test_rows_split_into_balanced_contiguous_parts() -> None:
-    rows = [(0, b) for b in range(5)] + [(1, b) for b in range(5)]
+    rows = np.array([(0, b) for b in range(5)] + [(1, b) for b in range(5)], dtype=np.int64)
     parts = _split(rows, (100, 300), 2)
     assert [(p.start, p.stop, p.nbytes) for p in parts] == [(0, 7, 1100), (7, 10, 900)]
     assert [(p.start, p.stop) for p in _split(rows[:1], (100, 300), 4)] == [(0, 1)]
     assert [p.nbytes for p in _split(rows, (100, 300), 3)] == [800, 600, 600]
-    assert _split([], (100,), 2) == []
+    assert _split(rows[:0], (100,), 2) == []
     assert [p.nbytes for p in _split(rows, (100, 300), 4, min_bytes=900)] == [1100, 900]
     assert [p.nbytes for p in _split(rows, (100, 300), 4, min_bytes=5000)] == [2000]
 

@@ -2,21 +2,29 @@
 
 TransferError                 every failure of a pull, with what failed in its message
 PeerIdentity                  the fields that must match between the two ranks
+Rows                          rows ``(view, block)`` as an ``(n, 2)`` int64 array
 BlockRows                     one rank's engine KV memory as (view, block) byte rows
 request_rows(groups, ids)     the canonical row order of a request, the same at both ends
-row_bytes(page_bytes, rows)   bytes of those rows
+row_sizes(page_bytes, rows)   bytes of each of those rows; ``row_bytes``: of all of them
 slices(rows, page_bytes)      rows in slices of at most ``SLICE_BYTES``, moved one at a time
+
+Rows are arrays, not lists of pairs: a 4,096-token request of a 70B model's tensor-parallel rank
+is 40,960 rows (160 views of 256 blocks), and every step here is a few numpy calls per group or
+per slice, never Python per row.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 SLICE_BYTES = 16 << 20  # rows read or written at once (CUDA: staged in pinned memory)
+
+Rows = npt.NDArray[np.int64]  # (n, 2): a row's view, then its block
 
 
 class TransferError(Exception):
@@ -69,45 +77,49 @@ class BlockRows(Protocol):
     page_bytes: tuple[int, ...]  # bytes of one block's row in each view
     groups: tuple[tuple[int, ...], ...]  # view indices per KV cache group
 
-    def read_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]: ...
+    def read_rows(self, rows: Rows) -> list[memoryview]: ...
 
-    def read_ahead(self, rows: Sequence[tuple[int, int]]) -> None: ...
+    def read_ahead(self, rows: Rows) -> None: ...
 
-    def write_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]: ...
+    def write_rows(self, rows: Rows) -> list[memoryview]: ...
 
-    def commit(self, rows: Sequence[tuple[int, int]]) -> None: ...
+    def commit(self, rows: Rows) -> None: ...
 
     def flush(self) -> None: ...
 
     def bind_thread(self) -> None: ...
 
 
-def request_rows(
-    groups: tuple[tuple[int, ...], ...], block_ids: Sequence[Sequence[int]]
-) -> list[tuple[int, int]]:
+def request_rows(groups: tuple[tuple[int, ...], ...], block_ids: Sequence[Sequence[int]]) -> Rows:
     """The rows of a request in the order both ends use: per group, per view, per block."""
     if len(block_ids) != len(groups):
         raise ValueError(f"{len(block_ids)} lists of block ids for {len(groups)} groups")
-    return [
-        (view, block) for views, ids in zip(groups, block_ids) for view in views for block in ids
-    ]
+    parts = [np.empty((0, 2), dtype=np.int64)]
+    for views, ids in zip(groups, block_ids):
+        view = np.asarray(views, dtype=np.int64)
+        block = np.asarray(ids, dtype=np.int64).reshape(-1)
+        parts.append(np.stack((np.repeat(view, len(block)), np.tile(block, len(view))), axis=1))
+    return np.concatenate(parts)
 
 
-def row_bytes(page_bytes: Sequence[int], rows: Sequence[tuple[int, int]]) -> int:
-    return sum(page_bytes[view] for view, _ in rows)
+def row_sizes(page_bytes: Sequence[int], rows: Rows) -> npt.NDArray[np.int64]:
+    """Bytes of each row."""
+    return np.asarray(page_bytes, dtype=np.int64)[rows[:, 0]]
 
 
-def slices(
-    rows: Sequence[tuple[int, int]], page_bytes: Sequence[int], limit: int = SLICE_BYTES
-) -> list[Sequence[tuple[int, int]]]:
+def row_bytes(page_bytes: Sequence[int], rows: Rows) -> int:
+    return int(row_sizes(page_bytes, rows).sum())
+
+
+def slices(rows: Rows, page_bytes: Sequence[int], limit: int = SLICE_BYTES) -> list[Rows]:
     """``rows`` in order, in consecutive slices of at most ``limit`` bytes (a row larger than
     that alone); none when there are no rows."""
-    ends = list(accumulate(page_bytes[view] for view, _ in rows))
-    out: list[Sequence[tuple[int, int]]] = []
+    ends = np.cumsum(row_sizes(page_bytes, rows))
+    out: list[Rows] = []
     start = 0
     while start < len(rows):
-        before = ends[start - 1] if start else 0
-        stop = max(start + 1, bisect_right(ends, before + limit, start))
+        before = int(ends[start - 1]) if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, before + limit, side="right")))
         out.append(rows[start:stop])
         start = stop
     return out

@@ -6,11 +6,10 @@ import concurrent.futures
 import logging
 import socket
 import threading
-from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 
+import numpy as np
 import xxhash
 
 from kvtier.connect import connect
@@ -19,8 +18,10 @@ from kvtier.tiers.peer.net.base import (
     SLICE_BYTES,
     BlockRows,
     PeerIdentity,
+    Rows,
     TransferError,
     request_rows,
+    row_sizes,
     slices,
 )
 from kvtier.tiers.peer.net.pool import ConnectionPool
@@ -38,7 +39,7 @@ class _Part:
     start: int
     stop: int
     nbytes: int
-    rows: Sequence[tuple[int, int]]
+    rows: Rows
 
 
 class TransferClient:
@@ -264,22 +265,20 @@ def _check_lengths(
             raise ValueError(f"group {g}: {len(r)} remote_block_ids but {len(lo)} local_block_ids")
 
 
-def _split(
-    rows: list[tuple[int, int]], page_bytes: tuple[int, ...], n: int, min_bytes: int = 1
-) -> list[_Part]:
+def _split(rows: Rows, page_bytes: tuple[int, ...], n: int, min_bytes: int = 1) -> list[_Part]:
     """Contiguous parts of about equal bytes: at most ``n``, none empty, none (but a single
     one) under ``min_bytes``. Part ``k`` ends at the first row where the bytes so far reach
     ``k / count`` of the total."""
-    ends = list(accumulate(page_bytes[view] for view, _ in rows))
-    total = ends[-1] if ends else 0
+    ends = np.cumsum(row_sizes(page_bytes, rows))
+    total = int(ends[-1]) if len(ends) else 0
     count = max(1, min(n, len(rows), total // max(1, min_bytes)))
     parts: list[_Part] = []
     start = 0
     while start < len(rows):
         reach = -(-total * (len(parts) + 1) // count)
-        stop = min(bisect_left(ends, reach, start), len(rows) - 1) + 1
-        before = ends[start - 1] if start else 0
-        parts.append(_Part(start, stop, ends[stop - 1] - before, rows[start:stop]))
+        stop = min(max(start, int(np.searchsorted(ends, reach))), len(rows) - 1) + 1
+        before = int(ends[start - 1]) if start else 0
+        parts.append(_Part(start, stop, int(ends[stop - 1]) - before, rows[start:stop]))
         start = stop
     return parts
 

@@ -43,7 +43,7 @@ class OfferTable:
         self.expired = 0
 
     def offer(self, req_id: str, block_ids: Sequence[Sequence[int]], deadline: float) -> None:
-        blocks = tuple(frozenset(int(b) for b in ids) for ids in block_ids)
+        blocks = tuple(frozenset(map(int, ids)) for ids in block_ids)
         with self._cond:
             if req_id in self._open or req_id in self._ending:
                 raise ValueError(f"request {req_id!r} is already offered")

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from kvtier.pages import PageMover, Pages
-from kvtier.tiers.peer.net.base import row_bytes
+from kvtier.tiers.peer.net.base import Rows, row_bytes, row_sizes
 
 STAGE_ALIGN = 1 << 20  # staging buffers grow in whole MiB
 MOVER_STAGE_BYTES = 16 << 20  # each thread's staging area on the device
@@ -25,7 +25,7 @@ class _Buffer:
 
     memory: torch.Tensor | None = None
     busy: torch.cuda.Event | None = None
-    ahead: Sequence[tuple[int, int]] | None = None
+    ahead: Rows | None = None
 
     def wait(self) -> None:
         if self.busy is not None:
@@ -94,24 +94,25 @@ class CudaBlockRows:
     def bind_thread(self) -> None:
         torch.cuda.set_device(self.device_index)
 
-    def read_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
+    def read_rows(self, rows: Rows) -> list[memoryview]:
         local = self._local
         spare = local.reads[1 - local.lent]
         spare.wait()  # read ahead (these rows, or others: then its buffer is reused)
-        if spare.ahead is None or (spare.ahead is not rows and list(spare.ahead) != list(rows)):
+        ahead = spare.ahead
+        if ahead is None or (ahead is not rows and not np.array_equal(ahead, rows)):
             self._gather(rows, spare)
             spare.wait()
         spare.ahead = None
         local.lent = 1 - local.lent
         return self._memoryviews(spare, rows)
 
-    def read_ahead(self, rows: Sequence[tuple[int, int]]) -> None:
+    def read_ahead(self, rows: Rows) -> None:
         spare = self._local.reads[1 - self._local.lent]
         spare.wait()
         self._gather(rows, spare)
         spare.ahead = rows
 
-    def write_rows(self, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
+    def write_rows(self, rows: Rows) -> list[memoryview]:
         local = self._local
         local.writing = 1 - local.writing
         buffer = local.writes[local.writing]
@@ -119,7 +120,7 @@ class CudaBlockRows:
         buffer.at_least(row_bytes(self.page_bytes, rows))
         return self._memoryviews(buffer, rows)
 
-    def commit(self, rows: Sequence[tuple[int, int]]) -> None:
+    def commit(self, rows: Rows) -> None:
         buffer = self._local.writes[self._local.writing]
         assert buffer.memory is not None, "commit of rows never handed out by write_rows"
         with torch.cuda.device(self.device_index), torch.cuda.stream(self._stream()):
@@ -132,7 +133,7 @@ class CudaBlockRows:
         for buffer in (*self._local.reads, *self._local.writes):
             buffer.busy = buffer.ahead = None
 
-    def _gather(self, rows: Sequence[tuple[int, int]], buffer: _Buffer) -> None:
+    def _gather(self, rows: Rows, buffer: _Buffer) -> None:
         """Start the gather of ``rows`` into ``buffer`` (``busy`` until done)."""
         memory = buffer.at_least(row_bytes(self.page_bytes, rows))
         with torch.cuda.device(self.device_index), torch.cuda.stream(self._stream()):
@@ -144,25 +145,24 @@ class CudaBlockRows:
         event.record(self._stream())
         return event
 
-    def _pages(self, rows: Sequence[tuple[int, int]]) -> Pages:
+    def _pages(self, rows: Rows) -> Pages:
         """``rows`` as pages, back to back in a staging buffer, in order."""
-        table = np.array(rows, dtype=np.int64).reshape(-1, 2)
-        views, blocks = table[:, 0], table[:, 1]
-        if len(table) and (  # never an index the device would fault on
+        views, blocks = rows[:, 0], rows[:, 1]
+        if len(rows) and (  # never an index the device would fault on
             views.min() < 0 or views.max() >= len(self.views) or blocks.min() < 0
             or (blocks >= self._num_blocks[views]).any()
         ):  # fmt: skip
             raise ValueError(f"rows out of range: views {views.min()}..{views.max()}, "
                              f"blocks {blocks.min()}..{blocks.max()}")  # fmt: skip
-        sizes = np.array(self.page_bytes, dtype=np.int64)[views]
-        return Pages(table[:, 0], table[:, 1], np.cumsum(sizes) - sizes)
+        sizes = row_sizes(self.page_bytes, rows)
+        return Pages(views, blocks, np.cumsum(sizes) - sizes)
 
     def _mover(self) -> PageMover:
         if self._local.mover is None:
             self._local.mover = PageMover(self.views, MOVER_STAGE_BYTES)
         return self._local.mover
 
-    def _memoryviews(self, buffer: _Buffer, rows: Sequence[tuple[int, int]]) -> list[memoryview]:
+    def _memoryviews(self, buffer: _Buffer, rows: Rows) -> list[memoryview]:
         """The rows' bytes in ``buffer``: one view, the rows back to back."""
         assert buffer.memory is not None
         whole = memoryview(buffer.memory.numpy())  # type: ignore[arg-type]

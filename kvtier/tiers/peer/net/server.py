@@ -16,6 +16,7 @@ from kvtier.tiers.peer.net.base import (
     SLICE_BYTES,
     BlockRows,
     PeerIdentity,
+    Rows,
     request_rows,
     row_bytes,
     slices,
@@ -235,7 +236,7 @@ class TransferServer:
         finally:
             self._offers.unclaim(offer)
 
-    def _send(self, sock: socket.socket, rows: list[tuple[int, int]], nbytes: int) -> None:
+    def _send(self, sock: socket.socket, rows: Rows, nbytes: int) -> None:
         hasher = xxhash.xxh3_64()
         head = wire.encode_header(wire.Kind.DATA, nbytes + wire.DIGEST_BYTES, wire.CHECKSUM_XXH3_64)
         pieces = slices(rows, self._rows.page_bytes, READ_SLICE_BYTES)

@@ -14,6 +14,7 @@ import socket
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from itertools import accumulate
+from operator import attrgetter
 from typing import Protocol
 
 IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024)
@@ -81,7 +82,7 @@ class _Cursor:
 
     def __init__(self, views: list[memoryview], hash_from: int = 0) -> None:
         self.views = views
-        self.ends = list(accumulate(v.nbytes for v in views))
+        self.ends = list(accumulate(map(attrgetter("nbytes"), views)))
         self.total = self.ends[-1] if views else 0
         self.position = 0  # bytes moved
         self.index = 0  # the view holding byte ``position``
