@@ -71,6 +71,8 @@ def test_a_quick_cpu_run_measures_every_figure_and_imports_no_vllm(tmp_path: Pat
     assert all(row["ms_per_job"] >= 0 and row["function"] for row in profiled["store_cpu"])
     planned = shape["details"]["host"]["plan_ms"]  # the engine thread's planning, per mechanism
     assert set(planned) == {"dma", "kernel"} and all(p["min"] > 0 for p in planned.values())
+    disk = shape["details"]["disk"]  # cold reads were cold, warm reads warm, for both sides
+    assert disk["resident_after_drop"] < 0.05 and disk["resident_before_warm"] > 0.95, disk
     pulled = shape["details"]["pull"]["pull_profile"]  # and a pull's
     assert any("recv" in row["function"] for row in pulled), pulled  # the socket's receive
     assert shape["why_null"] == {}
@@ -142,7 +144,9 @@ def test_the_markdown_names_the_device_the_tests_and_every_figure() -> None:
                 "default_mechanism": "kernel",
                 "shapes": {"8b": {"host_store_ratio": {"dma": summary([0.95]),
                                                        "kernel": summary([0.85])},
-                                  "why_null": {}}},
+                                  "why_null": {},
+                                  "details": {"disk": {"readers": 4, "one_reader_ratio": {
+                                      "warm": summary([0.71]), "cold": summary([0.52])}}}}},
                 "why_null": {"pinning_rate_bytes_s": "not measured"}, "errors": []}  # fmt: skip
     text = render(document, tests="40 passed, 2 skipped in 30.1s")
     assert "- device: NVIDIA H100 80GB HBM3" in text and "40 passed, 2 skipped" in text
@@ -150,6 +154,9 @@ def test_the_markdown_names_the_device_the_tests_and_every_figure() -> None:
     assert "| 8b | host_store_ratio | kernel | 0.85 | 0.85 | 0.85 | >= 0.9 | **no** |" in text
     assert "- 8b hit_over_prefill: not measured" in text  # a figure never measured says so
     assert "- an engine's mechanism (`KVTIER_GPU_COPY`): kernel" in text
+    assert (
+        "- 8b disk: 4 files read at once; one at a time, median ratio warm 0.71, cold 0.52" in text
+    )
 
 
 @pytest.mark.parametrize(

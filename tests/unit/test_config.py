@@ -146,6 +146,9 @@ def test_nested_defaults() -> None:
     config = parse(disk={"path": "/tmp/kv", "bytes": 1000}, redis={"url": "unix:///run/r.sock"})
     assert config.section(DISK) == DiskConfig(path="/tmp/kv", bytes=1000, write_through=False)
     assert config.section(REDIS) == RedisConfig(url="unix:///run/r.sock", timeout_s=1.0)
+    assert config.section(DISK).readers is None  # the worker picks it from its CPUs
+    disk = parse(disk={"path": "/tmp/kv", "bytes": 1000, "readers": 3}).section(DISK)
+    assert disk.readers == 3
 
 
 def test_a_redis_cluster_and_its_settings() -> None:
@@ -219,6 +222,8 @@ BAD_EXTRA: list[tuple[dict[str, object], str]] = [
     ({"disk": {"path": "/d", "bytes": 0}}, r"'disk\.bytes'"),
     ({"disk": {"path": "/d", "bytes": "1 parsec"}}, r"'disk\.bytes'"),
     ({"disk": {"path": "/d", "bytes": 1, "write_through": "yes"}}, r"'disk\.write_through'"),
+    ({"disk": {"path": "/d", "bytes": 1, "readers": 0}}, r"'disk\.readers'"),
+    ({"disk": {"path": "/d", "bytes": 1, "readers": "4"}}, r"'disk\.readers'"),
     ({"disk": "/var/cache"}, r"'disk' must be a mapping"),
     ({"redis": {}}, r"'redis\.url' is required"),
     ({"redis": {"url": "http://h:6379"}}, r"'redis\.url'.*redis://"),

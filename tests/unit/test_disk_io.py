@@ -24,10 +24,11 @@ from kvtier.keys import ChunkKey, key_group, make_key
 from kvtier.layout import KVLayout, build_layout
 from kvtier.pages import PageMover
 from kvtier.tiers.base.chunk_format import HEADER_BYTES, Buffer
-from kvtier.tiers.base.chunk_io import ChunkRead, TierLoadHandler, TierWriteHandler, staged_grids
+from kvtier.tiers.base.chunk_io import TierLoadHandler, TierWriteHandler, staged_grids
+from kvtier.tiers.base.chunk_reads import ChunkRead, ChunkReader
 from kvtier.tiers.base.handler import TransferResult
 from kvtier.tiers.base.records import RecordLayout
-from kvtier.tiers.disk.files import DiskTier
+from kvtier.tiers.disk.files import DiskTier, default_readers
 from kvtier.tiers.host.buffers import HostTier
 
 NUM_BLOCKS, NUM_CHUNKS = 24, 6
@@ -133,15 +134,16 @@ def _page_bytes(layout: KVLayout, groups: Sequence[int]) -> int:
 # ---- TierLoadHandler ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("readers", [1, 3])
 @pytest.mark.parametrize("case", CASES)
-def test_load_puts_every_block_and_nothing_else(tmp_path: Path, case: str) -> None:
+def test_load_puts_every_block_and_nothing_else(tmp_path: Path, case: str, readers: int) -> None:
     factor, engine, groups, where = CASES[case]
     tier = _tier(tmp_path, factor)
     layout = tier.layout
     keys = _keys(groups)
     chunks = _store_chunks(tier, keys)
     before = _engine_bytes(layout)
-    handler = TierLoadHandler(layout, tier, "disk")
+    handler = TierLoadHandler(layout, tier, "disk", readers)
     result = _run(handler, 1, TierChunks("disk", keys), engine)
     handler.shutdown()
 
@@ -261,6 +263,83 @@ def test_a_failed_load_names_every_bad_chunk_of_its_job(tmp_path: Path) -> None:
             assert after[view][block] == chunks[0][i][sub].tobytes()
         for block in [3, 4, 5, 9, 10, 11, 12]:  # chunk 2 was verified, not loaded: recomputed
             assert after[view][block] == before[view][block]
+
+
+class BarrierTier(DiskTier):
+    """Each read waits until ``barrier.parties`` reads are in progress at once."""
+
+    barrier: threading.Barrier
+
+    def read(self, key: bytes, out: Sequence[np.ndarray]) -> None:
+        self.barrier.wait()
+        super().read(key, out)
+
+
+def test_readers_read_chunks_beside_each_other_and_name_every_bad_one(tmp_path: Path) -> None:
+    factor, engine, groups, _ = TRIMMED
+    tier = BarrierTier(tmp_path, 0, FP, "test layout", _layout(), factor)
+    tier.barrier = threading.Barrier(2, timeout=10.0)  # one reader alone: BrokenBarrierError
+    keys = _keys(groups)
+    _store_chunks(tier, keys)
+    _flip_payload_byte(tier, keys, 1)
+    _remove(tier, keys, 3)
+    before = _engine_bytes(tier.layout)
+    handler = TierLoadHandler(tier.layout, tier, "disk", readers=2)
+    result = _run(handler, 1, TierChunks("disk", keys), engine)
+    handler.shutdown()
+    # chunks 0 and 1 read together, then 2 and 3: a batch with a bad chunk moves none of it
+    assert (result.success, result.bad, result.bytes) == (False, (1, 3), 0)
+    assert handler.bad_chunks == 2
+    assert [tier.path(key).exists() for key in keys] == [True, False, True, False]
+    assert _engine_bytes(tier.layout) == before
+    with pytest.raises(ValueError, match="readers must be >= 1, got 0"):
+        TierLoadHandler(tier.layout, tier, "disk", readers=0)
+
+
+class RecordingTier(DiskTier):
+    """Records its prefetches and reads, by the key's position in ``keys``."""
+
+    keys: tuple[ChunkKey, ...]
+    read_ahead = 2
+
+    def prefetch(self, key: bytes) -> None:
+        self.events.append(f"prefetch {self.keys.index(ChunkKey(key))}")
+        super().prefetch(key)
+
+    def read(self, key: bytes, out: Sequence[np.ndarray]) -> None:
+        self.events.append(f"read {self.keys.index(ChunkKey(key))}")
+        super().read(key, out)
+
+
+def test_one_reader_prefetches_each_chunk_as_far_ahead_as_the_tier_asks(tmp_path: Path) -> None:
+    # a tier whose replies come in its prefetches' order (Redis) counts on it
+    factor, engine, groups, _ = TRIMMED
+    tier = RecordingTier(tmp_path, 0, FP, "test layout", _layout(), factor)
+    tier.keys, tier.events = _keys(groups), []
+    _store_chunks(tier, tier.keys)
+    handler = TierLoadHandler(tier.layout, tier, "disk")
+    assert _run(handler, 1, TierChunks("disk", tier.keys), engine).success
+    handler.shutdown()
+    assert tier.events == ["prefetch 0", "prefetch 1", "prefetch 2", "read 0", "prefetch 3",
+                           "read 1", "read 2", "read 3"]  # fmt: skip
+    # a batch of several (a GPU's staging half): each chunk's turn still comes right before it
+    into = [np.empty(sum(tier.view_bytes(key_group(key))), np.uint8) for key in tier.keys]
+    for readers, order in [(1, ["turn 0", "read 0", "turn 1", "read 1", "turn 2", "read 2"]),
+                           (3, ["turn 0", "turn 1", "turn 2"])]:  # fmt: skip
+        tier.events = []
+        reader = ChunkReader(tier, "disk", readers)
+        good = reader.read(tier.keys[:3], into[:3], lambda i: tier.events.append(f"turn {i}"))
+        reader.shutdown()
+        assert good == [True] * 3
+        assert tier.events[: len(order)] == order and len(tier.events) == 6
+
+
+@pytest.mark.parametrize(("cpus", "readers"), [(1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (96, 4)])
+def test_the_disk_tier_reads_a_file_at_once_per_four_cpus(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, readers: int
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    assert default_readers() == readers
 
 
 def test_a_load_of_only_bad_chunks_names_them_all_and_loads_nothing(tmp_path: Path) -> None:

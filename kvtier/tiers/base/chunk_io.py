@@ -3,14 +3,15 @@ pair of any ``chunk_tier.py`` tier (disk; Redis, whose writes are pipelined: ``r
 
 ``TierLoadHandler`` (tier -> engine): reads each chunk's record (``host/records.py``) into a
 staging area, and only once every check passed (``ChunkTier.read``) moves it into the engine
-blocks, on the device of the engine tensors (never a hard-coded one). On the CPU each record is
-scattered as it is read, a numpy copy per view. On a GPU the staging area is pinned, in two
-halves: a half's records are moved by one ``PageMover`` load, given as grids (``staged_grids``:
-one per group, its views times the blocks; by default the copy kernel straight from the pinned
-half, ``pages/mover.py``), while the other half is read. A chunk that fails a check fails the
-job, and the engine recomputes its blocks; the job still verifies every other chunk (without
-moving it) and names ALL the bad ones at once, so that one pass drops every bad file, not one per
-pass.
+blocks, on the device of the engine tensors (never a hard-coded one). Records are read a batch
+at a time, ``readers`` of them at once where the tier allows it (``chunk_reads.py``). On the CPU
+a batch is ``readers`` records, each scattered once read, a numpy copy per view. On a GPU the
+staging area is pinned, in two halves: a half's records are moved by one ``PageMover`` load,
+given as grids (``staged_grids``: one per group, its views times the blocks; by default the
+copy kernel straight from the pinned half, ``pages/mover.py``), while the next half is read. A
+chunk that fails a check fails the job, and the engine recomputes its blocks; the job still
+verifies every other chunk (without moving it) and names ALL the bad ones at once, so that one
+pass drops every bad file, not one per pass.
 
 ``TierWriteHandler`` (host tier -> tier): writes each chunk's record straight from its host slot,
 one buffer. A ``staged`` job copies the records first, in ``transfer_async``, because this step's
@@ -25,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import NamedTuple
+from functools import partial
 
 import numpy as np
 import torch
@@ -35,8 +36,9 @@ from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
 from kvtier.pages import PageMover
 from kvtier.pages.grid import PageGrid, record_grid
-from kvtier.tiers.base.chunk_format import Buffer, ChunkError
+from kvtier.tiers.base.chunk_format import Buffer
 from kvtier.tiers.base.chunk_plan import GroupCopy, check_range, join_by_group, plan_copy
+from kvtier.tiers.base.chunk_reads import ChunkRead, ChunkReader, plan_reads
 from kvtier.tiers.base.chunk_tier import ChunkTier
 from kvtier.tiers.base.handler import TransferResult
 from kvtier.tiers.base.job_thread import JobThread, ThreadedHandler
@@ -49,27 +51,18 @@ READ_AHEAD = 4  # chunk files the kernel is asked to read ahead of the one being
 STAGE_BYTES = 32 << 20  # a GPU load's staging half: records moved to the device together
 
 
-class ChunkRead(NamedTuple):
-    """A chunk of a job to read: its position in the job's keys, group, the engine blocks it
-    fills and the sub-block of its record the first of them is."""
-
-    chunk: int
-    group: int
-    block_ids: np.ndarray
-    first: int
-
-
 class TierLoadHandler(ThreadedHandler):
-    def __init__(self, layout: KVLayout, tier: ChunkTier, name: str) -> None:
+    def __init__(self, layout: KVLayout, tier: ChunkTier, name: str, readers: int = 1) -> None:
         self.layout = layout
         self.tier = tier
         self.name = name
         self.device = layout.device  # captured once, before any copy runs
         self.records = RecordLayout.of(layout, tier.factor)
         self._thread = JobThread(f"kvtier-{name}-load", self.device)
+        self._reader = ChunkReader(tier, name, readers)
         gpu = self.device.type == "cuda"
         record = max(self.records.record_bytes, 1)
-        per_half = max(1, STAGE_BYTES // record) if gpu else 1
+        per_half = max(readers, STAGE_BYTES // record) if gpu else readers
         # (halves, records, record_bytes): a record read into each, then moved to the engine
         self._stage = torch.empty((2 if gpu else 1, per_half, record), dtype=torch.uint8,
                                   pin_memory=gpu)  # fmt: skip
@@ -122,41 +115,39 @@ class TierLoadHandler(ThreadedHandler):
         started = time.perf_counter()
         if ready is not None and self._stream is not None:
             self._stream.wait_event(ready)
-        reads = _reads(plan, self.tier.factor)
-        ahead = self.tier.read_ahead
+        reads = plan_reads(plan, self.tier.factor)
+        ahead, per_half = self.tier.read_ahead, self._stage_np.shape[1]
         for n in range(min(ahead, len(reads))):
             self.tier.prefetch(keys[reads[n].chunk])
         bad: list[int] = []
         nbytes, half = 0, 0
-        staged: list[tuple[int, ChunkRead]] = []  # (slot in the half, read) to move
-        for n, read in enumerate(reads):
-            if n + ahead < len(reads):  # fetched while this one is handled
-                self.tier.prefetch(keys[reads[n + ahead].chunk])
-            if not staged:
-                self._reuse(half)
-            slot = len(staged)
-            record = self._stage_np[half, slot, : self.records.group_bytes(read.group)]
-            try:
-                self.tier.read(keys[read.chunk], [record])
-            except (ChunkError, OSError) as error:
-                if not isinstance(error, ChunkError):
-                    logger.warning("kvtier: %s chunk unreadable: %s", self.name, error)
-                bad.append(read.chunk)
+
+        def prefetch(start: int, i: int) -> None:  # read start + i's turn: fetch one further on
+            if start + i + ahead < len(reads):
+                self.tier.prefetch(keys[reads[start + i + ahead].chunk])
+
+        for start in range(0, len(reads), per_half):
+            batch = reads[start : start + per_half]  # read into slots 0.. of the half
+            self._reuse(half)
+            into = [self._stage_np[half, slot, : self.records.group_bytes(read.group)]
+                    for slot, read in enumerate(batch)]  # fmt: skip
+            good = self._reader.read([keys[read.chunk] for read in batch], into,
+                                     partial(prefetch, start))  # fmt: skip
+            bad += [read.chunk for read, ok in zip(batch, good) if not ok]
+            if bad:  # the job failed: its blocks are recomputed, the rest is only verified
                 continue
-            if bad:  # the job failed: its blocks are recomputed, this chunk was only verified
-                continue
-            staged.append((slot, read))
-            nbytes += len(read.block_ids) * self.layout.group_block_bytes[read.group]
-            if len(staged) == self._stage_np.shape[1]:
-                self._move(half, staged)
-                half, staged = (half + 1) % len(self._stage_np), []
-        if staged and not bad:
-            self._move(half, staged)
+            self._move(half, list(enumerate(batch)))
+            nbytes += sum(len(r.block_ids) * self.layout.group_block_bytes[r.group] for r in batch)
+            half = (half + 1) % len(self._stage_np)
         if self._stream is not None:
             self._stream.synchronize()
         self.bad_chunks += len(bad)
         elapsed = time.perf_counter() - started
         return TransferResult(job_id, not bad, nbytes, elapsed, bad=tuple(sorted(bad)))
+
+    def shutdown(self) -> None:
+        super().shutdown()  # the queued jobs first: they read
+        self._reader.shutdown()
 
     def _reuse(self, half: int) -> None:
         """Wait until the last move out of staging half ``half`` completed."""
@@ -199,18 +190,6 @@ def staged_grids(
     )  # fmt: skip
     return [record_grid(records.groups[c.group], records.offsets(c.group), c.block_ids,
                         c.host_rows, factor, record_bytes) for c in copies]  # fmt: skip
-
-
-def _reads(plan: list[GroupCopy], factor: int) -> list[ChunkRead]:
-    """Every chunk the plan reads, in reading order, with the blocks it fills."""
-    reads = []
-    for copy in plan:
-        chunk_of_row = copy.host_rows // factor
-        for chunk in dict.fromkeys(chunk_of_row.tolist()):
-            mine = np.flatnonzero(chunk_of_row == chunk)
-            first = int(copy.host_rows[mine[0]]) % factor  # a chunk's rows are consecutive
-            reads.append(ChunkRead(chunk, copy.group, copy.block_ids[mine], first))
-    return reads
 
 
 class TierWriteHandler(ThreadedHandler):

@@ -28,15 +28,16 @@ def scheduler_index(ctx: SchedulerContext[DiskConfig]) -> DiskIndex:
 def worker_tier(ctx: WorkerContext[DiskConfig]) -> WorkerTier:
     """This rank's files: named by its rank, checked against its fingerprint."""
     from kvtier.tiers.base.chunk_io import TierLoadHandler, TierWriteHandler
-    from kvtier.tiers.disk.files import DiskTier
+    from kvtier.tiers.disk.files import DiskTier, default_readers
 
     files = DiskTier(
         Path(ctx.config.path), ctx.rank, ctx.fingerprint.digest(), ctx.fingerprint.describe(),
         ctx.layout, ctx.factor,
     )  # fmt: skip
+    readers = ctx.config.readers or default_readers()
     return WorkerTier(
         NAME,
-        load=TierLoadHandler(ctx.layout, files, NAME),
+        load=TierLoadHandler(ctx.layout, files, NAME, readers),
         write=TierWriteHandler(ctx.host, files, NAME),
         flush=files,
     )

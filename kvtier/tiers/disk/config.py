@@ -22,16 +22,21 @@ class DiskConfig:
 
     ``bytes`` is the disk budget. ``write_through`` stores every chunk on disk when it is stored
     in CPU memory; otherwise (write-back) a chunk reaches disk when evicted from CPU memory.
+    ``readers``: chunk files a rank's load reads at once, each on a thread of its own (None: one
+    per four CPUs the process may run on, 1 to 4; ``files.default_readers``).
     """
 
     path: str
     bytes: int
     write_through: bool = False
+    readers: int | None = None
 
     def __post_init__(self) -> None:
         non_empty_str(self.path, "disk.path")
         positive_int(self.bytes, "disk.bytes")
         as_bool(self.write_through, "disk.write_through")
+        if self.readers is not None:
+            positive_int(self.readers, "disk.readers")
 
     @classmethod
     def from_mapping(cls, raw: object, key: str = "disk") -> DiskConfig:
@@ -41,4 +46,5 @@ class DiskConfig:
             path=required(raw, key, "path", non_empty_str),
             bytes=required(raw, key, "bytes", positive_size),
             write_through=optional(raw, key, "write_through", as_bool, False),
+            readers=optional(raw, key, "readers", positive_int, None),
         )

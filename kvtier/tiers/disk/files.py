@@ -33,6 +33,20 @@ from kvtier.tiers.disk.names import chunk_path
 
 logger = logging.getLogger(__name__)
 
+MOST_READERS = 4
+
+
+def default_readers() -> int:
+    """Chunk files a load reads at once: one per four CPUs this process may run on, 1 to
+    ``MOST_READERS``. A read from the page cache is a copy by the kernel and its checksum a pass
+    of the CPU over the bytes, each on one core: readers beside each other scale with the cores
+    (on two cores, two readers were slower than one)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(MOST_READERS, cpus // 4))
+
 
 class DiskTier:
     """Rank ``rank``'s chunk files under ``root``; ``fingerprint`` is this rank's layout digest."""

@@ -40,7 +40,7 @@ from kvtier.apps.bench.common.timing import OtherLoad, median, time_call
 from kvtier.apps.bench.disk import report
 from kvtier.keys import LayoutFingerprint, make_key
 from kvtier.tiers.base.chunk_io import TierLoadHandler, TierWriteHandler
-from kvtier.tiers.disk.files import DiskTier
+from kvtier.tiers.disk.files import DiskTier, default_readers
 from kvtier.tiers.host.buffers import HostTier
 
 ENGINE_BLOCK, CHUNK_TOKENS = 32, 64
@@ -145,7 +145,7 @@ class _Rig:
         self.keys = tuple(make_key(digest, i, 0) for i in range(chunks))
         self.raw = _RawFile(work / "raw.bin", self.host)
         self.writer = TierWriteHandler(self.host, self.tier, "disk")
-        self.loader = TierLoadHandler(self.layout, self.tier, "disk")
+        self.loader = TierLoadHandler(self.layout, self.tier, "disk", default_readers())
         self._jobs = iter(range(1 << 62))
 
     def files(self) -> list[Path]:

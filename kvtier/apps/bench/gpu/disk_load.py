@@ -5,11 +5,15 @@
 The request's chunks are stored into a host tier by the connector's own store, written as chunk
 files by ``DiskTier`` in a fresh directory under ``parent`` (removed after), and synced. A load is
 the disk tier's ``TierLoadHandler`` moving every chunk of the request into other engine blocks on
-the device (checked against the originals after the reps). The bound: the same payload bytes in
+the device (checked against the originals after the reps), ``readers`` files at once as the
+engine's disk tier reads them by default (``disk.readers``). The bound: the same payload bytes in
 one file, read ``RAW_IO`` bytes per ``readinto`` into pinned host memory, then one host -> device
-copy of the whole. Cold: the files' pages dropped from the page cache (``page_cache.drop``;
-``resident_after_drop`` shows that it worked) right before each side reads; warm: read again
-from the page cache. Per rep the two sides run back to back, their order alternating.
+copy of the whole. Cold: a side's files dropped from the page cache (``page_cache.drop``;
+``resident_after_drop`` shows that it worked) right before it reads them; warm: read again from
+the page cache (``resident_before_warm`` shows that they were there). Per rep the two sides run
+back to back, their order alternating; each drops only its own files, so that neither side's
+warm read follows the other's drop. Where the engine reads several files at once, a loader
+that reads one at a time is timed beside them (``one_reader_ratio``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import itertools
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +36,7 @@ from kvtier.apps.bench.gpu.host_copy import HostRig, mechanisms
 from kvtier.apps.bench.gpu.shapes import Shape
 from kvtier.keys import LayoutFingerprint
 from kvtier.tiers.base.chunk_io import TierLoadHandler
-from kvtier.tiers.disk.files import DiskTier
+from kvtier.tiers.disk.files import DiskTier, default_readers
 
 RAW_IO = 4 << 20  # bytes per raw read call
 
@@ -62,39 +66,52 @@ def _measure(rig: HostRig, work: Path, reps: int, clock: Clock) -> Measured:
         tier.write(key, [record])
     raw = _RawFile(work / "raw.bin", records, device=layout.device)
     os.sync()
-    files = [*page_cache.files(tier.root), raw.path]
-    loader = TierLoadHandler(layout, tier, "disk")
+    readers = default_readers()  # as the engine's disk tier reads, by default
+    loaders = {"kvtier": TierLoadHandler(layout, tier, "disk", readers)}
+    if readers > 1:  # and one at a time, to show what the readers beside each other bring
+        loaders["one_reader"] = TierLoadHandler(layout, tier, "disk", 1)
     jobs = itertools.count()
     source = TierChunks("disk", keys)
 
-    def load() -> None:
-        run_job(loader, next(jobs), source, rig.target)
+    def loading(loader: TierLoadHandler) -> Callable[[], object]:
+        return lambda: run_job(loader, next(jobs), source, rig.target)
 
+    sides = {"raw": raw.read, **{name: loading(loader) for name, loader in loaders.items()}}
+    files = {"raw": [raw.path], **{name: page_cache.files(tier.root) for name in loaders}}
     seconds: dict[str, list[float]] = {}
-    resident: list[float] = []
+    resident: dict[str, list[float]] = {"cold": [], "warm": []}  # before each timed read
     try:
-        load()  # warm-up: the loader's staging, the first touch of the target blocks
+        for load in sides.values():
+            load()  # warm-up: the loaders' staging, the first touch of the target blocks
+        names = list(sides)
         for rep in range(reps):
             for temperature in ("cold", "warm"):
-                pair = [("raw", raw.read), ("kvtier", load)]
-                for side, fn in pair if rep % 2 == 0 else pair[::-1]:
+                turn = rep % len(names)
+                for side in names[turn:] + names[:turn]:  # each side first in its turn
                     if temperature == "cold":
-                        page_cache.drop(files)
-                        resident.append(page_cache.resident(files))
-                    seconds.setdefault(f"{side}_{temperature}", []).append(clock.seconds(fn))
+                        page_cache.drop(files[side])
+                    resident[temperature].append(page_cache.resident(files[side]))
+                    seconds.setdefault(f"{side}_{temperature}", []).append(
+                        clock.seconds(sides[side]))  # fmt: skip
     finally:
-        loader.shutdown()
+        for loader in loaders.values():
+            loader.shutdown()
     if not rig.loaded_intact():
         raise RuntimeError("a disk load brought back other bytes than were written")
     nbytes = rig.request.nbytes
     figures = {f"disk_{t}_ratio": ratios(seconds[f"raw_{t}"], seconds[f"kvtier_{t}"])
                for t in ("warm", "cold")}  # fmt: skip
     details = {
-        "bytes": nbytes, "files": len(keys), "file_bytes": tier.file_bytes(0),
-        "resident_after_drop": round(max(resident), 4), "raw_io_bytes": RAW_IO,
+        "bytes": nbytes, "files": len(keys), "file_bytes": tier.file_bytes(0), "readers": readers,
+        "resident_after_drop": round(max(resident["cold"]), 4),
+        "resident_before_warm": round(min(resident["warm"]), 4), "raw_io_bytes": RAW_IO,
         "seconds": {name: summary(values) for name, values in seconds.items()},
         "gb_s": {name: round(nbytes / min(values) / 1e9, 2) for name, values in seconds.items()},
     }  # fmt: skip
+    if "one_reader" in loaders:
+        details["one_reader_ratio"] = {
+            t: ratios(seconds[f"raw_{t}"], seconds[f"one_reader_{t}"]) for t in ("warm", "cold")
+        }
     return Measured(figures, {}, details)
 
 

@@ -48,7 +48,7 @@ def summary(document: Mapping[str, Any], tests: str | None = None) -> Summary:
             nulls.append(f"- {row['shape']} {row['figure']}: {row['why']}")
         table.append((row["shape"], row["figure"], row["mechanism"], _cell(row["median"]),
                       _cell(row["min"]), _cell(row["max"]), goal, met))  # fmt: skip
-    notes = [f"- pinning: {_pinning(document)}"]
+    notes = [f"- pinning: {_pinning(document)}", *_disk_readers(document)]
     if nulls:
         notes += ["", "Null figures:", "", *nulls]
     errors = document.get("errors", [])
@@ -88,6 +88,19 @@ def _pinning(document: Mapping[str, Any]) -> str:
         return "null: " + str(document.get("why_null", {}).get("pinning_rate_bytes_s"))
     held = document.get("pinning_engine_held_s")
     return f"{rate / 1e9:.2f} GB/s; the engine's thread held {held} s"
+
+
+def _disk_readers(document: Mapping[str, Any]) -> list[str]:
+    """Per shape whose disk loads read several files at once: the ratios of one at a time."""
+    lines = []
+    for name, shape in document.get("shapes", {}).items():
+        disk = (shape.get("details") or {}).get("disk") or {}
+        one = disk.get("one_reader_ratio")
+        if one:
+            lines.append(f"- {name} disk: {disk.get('readers')} files read at once; one at a "
+                         f"time, median ratio warm {_cell(one['warm']['median'])}, cold "
+                         f"{_cell(one['cold']['median'])}")  # fmt: skip
+    return lines
 
 
 def pytest_summary(log: str) -> str:
