@@ -58,6 +58,8 @@ GPU_WHEELS ?= .gpu-wheels
 GPU_ROOT ?= $(CURDIR)/.gpu-site
 GPU_RESULTS ?= bench/results
 GPU_BENCH_ARGS ?= --quick
+# tests/gpu is stopped past this many seconds: a hang must not cost the bench its run
+GPU_TEST_TIMEOUT_S ?= 300
 
 # The wheels of GPU_WHEELS/pure and GPU_WHEELS/cpXY whose distribution the machine lacks,
 # installed into argv[1] (pip, or unpacked where the machine has no pip); the machine's own
@@ -162,8 +164,13 @@ test-gpu:
 	$(GPU_PYTHON) -c "$$GPU_UNPACK" $(GPU_WHEELS)/redis-server.tar.xz $(GPU_ROOT); \
 	export PYTHONPATH=$(GPU_ROOT)/site:$$PWD PATH=$$PATH:$(GPU_ROOT)/redis/bin HF_HUB_OFFLINE=1; \
 	status=0; \
-	$(GPU_PYTHON) -m pytest -q -p no:cacheprovider tests/gpu 2>&1 \
-	    | tee $(GPU_RESULTS)/gpu-pytest.log || status=1; \
+	timeout -k 10 $(GPU_TEST_TIMEOUT_S) $(GPU_PYTHON) -m pytest -q -p no:cacheprovider tests/gpu \
+	    2>&1 | tee $(GPU_RESULTS)/gpu-pytest.log || { \
+	    rc=$$?; status=1; \
+	    if (( rc == 124 || rc == 137 )); then \
+	        echo "make test-gpu: tests/gpu stopped after $(GPU_TEST_TIMEOUT_S) s" \
+	            | tee -a $(GPU_RESULTS)/gpu-pytest.log; \
+	    fi; }; \
 	$(GPU_PYTHON) -m kvtier.apps.cli bench gpu $(GPU_BENCH_ARGS) --out $(GPU_RESULTS) || status=1; \
 	$(GPU_PYTHON) -m kvtier.apps.bench.gpu.markdown $(GPU_RESULTS)/gpu.json \
 	    --out $(GPU_RESULTS)/gpu.md --pytest-log $(GPU_RESULTS)/gpu-pytest.log; \
