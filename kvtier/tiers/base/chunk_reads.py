@@ -1,6 +1,7 @@
 """The chunks a tier load reads, and their reading: in order on the job's thread, or several at
-once on threads of their own where the tier allows it (the disk tier: ``DiskTier.readers``; not
-Redis, whose replies come in the order of its prefetches).
+once on threads of their own where the tier allows it (the disk tier: ``disk.readers``, by
+default ``disk/files.py``'s ``default_readers``; not Redis, whose replies come in the order of
+its prefetches).
 
     ChunkRead                 a chunk of a job: its position, group, the blocks it fills
     plan_reads(plan, factor)  every chunk a load's copy plan reads, in reading order
