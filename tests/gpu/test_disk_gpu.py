@@ -84,13 +84,14 @@ def _run(
     return result
 
 
-def test_load_lands_on_the_engine_device_byte_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("readers", [1, 3])  # 3: files read side by side into the pinned half
+def test_load_lands_on_the_engine_device_byte_exact(tmp_path: Path, readers: int) -> None:
     kv, tier = _setup(tmp_path)
     layout = tier.layout
     keys = _keys(CHUNK_GROUPS)
     chunks = _store_chunks(tier, keys)
     before = [view.clone() for view in layout.views]
-    handler = TierLoadHandler(layout, tier, "disk")
+    handler = TierLoadHandler(layout, tier, "disk", readers)
     assert handler.device == kv.device
     result = _run(handler, 1, TierChunks("disk", keys), ENGINE)
     handler.shutdown()
