@@ -64,7 +64,7 @@ def test_restart_loads_from_disk_in_a_new_process(
     wanted = full_chunks(token_prompts, CHUNK)
     assert a["stats"]["tiers"]["disk"]["stored_chunks"] == 0
     assert len(chunk_files(tier)) >= wanted
-    # B reads its files two at a time (the default on a host of 8 or more CPUs)
+    # B reads its files two at a time (a GPU engine's default on a host of 8 to 11 CPUs)
     b = run_job(tmp_path, "b", tiny_model, token_prompts, disk_extra(tier, readers=2))
     assert b["outputs"] == [expected]
     disk = b["stats"]["tiers"]["disk"]

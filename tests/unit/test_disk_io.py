@@ -335,11 +335,12 @@ def test_one_reader_prefetches_each_chunk_as_far_ahead_as_the_tier_asks(tmp_path
 
 
 @pytest.mark.parametrize(("cpus", "readers"), [(1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (96, 4)])
-def test_the_disk_tier_reads_a_file_at_once_per_four_cpus(
+def test_a_gpu_engines_disk_tier_reads_a_file_at_once_per_four_cpus(
     monkeypatch: pytest.MonkeyPatch, cpus: int, readers: int
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
-    assert default_readers() == readers
+    assert default_readers("cuda") == readers
+    assert default_readers("cpu") == 1  # a CPU engine's cores compute its forward
 
 
 def test_a_load_of_only_bad_chunks_names_them_all_and_loads_nothing(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ def worker_tier(ctx: WorkerContext[DiskConfig]) -> WorkerTier:
         Path(ctx.config.path), ctx.rank, ctx.fingerprint.digest(), ctx.fingerprint.describe(),
         ctx.layout, ctx.factor,
     )  # fmt: skip
-    readers = ctx.config.readers or default_readers()
+    readers = ctx.config.readers or default_readers(ctx.layout.device.type)
     return WorkerTier(
         NAME,
         load=TierLoadHandler(ctx.layout, files, NAME, readers),

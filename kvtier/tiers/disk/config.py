@@ -22,8 +22,9 @@ class DiskConfig:
 
     ``bytes`` is the disk budget. ``write_through`` stores every chunk on disk when it is stored
     in CPU memory; otherwise (write-back) a chunk reaches disk when evicted from CPU memory.
-    ``readers``: chunk files a rank's load reads at once, each on a thread of its own (None: one
-    per four CPUs the process may run on, 1 to 4; ``files.default_readers``).
+    ``readers``: chunk files a rank's load reads at once, each on a thread of its own (None: on
+    a GPU one per four CPUs the process may run on, 1 to 4; on the CPU one;
+    ``files.default_readers``).
     """
 
     path: str

@@ -36,11 +36,14 @@ logger = logging.getLogger(__name__)
 MOST_READERS = 4
 
 
-def default_readers() -> int:
-    """Chunk files a load reads at once: one per four CPUs this process may run on, 1 to
-    ``MOST_READERS``. A read from the page cache is a copy by the kernel and its checksum a pass
-    of the CPU over the bytes, each on one core: readers beside each other scale with the cores
-    (on two cores, two readers were slower than one)."""
+def default_readers(engine_device: str) -> int:
+    """Chunk files a load reads at once for an engine on ``engine_device`` (a torch device
+    type): on a GPU one per four CPUs this process may run on, 1 to ``MOST_READERS``; on the CPU
+    one (every core computes the engine's forward). A read from the page cache is a copy by the
+    kernel and its checksum a pass of the CPU over the bytes, each on one core: readers beside
+    each other scale with idle cores (on two cores, two readers were slower than one)."""
+    if engine_device == "cpu":
+        return 1
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

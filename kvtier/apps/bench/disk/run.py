@@ -145,7 +145,8 @@ class _Rig:
         self.keys = tuple(make_key(digest, i, 0) for i in range(chunks))
         self.raw = _RawFile(work / "raw.bin", self.host)
         self.writer = TierWriteHandler(self.host, self.tier, "disk")
-        self.loader = TierLoadHandler(self.layout, self.tier, "disk", default_readers())
+        readers = default_readers(device.type)  # as the engine's disk tier, by default
+        self.loader = TierLoadHandler(self.layout, self.tier, "disk", readers)
         self._jobs = iter(range(1 << 62))
 
     def files(self) -> list[Path]:

@@ -66,7 +66,7 @@ def _measure(rig: HostRig, work: Path, reps: int, clock: Clock) -> Measured:
         tier.write(key, [record])
     raw = _RawFile(work / "raw.bin", records, device=layout.device)
     os.sync()
-    readers = default_readers()  # as the engine's disk tier reads, by default
+    readers = default_readers(layout.device.type)  # as the engine's disk tier, by default
     loaders = {"kvtier": TierLoadHandler(layout, tier, "disk", readers)}
     if readers > 1:  # and one at a time, to show what the readers beside each other bring
         loaders["one_reader"] = TierLoadHandler(layout, tier, "disk", 1)
