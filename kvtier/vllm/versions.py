@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-SUPPORTED = ((0, 32), (0, 34))  # 0.32.x and 0.33.x
+SUPPORTED = ((0, 32), (0, 35))  # 0.32.x to 0.34.x
 TESTED = "0.32.0"
 
 

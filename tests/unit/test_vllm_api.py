@@ -108,11 +108,11 @@ def test_the_installed_vllm_is_the_tested_one_and_in_range() -> None:
 
 
 def test_versions_outside_the_range_are_named_clearly() -> None:
-    with pytest.raises(ValueError, match=r"vLLM 0\.31\.2 is older .*\(0\.32 to 0\.33;"):
+    with pytest.raises(ValueError, match=r"vLLM 0\.31\.2 is older .*\(0\.32 to 0\.34;"):
         versions.check("0.31.2")
-    assert "vLLM 0.34.0 is newer" in versions.check("0.34.0")
-    assert "install vllm<0.34" in versions.check("1.0.0rc1")
-    assert versions.check("0.33.1+cpu") == ""
+    assert "vLLM 0.35.0 is newer" in versions.check("0.35.0")
+    assert "install vllm<0.35" in versions.check("1.0.0rc1")
+    assert versions.check("0.34.1+cpu") == ""
     with pytest.raises(ValueError, match="cannot read the vLLM version 'dev'"):
         versions.check("dev")
 
