@@ -334,6 +334,32 @@ def test_one_reader_prefetches_each_chunk_as_far_ahead_as_the_tier_asks(tmp_path
         assert tier.events[: len(order)] == order and len(tier.events) == 6
 
 
+class FailingTier(DiskTier):
+    """Chunk 0's read fails as no tier should (a bug); chunk 1's then fills its buffer."""
+
+    keys: tuple[ChunkKey, ...]
+
+    def read(self, key: bytes, out: Sequence[np.ndarray]) -> None:
+        if key == self.keys[0]:
+            self.failed.set()
+            raise RuntimeError("a bug in a tier")
+        assert self.failed.wait(10.0)
+        out[0][:] = 7  # still writing while the reader's caller would already hold the error
+        self.filled.set()
+
+
+def test_a_reader_that_raises_returns_only_once_every_read_is_done(tmp_path: Path) -> None:
+    """A staging buffer is reused by the next job: no read may still write into it then."""
+    tier = FailingTier(tmp_path, 0, FP, "test layout", _layout(), 1)
+    tier.keys, tier.failed, tier.filled = _keys((0, 0)), threading.Event(), threading.Event()
+    reader = ChunkReader(tier, "disk", readers=2)
+    buffers = [np.zeros(32 << 20, np.uint8) for _ in range(2)]
+    with pytest.raises(RuntimeError, match="a bug in a tier"):
+        reader.read(tier.keys, buffers)
+    assert tier.filled.is_set()
+    reader.shutdown()
+
+
 @pytest.mark.parametrize(("cpus", "readers"), [(1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (96, 4)])
 def test_a_gpu_engines_disk_tier_reads_a_file_at_once_per_four_cpus(
     monkeypatch: pytest.MonkeyPatch, cpus: int, readers: int

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import NamedTuple
 
 import numpy as np
@@ -88,7 +88,9 @@ class ChunkReader:
             return good
         for i in range(len(keys)):
             before(i)
-        return list(self._pool.map(self._one, keys, into))
+        reads = [self._pool.submit(self._one, key, out) for key, out in zip(keys, into)]
+        wait(reads)  # every read done before any error is raised: none writes into a reused buffer
+        return [read.result() for read in reads]
 
     def shutdown(self) -> None:
         if self._pool is not None:
