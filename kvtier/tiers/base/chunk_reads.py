@@ -61,7 +61,6 @@ class ChunkReader:
             raise ValueError(f"{name} tier: readers must be >= 1, got {readers}")
         self.tier = tier
         self.name = name
-        self.readers = readers
         self._pool = (
             ThreadPoolExecutor(readers, thread_name_prefix=f"kvtier-{name}-read")
             if readers > 1
