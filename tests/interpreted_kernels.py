@@ -49,7 +49,11 @@ CASES = [
     for grids in (False, True)
     for piece in (0, PIECE)
 ]
-CASES += [Case(name, "dma", False, stage_bytes=PIECE) for name in ("flash_attn", "mla", "separate")]
+CASES += [
+    Case(name, "dma", grids, stage_bytes=PIECE)
+    for name in ("flash_attn", "mla", "separate", "hybrid")
+    for grids in (False, True)
+]
 CASES += [Case("flash_attn", "kernel", True, pinned=False)]
 
 

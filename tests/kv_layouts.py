@@ -145,7 +145,7 @@ def round_trip(
     that many bytes (on CUDA), and no host copy over one's end. ``grids``: the pages given to
     the mover as ``PageGrid``s, as the host tier's handlers give them. ``triton``: the mover's
     kernels on or off (None: its default). Returns what the plan did: its batches, gathers and
-    host copies, and the grids it was given."""
+    host copies, the grids it was given, and what DMA stages of them (``staged_grids.py``)."""
     import numpy as np
 
     from kvtier.addresses import EngineBlocks, HostChunks
@@ -189,6 +189,7 @@ def round_trip(
     pages, given, mapped = pages_of(source)
     before = host.memory_np.copy()
     batches = mover.batches(pages)
+    staged = mover.staged_batches(given) if grids else []  # the DMA mechanism's, on grids
     mover.store(given, host.memory.view(-1), pinned)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -219,5 +220,8 @@ def round_trip(
         "copies": sum(len(b.copies) for b in batches),
         "chunks": len(slots.slots),
         "grids": len(given) if grids else 0,  # PageGrids given each way
+        "staged_batches": len(staged),  # given as grids: DMA's batches and their host copies
+        "staged_grids": sum(len(b.grids) for b in staged),
+        "staged_copies": sum(len(b.copies) for b in staged),
         "spaces": len(mover.spaces.tensors),
     }

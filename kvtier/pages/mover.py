@@ -19,16 +19,16 @@ On a GPU a job goes one of two ways (``Mechanism``; by default ``gpu_mechanism()
   Given grids, the grid kernel computes each page's addresses on the device from a table of
   ``V + K`` entries per grid: the engine's thread does ``O(blocks)`` work per job, where a
   page table is ``3 * V * K`` entries planned and uploaded (16,384 pages for a 4,096-token
-  job of an 8B model). It is the default because of that thread: a job costs it under 0.1 ms,
-  where ``DMA`` plans every page (on a CPU core 1.4 ms for that job, 4-6 ms for one of 160
-  views of 4 KiB pages, longer than the bus takes to move them).
-- ``DMA``: each batch (``plan.py``, up to ``stage_bytes``) is one gather on the device into a
-  staging area laid out as host memory is, then one copy per run of adjacent host bytes on the
-  copy engine (a store), or the mirror image (a load). A 4,096-token job of an 8B-class model
-  (64 views of 32 KiB pages, 64-token chunks) is a gather and a copy per chunk, where copying
-  page by page took 16,384 copies. The gather is the bounded-program kernel of ``kernel.py``
-  where Triton runs, else torch's ``index_select`` / ``index_copy_``. It takes no SM for the
-  bus's part of the work.
+  job of an 8B model): a job costs it under 0.1 ms on a CPU core.
+- ``DMA``: each batch (up to ``stage_bytes``) is one gather on the device into a staging area
+  laid out as host memory is, then one copy per run of adjacent host bytes on the copy engine (a
+  store), or the mirror image (a load). A 4,096-token job of an 8B-class model (64 views of
+  32 KiB pages, 64-token chunks) is a gather and a copy per chunk, where copying page by page
+  took 16,384 copies. It takes no SM for the bus's part of the work. Given grids where Triton
+  runs, the gather is the grid kernel into staged records (``staged_grids.py``: planned in
+  ``O(V * chunks)``, 0.3 ms for that job, where planning every page took 0.85 ms, and 1.6 ms at
+  160 views of 4 KiB pages); else each page is planned (``plan.py``) and gathered by the
+  descriptor kernel, or by torch's ``index_select`` / ``index_copy_`` without Triton.
 
 Work is queued on the caller's current stream and returns without waiting for it; the caller
 records an event to know when it is done. The staging area is reused in stream order. Host
@@ -51,6 +51,7 @@ from kvtier.pages import grid, kernel
 from kvtier.pages.direct import direct_pieces
 from kvtier.pages.plan import Batch, Gather, Pages, iter_batches, plan_batches
 from kvtier.pages.spaces import Spaces
+from kvtier.pages.staged_grids import StagedBatch, staged_batches
 
 STAGE_BYTES = 64 << 20  # the most one batch stages on the device
 Grids = Sequence[grid.PageGrid]
@@ -140,7 +141,11 @@ class PageMover:
     def _move(self, pages: Pages | Grids, host: torch.Tensor, pinned: bool, store: bool) -> int:
         if not isinstance(pages, Pages):
             straight = self.mechanism is Mechanism.KERNEL and self.to_host and pinned
-            moved = self._grids(pages, host, store) if straight and self.staged else None
+            moved = None
+            if self.staged and straight:
+                moved = self._grids(pages, host, store)
+            elif self.staged and self.kernel:
+                moved = self._staged_grids(pages, host, store)
             if moved is not None:
                 return moved
             pages = Pages.join([g.pages(self.page_bytes) for g in pages])
@@ -155,13 +160,11 @@ class PageMover:
         for batch in self._batches(pages):
             stage, rows = self._area(batch.nbytes)
             if not store:
-                for at, offset, size in batch.copies.tolist():
-                    stage[offset : offset + size].copy_(host[at : at + size], non_blocking=True)
+                _host_copies(batch.copies, host, stage, store)
             for gather in batch.gathers:
                 self._gather(gather, stage, rows, store)
             if store:
-                for at, offset, size in batch.copies.tolist():
-                    host[at : at + size].copy_(stage[offset : offset + size], non_blocking=True)
+                _host_copies(batch.copies, host, stage, store)
             moved += batch.nbytes
         return moved
 
@@ -213,6 +216,33 @@ class PageMover:
             kernel.grid_copy(flat, span, host.data_ptr(), store, self.programs)
         return sum(int(self.page_bytes[g.views].sum()) * len(g.blocks) for g in grids)
 
+    def _staged_grids(self, grids: Grids, host: torch.Tensor, store: bool) -> int | None:
+        """The ``DMA`` mechanism on grids (``staged_grids.py``): per batch, the grid kernel
+        between the engine and the staging area and a copy per run of host bytes, over one
+        uploaded table; None (nothing queued) where the kernel cannot address the pages."""
+        batches = self.staged_batches(grids)
+        if not batches:
+            return 0
+        stage, _ = self._area(max(b.nbytes for b in batches))
+        found = grid.tables([g for b in batches for g in b.grids], self._engine_table,
+                            stage.data_ptr())  # fmt: skip
+        if found is None:
+            return None
+        flat = self._upload(found.flat)
+        spans = iter(found.grids)
+        for batch in batches:
+            if not store:
+                _host_copies(batch.copies, host, stage, store)
+            for span in [next(spans) for _ in batch.grids]:
+                kernel.grid_copy(flat, span, stage.data_ptr(), store, self.programs)
+            if store:
+                _host_copies(batch.copies, host, stage, store)
+        return sum(int(self.page_bytes[g.views].sum()) * len(g.blocks) for g in grids)
+
+    def staged_batches(self, grids: Grids) -> list[StagedBatch]:
+        """How the ``DMA`` mechanism stages ``grids`` (``staged_grids.py``)."""
+        return staged_batches(grids, self.page_bytes, self.stage_bytes, self.host_piece)
+
     def _kernel(self, src: np.ndarray, dst: np.ndarray, size: np.ndarray) -> None:
         """Queue the copies on the current stream, joined where both sides are adjacent."""
         src, dst, size = _joined(src, dst, size)
@@ -240,6 +270,14 @@ class PageMover:
         if self.device.type != "cuda":
             return tensor
         return tensor.pin_memory().to(self.device, non_blocking=True)
+
+
+def _host_copies(copies: np.ndarray, host: torch.Tensor, stage: torch.Tensor, store: bool) -> None:
+    """Queue ``copies`` (``(host offset, staging offset, bytes)`` rows): stage -> host when
+    ``store``, else host -> stage."""
+    for at, offset, size in copies.tolist():
+        there, here = host[at : at + size], stage[offset : offset + size]
+        (there if store else here).copy_(here if store else there, non_blocking=True)
 
 
 def _joined(

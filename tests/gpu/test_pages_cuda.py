@@ -24,10 +24,18 @@ def test_every_layout_moves_byte_exact_both_ways(name: str, mechanism: str) -> N
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_every_layout_moves_byte_exact_given_as_grids(name: str, mechanism: str) -> None:
     """As the host tier's handlers give pages: ``kernel``, the grid kernel computes every
-    page's addresses on the device; ``dma``, the grids are pages again."""
+    page's addresses on the device; ``dma``, it moves them into records staged on the device,
+    then the copy engine (``staged_grids.py``)."""
     done = round_trip(name, torch.device("cuda"), 64 << 20, mechanism=mechanism, grids=True,
                       host_piece=3 * 4096)  # fmt: skip
     assert done["chunks"] > 0
+
+
+@pytest.mark.parametrize("name", ["flash_attn", "mla", "hybrid", "separate"])
+def test_staged_grids_reuse_the_staging_area_in_stream_order(name: str) -> None:
+    done = round_trip(name, torch.device("cuda"), stage_bytes=3 * 4096, mechanism="dma",
+                      grids=True, host_piece=3 * 4096)  # fmt: skip
+    assert done["staged_batches"] > 1
 
 
 @pytest.mark.parametrize("mechanism", ["dma", "kernel"])
@@ -49,6 +57,8 @@ def test_batches_reuse_the_staging_area_in_stream_order(name: str) -> None:
 def test_memory_not_pinned_moves_by_the_copy_engine() -> None:
     """The kernel reads host memory only when it is pinned; before, the DMA path moves it."""
     round_trip("flash_attn", torch.device("cuda"), 64 << 20, mechanism="kernel", pinned=False)
+    round_trip("flash_attn", torch.device("cuda"), 64 << 20, mechanism="kernel", pinned=False,
+               grids=True)  # fmt: skip
 
 
 def test_triton_runs_here() -> None:

@@ -121,9 +121,9 @@ def _tables(planner: JobPlanner) -> grid.Tables:
     return planner.planned
 
 
-def _gpu_plan(views: int) -> int:
+def _gpu_plan(views: int, mechanism: Mechanism) -> int:
     layout = _layout(views)
-    handler = JobPlanner(layout, HostTier(layout, CHUNKS, FACTOR), Mechanism.KERNEL)
+    handler = JobPlanner(layout, HostTier(layout, CHUNKS, FACTOR), mechanism)
     job = (_blocks(), HostChunks(np.arange(CHUNKS, dtype=np.int64)))
     assert handler.transfer_async(0, *job)
     calls = Calls(EngineHostHandler.transfer_async.__code__)
@@ -133,11 +133,12 @@ def _gpu_plan(views: int) -> int:
     return calls.count
 
 
-def test_a_gpu_jobs_planning_is_the_same_at_any_number_of_views() -> None:
-    """What a job on a GPU asks of the engine's thread before its one kernel launch per grid
-    (the ``kernel`` mechanism, ``bench gpu``'s planner): the job planned, its grids, the grid
-    kernel's tables over the engine's views."""
-    counts = {views: _gpu_plan(views) for views in VIEWS}
+@pytest.mark.parametrize("mechanism", list(Mechanism))
+def test_a_gpu_jobs_planning_is_the_same_at_any_number_of_views(mechanism: Mechanism) -> None:
+    """What a job on a GPU asks of the engine's thread before its kernel launches (``bench
+    gpu``'s planner): the job planned, its grids, the grid kernel's tables over the engine's
+    views (``kernel``), or over the staging area's records, with their host copies (``dma``)."""
+    counts = {views: _gpu_plan(views, mechanism) for views in VIEWS}
     assert len(set(counts.values())) == 1, counts
 
 

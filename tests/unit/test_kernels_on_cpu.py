@@ -69,7 +69,10 @@ def test_the_kernels_move_every_layout_byte_exact_both_ways(
         assert (done["grid"], done["copy"]) == (2 * done["grids"], 0)
     elif case.mechanism == "kernel" and case.pinned:
         assert (done["grid"], done["copy"]) == (0, 2)  # every page straight, one launch a move
-    else:  # through the staging area: the copy kernel is each space's gather
+    elif case.grids:  # staged: the grid kernel into each batch's records, no page table
+        assert done["staged_batches"] >= 1
+        assert (done["grid"], done["copy"]) == (2 * done["staged_grids"], 0)
+    else:  # staged page by page: the copy kernel is each space's gather
         assert (done["grid"], done["copy"]) == (0, 2 * done["gathers"])
 
 

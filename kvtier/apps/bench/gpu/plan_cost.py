@@ -5,8 +5,9 @@
     measure(layout, host, job, reps) -> {mechanism: summary of milliseconds}
 
 The connector's CUDA handler plans a job on the engine's thread before the device does anything:
-the job's plan (``EngineHostHandler``), then for ``kernel`` its grids and the grid kernel's tables
-(``pages/grid.py``), for ``dma`` every page in batches of the staging area (``pages/plan.py``).
+the job's plan (``EngineHostHandler``), then its grids and the grid kernel's tables
+(``pages/grid.py``): for ``kernel`` over host memory, for ``dma`` over the staging area's batches
+(``pages/staged_grids.py``, with their host copies).
 Timed here on the rig's own layout and host tier, on any device, with the copies left out: a CPU
 shows what a GPU's host thread pays per job (``submit_ms``, on a GPU, adds the launches).
 """
@@ -20,9 +21,9 @@ from typing import Any
 from kvtier.addresses import EngineBlocks, HostChunks
 from kvtier.apps.bench.gpu.figures import summary
 from kvtier.layout import KVLayout
-from kvtier.pages import PageMover, Pages, grid
+from kvtier.pages import PageMover, grid
 from kvtier.pages.mover import Mechanism
-from kvtier.pages.plan import Batch
+from kvtier.pages.staged_grids import StagedBatch
 from kvtier.tiers.base.chunk_plan import GroupCopy
 from kvtier.tiers.base.handler import TransferResult
 from kvtier.tiers.host.buffers import HostTier
@@ -37,17 +38,19 @@ class JobPlanner(EngineHostHandler):
         super().__init__(layout, host, store=True)
         self.mechanism = mechanism
         self.views = grid.view_table(layout.views)
-        # DMA's planning is the mover's own (``batches``); it moves nothing here
+        # DMA's planning is the mover's own (``staged_batches``); it moves nothing here
         self.mover = PageMover(layout.views, mechanism=mechanism, host_piece=host.pin_piece_bytes)
-        self.planned: grid.Tables | list[Batch] | None = None
+        self.planned: grid.Tables | None = None
+        self.staged: list[StagedBatch] = []  # DMA: the last job's batches
 
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
         grids = self.page_grids(plan)
         if self.mechanism is Mechanism.KERNEL:
             self.planned = grid.tables(grids, self.views, self.host.memory.data_ptr())
             return
-        self.planned = self.mover.batches(Pages.join([g.pages(self.mover.page_bytes)
-                                                      for g in grids]))  # fmt: skip
+        self.staged = self.mover.staged_batches(grids)
+        staged = [g for batch in self.staged for g in batch.grids]
+        self.planned = grid.tables(staged, self.views, 0)  # at the staging area's offsets
 
     def get_finished(self) -> list[TransferResult]:
         return []
