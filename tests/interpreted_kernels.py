@@ -27,7 +27,8 @@ STAGE = 64 << 20  # a staging area no job here fills
 
 class Case(NamedTuple):
     layout: str
-    mechanism: str  # "dma": the kernel gathers into the staging area; "kernel": straight
+    mechanism: str  # "dma": the kernel gathers into the staging area; "kernel": straight;
+    # or each direction's: "store=dma,load=kernel"
     grids: bool  # pages given as the host tier's handlers give them
     host_piece: int = 0
     stage_bytes: int = STAGE
@@ -55,6 +56,7 @@ CASES += [
     for grids in (False, True)
 ]
 CASES += [Case("flash_attn", "kernel", True, pinned=False)]
+CASES += [Case(name, "store=dma,load=kernel", True) for name in ("flash_attn", "hybrid")]
 
 
 def _counting(launches: Counter[str]) -> None:

@@ -151,7 +151,8 @@ def round_trip(
     from kvtier.addresses import EngineBlocks, HostChunks
     from kvtier.layout import build_layout
     from kvtier.pages import PageMover, Pages
-    from kvtier.pages.mover import Grids, Mechanism
+    from kvtier.pages.mechanism import Mechanisms
+    from kvtier.pages.mover import Grids
     from kvtier.tiers.base.chunk_plan import plan_copy
     from kvtier.tiers.host.buffers import HostTier
 
@@ -184,7 +185,7 @@ def round_trip(
     def page(view: int, block: int) -> np.ndarray:
         return layout.views[view][block].view(torch.uint8).cpu().numpy()
 
-    mover = PageMover(layout.views, stage_bytes, Mechanism(mechanism), staged=staged,
+    mover = PageMover(layout.views, stage_bytes, Mechanisms.parse(mechanism), staged=staged,
                       host_piece=host_piece, triton=triton)  # fmt: skip
     pages, given, mapped = pages_of(source)
     before = host.memory_np.copy()

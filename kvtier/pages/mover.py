@@ -10,8 +10,8 @@
     .load(pages, host, pinned)    ``host`` -> engine pages
     .pieces(pages, host, store)   on the CPU: the copies, in pieces for copy lanes
 
-On a GPU a job goes one of two ways (``Mechanism``; by default ``gpu_mechanism()``: what
-``KVTIER_GPU_COPY`` names, else ``KERNEL``):
+On a GPU a job goes one of two ways, chosen per direction (``mechanism.py``; by default
+``gpu_mechanisms()``: what ``KVTIER_GPU_COPY`` names, else ``KERNEL`` both ways):
 
 - ``KERNEL``: the kernel copies every page straight between the engine and pinned host memory
   (unified addressing), no staging and no copy engine: for host memory not pinned yet, and on a
@@ -40,15 +40,14 @@ each host run is one numpy call straight between the engine's rows and host memo
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
-from enum import StrEnum
 
 import numpy as np
 import torch
 
 from kvtier.pages import grid, kernel
 from kvtier.pages.direct import direct_pieces
+from kvtier.pages.mechanism import Mechanism, Mechanisms, gpu_mechanisms
 from kvtier.pages.plan import Batch, Gather, Pages, iter_batches, plan_batches
 from kvtier.pages.spaces import Spaces
 from kvtier.pages.staged_grids import StagedBatch, staged_batches
@@ -57,35 +56,19 @@ STAGE_BYTES = 64 << 20  # the most one batch stages on the device
 Grids = Sequence[grid.PageGrid]
 
 
-class Mechanism(StrEnum):
-    DMA = "dma"  # gather on the device, large copies on the copy engine
-    KERNEL = "kernel"  # one kernel straight between engine and pinned host memory
-
-
-GPU_COPY_ENV = "KVTIER_GPU_COPY"  # dma | kernel: how a GPU moves pages (default kernel)
-
-
-def gpu_mechanism() -> Mechanism:
-    """The mechanism ``KVTIER_GPU_COPY`` names, ``KERNEL`` where it is unset or empty."""
-    value = os.environ.get(GPU_COPY_ENV, "").strip().lower() or Mechanism.KERNEL.value
-    if value not in Mechanism._value2member_map_:
-        accepted = " or ".join(repr(m.value) for m in Mechanism)
-        raise ValueError(f"kvtier: {GPU_COPY_ENV} must be {accepted}, got {value!r}")
-    return Mechanism(value)
-
-
 class PageMover:
     def __init__(
         self,
         views: Sequence[torch.Tensor],
         stage_bytes: int = STAGE_BYTES,
-        mechanism: Mechanism | None = None,
+        mechanism: Mechanism | Mechanisms | None = None,
         programs: int = kernel.PROGRAMS,
         staged: bool | None = None,
         host_piece: int = 0,
         triton: bool | None = None,
     ) -> None:
-        """``mechanism``: None, ``gpu_mechanism()``. ``staged``: move through the staging area
+        """``mechanism``: both directions', or each one's (None: ``gpu_mechanisms()``,
+        ``mechanism.py``). ``staged``: move through the staging area
         (None: on a GPU only; the tests stage on the CPU too, to run the GPU's steps where there
         is no GPU). ``triton``: move with the kernels of ``kernel.py`` (None: on a GPU where
         Triton runs; the tests run them on the CPU under Triton's interpreter)."""
@@ -96,7 +79,11 @@ class PageMover:
         self.spaces = Spaces.of(views)
         self.page_bytes = np.array([v.shape[1] * v.element_size() for v in views], dtype=np.int64)
         self.stage_bytes = max(stage_bytes, int(self.page_bytes.max()))
-        self.mechanism = gpu_mechanism() if mechanism is None else Mechanism(mechanism)
+        if mechanism is None:
+            mechanism = gpu_mechanisms()
+        elif not isinstance(mechanism, Mechanisms):
+            mechanism = Mechanisms(Mechanism(mechanism), Mechanism(mechanism))
+        self.mechanisms = mechanism
         self.programs = programs
         self.host_piece = host_piece
         if triton is None:
@@ -139,8 +126,9 @@ class PageMover:
         return self._move(pages, host, pinned, store=False)
 
     def _move(self, pages: Pages | Grids, host: torch.Tensor, pinned: bool, store: bool) -> int:
+        mechanism = self.mechanisms.store if store else self.mechanisms.load
+        straight = mechanism is Mechanism.KERNEL and self.to_host and pinned
         if not isinstance(pages, Pages):
-            straight = self.mechanism is Mechanism.KERNEL and self.to_host and pinned
             moved = None
             if self.staged and straight:
                 moved = self._grids(pages, host, store)
@@ -153,9 +141,8 @@ class PageMover:
             for piece in self.pieces(pages, host, store, 1 << 62):
                 piece()
             return int(self.page_bytes[pages.views].sum())
-        if self.mechanism is Mechanism.KERNEL and self.to_host and pinned:
-            if self._straight(pages, host, store):
-                return int(self.page_bytes[pages.views].sum())
+        if straight and self._straight(pages, host, store):
+            return int(self.page_bytes[pages.views].sum())
         moved = 0
         for batch in self._batches(pages):
             stage, rows = self._area(batch.nbytes)

@@ -15,7 +15,7 @@ import torch
 from kvtier.addresses import EngineBlocks, HostChunks
 from kvtier.layout import KVLayout, build_layout
 from kvtier.media import Medium
-from kvtier.pages.mover import Mechanism
+from kvtier.pages.mechanism import Mechanism
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.host.io import engine_host_handlers
 from kvtier.tiers.host.io.copy_cuda import CudaCopyHandler

@@ -20,12 +20,12 @@ def test_every_layout_moves_byte_exact_both_ways(name: str, mechanism: str) -> N
     assert done["gathers"] == done["spaces"]
 
 
-@pytest.mark.parametrize("mechanism", ["dma", "kernel"])
+@pytest.mark.parametrize("mechanism", ["dma", "kernel", "store=dma,load=kernel"])
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_every_layout_moves_byte_exact_given_as_grids(name: str, mechanism: str) -> None:
     """As the host tier's handlers give pages: ``kernel``, the grid kernel computes every
     page's addresses on the device; ``dma``, it moves them into records staged on the device,
-    then the copy engine (``staged_grids.py``)."""
+    then the copy engine (``staged_grids.py``); or each direction its own way."""
     done = round_trip(name, torch.device("cuda"), 64 << 20, mechanism=mechanism, grids=True,
                       host_piece=3 * 4096)  # fmt: skip
     assert done["chunks"] > 0

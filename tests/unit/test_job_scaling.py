@@ -27,7 +27,7 @@ from kvtier.apps.bench.gpu.plan_cost import JobPlanner
 from kvtier.keys import make_key
 from kvtier.layout import KVLayout, build_layout
 from kvtier.pages import grid
-from kvtier.pages.mover import Mechanism
+from kvtier.pages.mechanism import Mechanism
 from kvtier.tiers.base.chunk_io import TierLoadHandler
 from kvtier.tiers.base.handler import Transfer
 from kvtier.tiers.disk.files import DiskTier

@@ -12,7 +12,7 @@ from kv_layouts import LAYOUTS, round_trip
 
 from kvtier.layout import build_layout
 from kvtier.pages import PageMover, Pages, grid, kernel
-from kvtier.pages.mover import GPU_COPY_ENV, Mechanism
+from kvtier.pages.mechanism import GPU_COPY_ENV, Mechanism, Mechanisms, gpu_mechanisms
 from kvtier.pages.plan import plan_batches
 from kvtier.pages.spaces import Spaces
 from kvtier.tiers.host.buffers import HostTier
@@ -192,14 +192,37 @@ def test_a_gpu_moves_pages_by_the_kernel_unless_the_environment_says_dma(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     views = [torch.zeros(4, 8, dtype=torch.int64)]
+    kernel_, dma = Mechanism.KERNEL, Mechanism.DMA
     monkeypatch.delenv(GPU_COPY_ENV, raising=False)
-    assert PageMover(views).mechanism is Mechanism.KERNEL
+    assert PageMover(views).mechanisms == (kernel_, kernel_)
     monkeypatch.setenv(GPU_COPY_ENV, " DMA ")
-    assert PageMover(views).mechanism is Mechanism.DMA
-    assert PageMover(views, mechanism=Mechanism.KERNEL).mechanism is Mechanism.KERNEL  # named
-    monkeypatch.setenv(GPU_COPY_ENV, "fast")
-    with pytest.raises(ValueError, match="KVTIER_GPU_COPY must be 'dma' or 'kernel', got 'fast'"):
-        PageMover(views)
+    assert PageMover(views).mechanisms == (dma, dma)
+    assert PageMover(views, mechanism=kernel_).mechanisms == (kernel_, kernel_)  # named
+    both = Mechanisms(store=dma, load=kernel_)
+    assert PageMover(views, mechanism=both).mechanisms == both
+
+
+@pytest.mark.parametrize(
+    ("value", "store", "load"),
+    [("store=dma,load=kernel", "dma", "kernel"), (" Load = DMA ", "kernel", "dma"),
+     ("store=dma", "dma", "kernel"), ("", "kernel", "kernel"), ("kernel", "kernel", "kernel")],
+)  # fmt: skip
+def test_each_direction_may_have_its_own_mechanism(
+    monkeypatch: pytest.MonkeyPatch, value: str, store: str, load: str
+) -> None:
+    monkeypatch.setenv(GPU_COPY_ENV, value)
+    chosen = gpu_mechanisms()
+    assert chosen == (Mechanism(store), Mechanism(load))
+    assert Mechanisms.parse(str(chosen)) == chosen  # what bench gpu reports, taken back
+
+
+@pytest.mark.parametrize("value", ["fast", "store=fast", "copy=dma", "store:dma", "dma,kernel"])
+def test_a_mechanism_that_is_neither_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv(GPU_COPY_ENV, value)
+    with pytest.raises(ValueError, match=f"KVTIER_GPU_COPY must be .* got {value!r}"):
+        PageMover([torch.zeros(4, 8, dtype=torch.int64)])
 
 
 def test_a_gpu_the_driver_cannot_vouch_for_never_has_the_kernel_touch_host_memory() -> None:

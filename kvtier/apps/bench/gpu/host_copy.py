@@ -41,7 +41,7 @@ from kvtier.apps.bench.gpu.shapes import Shape, build_engine
 from kvtier.layout import KVLayout
 from kvtier.media import Medium
 from kvtier.pages import kernel
-from kvtier.pages.mover import Mechanism
+from kvtier.pages.mechanism import Mechanism
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.host.io import engine_host_handlers
 from kvtier.tiers.host.io.engine_host import EngineHostHandler
@@ -132,7 +132,7 @@ def _worker(layout: KVLayout, host: HostTier, mechanism: str) -> TransferWorker:
     load: EngineHostHandler
     if mechanism == "cpu":  # the connector's own pair: copy lanes on the CPU
         store, load = engine_host_handlers(layout, host)
-    else:  # the connector's pair, by this mechanism (the connector's: ``gpu_mechanism()``)
+    else:  # the connector's pair, by this mechanism (the connector's: ``gpu_mechanisms()``)
         store, load = engine_host_handlers(layout, host, mechanism=Mechanism(mechanism))
     worker = TransferWorker()
     worker.register_handler(Medium.ENGINE, Medium.CPU, store)

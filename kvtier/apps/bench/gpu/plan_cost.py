@@ -22,7 +22,7 @@ from kvtier.addresses import EngineBlocks, HostChunks
 from kvtier.apps.bench.gpu.figures import summary
 from kvtier.layout import KVLayout
 from kvtier.pages import PageMover, grid
-from kvtier.pages.mover import Mechanism
+from kvtier.pages.mechanism import Mechanism
 from kvtier.pages.staged_grids import StagedBatch
 from kvtier.tiers.base.chunk_plan import GroupCopy
 from kvtier.tiers.base.handler import TransferResult

@@ -43,7 +43,7 @@ from kvtier.apps.bench.gpu.clock import Clock
 from kvtier.apps.bench.gpu.deadline import deadline
 from kvtier.apps.bench.gpu.figures import GOALS, Measured, Results, Unavailable
 from kvtier.apps.bench.gpu.shapes import SHAPES
-from kvtier.pages.mover import gpu_mechanism
+from kvtier.pages.mechanism import gpu_mechanisms
 
 MEASURES = ("host", "prefill", "beside", "disk", "redis", "pull", "pinning")
 
@@ -207,5 +207,5 @@ def _meta(options: Options, device: torch.device) -> dict[str, Any]:
         "machine": {"platform": platform.platform(), "cpu": cpu(), "cpus": os.cpu_count()},
         "argv": sys.argv[1:], "quick": options.quick, "reps": options.reps,
         "tokens": options.tokens, "goals": {k: list(v) for k, v in GOALS.items()},
-        "default_mechanism": gpu_mechanism().value if cuda else None,  # what an engine uses
+        "default_mechanism": str(gpu_mechanisms()) if cuda else None,  # what an engine uses
     }  # fmt: skip

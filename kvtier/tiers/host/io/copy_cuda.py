@@ -26,7 +26,8 @@ import torch
 
 from kvtier.layout import KVLayout
 from kvtier.pages import PageMover
-from kvtier.pages.mover import STAGE_BYTES, Mechanism
+from kvtier.pages.mechanism import Mechanism, Mechanisms
+from kvtier.pages.mover import STAGE_BYTES
 from kvtier.tiers.base.chunk_plan import GroupCopy
 from kvtier.tiers.base.handler import TransferResult
 from kvtier.tiers.host.buffers import HostTier
@@ -47,7 +48,7 @@ class CudaCopyHandler(EngineHostHandler):
         host: HostTier,
         store: bool,
         stage_bytes: int = STAGE_BYTES,
-        mechanism: Mechanism | None = None,
+        mechanism: Mechanism | Mechanisms | None = None,
     ) -> None:
         super().__init__(layout, host, store)
         self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]

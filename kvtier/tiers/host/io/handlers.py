@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from kvtier.layout import KVLayout
-from kvtier.pages.mover import Mechanism
+from kvtier.pages.mechanism import Mechanism, Mechanisms
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.host.io.engine_host import EngineHostHandler
 
@@ -26,14 +26,14 @@ def engine_host_handlers(
     host: HostTier,
     lanes: int | None = None,
     inline_stores: bool = True,
-    mechanism: Mechanism | None = None,
+    mechanism: Mechanism | Mechanisms | None = None,
 ) -> tuple[EngineHostHandler, EngineHostHandler]:
     """The (store, load) handlers for ``layout``'s device.
 
-    CUDA: both on streams, moving pages by ``mechanism`` (``kvtier.pages.mover``; None: the
-    default, ``gpu_mechanism()``). CPU: loads inline in ``transfer_async``, and stores too
-    unless ``inline_stores`` is False (then on a job thread); each job is split across ``lanes``
-    threads (default ``copy_lanes()``), see ``copy_cpu.py``.
+    CUDA: both on streams, moving pages by ``mechanism`` (``kvtier.pages.mover``; None: each
+    direction's default, ``gpu_mechanisms()``). CPU: loads inline in ``transfer_async``, and
+    stores too unless ``inline_stores`` is False (then on a job thread); each job is split
+    across ``lanes`` threads (default ``copy_lanes()``), see ``copy_cpu.py``.
 
     CPU stores copy inline, right after the step's forward, on cores the engine leaves idle
     then: a store copied on a thread would run beside the next forward, and both are bound by
