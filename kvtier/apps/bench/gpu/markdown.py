@@ -24,6 +24,7 @@ from typing import Any
 
 from kvtier.apps.bench.common import markdown
 from kvtier.apps.bench.common.markdown import Summary
+from kvtier.apps.bench.gpu.advice import advise
 from kvtier.apps.bench.gpu.figures import rows
 
 COUNTED = ("passed", "failed", "skipped", "errors", "error", "xfailed", "xpassed", "deselected")
@@ -40,6 +41,9 @@ def summary(document: Mapping[str, Any], tests: str | None = None) -> Summary:
         facts.append(("`kvtier bench gpu`", run))
     if document.get("default_mechanism"):
         facts.append(("an engine's mechanism (`KVTIER_GPU_COPY`)", document["default_mechanism"]))
+    advice = advise(document)
+    if advice is not None:
+        facts.append(("advised for this GPU", f"`KVTIER_GPU_COPY={advice.value}`"))
     table, nulls = [], []
     for row in rows(document):
         goal = "-" if row["goal"] is None else f"{row['how']} {row['goal']}"
@@ -49,6 +53,9 @@ def summary(document: Mapping[str, Any], tests: str | None = None) -> Summary:
         table.append((row["shape"], row["figure"], row["mechanism"], _cell(row["median"]),
                       _cell(row["min"]), _cell(row["max"]), goal, met))  # fmt: skip
     notes = [f"- pinning: {_pinning(document)}", *_disk_readers(document)]
+    if advice is not None:
+        notes += [f"- {side}s by {c.mechanism.value}: {c.why}" for side, c in
+                  zip(("store", "load"), advice, strict=True)]  # fmt: skip
     if nulls:
         notes += ["", "Null figures:", "", *nulls]
     errors = document.get("errors", [])

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvtier.apps.bench.common import plots
+from kvtier.apps.bench.gpu.advice import advise
 from kvtier.apps.bench.gpu.figures import FIGURES, rows
 
 
@@ -42,6 +43,11 @@ def print_table(document: Mapping[str, Any], console: Console) -> None:
         value = document.get(name)
         why = document.get("why_null", {}).get(name, "")
         console.print(f"{name}: {value if value is not None else 'null: ' + why}")
+    advice = advise(document)
+    if advice is not None:
+        console.print(f"advised for this GPU: KVTIER_GPU_COPY={advice.value}")
+        for side, choice in zip(("store", "load"), advice, strict=True):
+            console.print(f"  {side}s by {choice.mechanism.value}: {choice.why}")
     for error in document.get("errors", []):
         console.print(f"[red]{error['shape']} {error['measure']}: {error['error']}[/red]")
 

@@ -39,6 +39,7 @@ from kvtier.apps.bench.gpu import (
     redis_load,
     report,
 )
+from kvtier.apps.bench.gpu.advice import advise
 from kvtier.apps.bench.gpu.clock import Clock
 from kvtier.apps.bench.gpu.deadline import deadline
 from kvtier.apps.bench.gpu.figures import GOALS, Measured, Results, Unavailable
@@ -81,6 +82,9 @@ def run(options: Options, console: Console | None = None) -> dict[str, Any]:
                       lambda: pinning_rate.measure(device, gib))  # fmt: skip
     document = results.document
     document["runtime_s"] = round(time.perf_counter() - started, 1)
+    advice = advise(document)  # each direction's mechanism on this GPU
+    if advice is not None:
+        document["advice"] = advice.as_json()
     png = options.out / "gpu.png"
     why_no_png = report.plot(document, png)
     if why_no_png is not None:
