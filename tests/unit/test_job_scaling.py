@@ -10,17 +10,13 @@ and chunks. Calls are counted, not timed, so the check is exact on a busy machin
 
 from __future__ import annotations
 
-import sys
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from types import CodeType, FrameType
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from call_counts import Calls, profiled
 
 from kvtier.addresses import EngineBlocks, HostChunks, TierChunks
 from kvtier.apps.bench.gpu.plan_cost import JobPlanner
@@ -37,39 +33,6 @@ from kvtier.tiers.host.io.engine_host import EngineHostHandler
 
 BLOCKS, CHUNKS, FACTOR = 64, 8, 4
 VIEWS = (8, 32, 128)
-
-
-class Calls:
-    """A profile hook counting the calls made inside any of ``codes``, on any thread."""
-
-    def __init__(self, *codes: CodeType) -> None:
-        self.codes = set(codes)
-        self.count = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
-        if event not in ("call", "c_call"):
-            return
-        caller: FrameType | None = frame
-        while caller is not None:
-            if caller.f_code in self.codes:
-                with self._lock:
-                    self.count += 1
-                return
-            caller = caller.f_back
-
-
-@contextmanager
-def profiled(calls: Calls) -> Iterator[None]:
-    """``calls`` hooked on this thread and on threads started meanwhile."""
-    before, before_threads = sys.getprofile(), threading.getprofile()
-    sys.setprofile(calls)
-    threading.setprofile(calls)
-    try:
-        yield
-    finally:
-        sys.setprofile(before)
-        threading.setprofile(before_threads)
 
 
 def _layout(views: int) -> KVLayout:

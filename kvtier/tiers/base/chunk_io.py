@@ -5,13 +5,13 @@ pair of any ``chunk_tier.py`` tier (disk; Redis, whose writes are pipelined: ``r
 staging area, and only once every check passed (``ChunkTier.read``) moves it into the engine
 blocks, on the device of the engine tensors (never a hard-coded one). Records are read a batch
 at a time, ``readers`` of them at once where the tier allows it (``chunk_reads.py``). On the CPU
-a batch is ``readers`` records, each scattered once read, a numpy copy per view. On a GPU the
-staging area is pinned, in two halves: a half's records are moved by one ``PageMover`` load,
-given as grids (``staged_grids``: one per group, its views times the blocks; by default the
-copy kernel straight from the pinned half, ``pages/mover.py``), while the next half is read. A
-chunk that fails a check fails the job, and the engine recomputes its blocks; the job still
-verifies every other chunk (without moving it) and names ALL the bad ones at once, so that one
-pass drops every bad file, not one per pass.
+a batch is ``readers`` records, each scattered once read, one numpy copy a record
+(``record_scatter.py``). On a GPU the staging area is pinned, in two halves: a half's records
+are moved by one ``PageMover`` load, given as grids (``staged_grids``: one per group, its views
+times the blocks; by default the copy kernel straight from the pinned half,
+``pages/mover.py``), while the next half is read. A chunk that fails a check fails the job, and
+the engine recomputes its blocks; the job still verifies every other chunk (without moving it)
+and names ALL the bad ones at once, so that one pass drops every bad file, not one per pass.
 
 ``TierWriteHandler`` (host tier -> tier): writes each chunk's record straight from its host slot,
 one buffer. A ``staged`` job copies the records first, in ``transfer_async``, because this step's
@@ -42,6 +42,7 @@ from kvtier.tiers.base.chunk_reads import ChunkRead, ChunkReader, plan_reads
 from kvtier.tiers.base.chunk_tier import ChunkTier
 from kvtier.tiers.base.handler import TransferResult
 from kvtier.tiers.base.job_thread import JobThread, ThreadedHandler
+from kvtier.tiers.base.record_scatter import RecordScatter
 from kvtier.tiers.base.records import HostRecords, RecordLayout
 
 logger = logging.getLogger(__name__)
@@ -67,8 +68,7 @@ class TierLoadHandler(ThreadedHandler):
         self._stage = torch.empty((2 if gpu else 1, per_half, record), dtype=torch.uint8,
                                   pin_memory=gpu)  # fmt: skip
         self._stage_np = self._stage.numpy()
-        self._engine_np = [view.numpy().view(np.uint8) if not gpu else np.empty(0)
-                           for view in layout.views]  # fmt: skip
+        self._scatter = RecordScatter(layout, self.records) if layout.views and not gpu else None
         self._mover = PageMover(layout.views) if gpu and layout.views else None
         self._stream = torch.cuda.Stream(self.device) if gpu else None  # type: ignore[no-untyped-call]
         self._moved: list[torch.cuda.Event | None] = [None, None]  # each half's last move
@@ -158,15 +158,11 @@ class TierLoadHandler(ThreadedHandler):
 
     def _move(self, half: int, staged: list[tuple[int, ChunkRead]]) -> None:
         """The records in staging half ``half`` into their engine blocks."""
-        if self._mover is None:  # the CPU: a numpy copy per view, the GIL released
+        if self._scatter is not None:  # the CPU: a numpy copy per record, the GIL released
             for slot, read in staged:
-                record = self._stage_np[half, slot]
-                offsets = self.records.offsets(read.group)
-                for view, offset in zip(self.layout.groups[read.group], offsets, strict=True):
-                    page = self.layout.page_bytes[view]
-                    at = offset + read.first * page
-                    pages = record[at : at + len(read.block_ids) * page]
-                    self._engine_np[view][read.block_ids] = pages.reshape(-1, page)
+                self._scatter(self._stage_np[half, slot], read.group, read.first, read.block_ids)
+            return
+        if self._mover is None:  # no views
             return
         grids = staged_grids(self.records, staged, self._stage_np.shape[2])
         assert self._stream is not None
