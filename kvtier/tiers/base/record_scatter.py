@@ -57,6 +57,8 @@ class RecordScatter:
         """``record``: the record's bytes (1-D uint8, from its start)."""
         g = self._groups[group]
         blocks = np.asarray(block_ids, dtype=np.int64)
+        if not len(g.space) or not len(blocks):
+            return
         units = int(g.units.max())
         unit = np.arange(units, dtype=np.int64)
         # per view, per block, per row of a page: the engine's row, the record's row
