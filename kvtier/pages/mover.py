@@ -48,7 +48,7 @@ import torch
 from kvtier.pages import grid, kernel
 from kvtier.pages.direct import direct_pieces
 from kvtier.pages.mechanism import Mechanism, Mechanisms, gpu_mechanisms
-from kvtier.pages.plan import Batch, Gather, Pages, iter_batches, plan_batches
+from kvtier.pages.plan import Batch, Gather, Pages, iter_batches, joined, plan_batches
 from kvtier.pages.spaces import Spaces
 from kvtier.pages.staged_grids import StagedBatch, staged_batches
 
@@ -271,10 +271,6 @@ def _joined(
     src: np.ndarray, dst: np.ndarray, size: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Copies ``i`` and ``i + 1`` joined where both sides continue one another."""
-    if len(size) < 2:
-        return src, dst, size
     order = np.argsort(dst, kind="stable")
-    src, dst, size = src[order], dst[order], size[order]
-    follows = (src[1:] == src[:-1] + size[:-1]) & (dst[1:] == dst[:-1] + size[:-1])
-    starts = np.flatnonzero(np.concatenate([[True], ~follows]))
-    return src[starts], dst[starts], np.add.reduceat(size, starts)
+    src, dst, size = joined(np.stack([src, dst, size], axis=1)[order]).T
+    return src, dst, size

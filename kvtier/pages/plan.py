@@ -133,6 +133,23 @@ def cut(copies: np.ndarray, piece: int) -> np.ndarray:
     return parts.astype(np.int64)
 
 
+def joined(copies: np.ndarray) -> np.ndarray:
+    """Rows ``(first, second, bytes, *rest)`` ``i`` and ``i + 1`` of ``copies`` made one where
+    both sides continue one another and the rest is the same."""
+    if len(copies) < 2:
+        return copies
+    ahead, behind = copies[1:], copies[:-1]
+    follows = (
+        (ahead[:, 0] == behind[:, 0] + behind[:, 2])
+        & (ahead[:, 1] == behind[:, 1] + behind[:, 2])
+        & (ahead[:, 3:] == behind[:, 3:]).all(axis=1)
+    )
+    starts = np.flatnonzero(np.concatenate([[True], ~follows]))
+    out = copies[starts]
+    out[:, 2] = np.add.reduceat(copies[:, 2], starts)
+    return out
+
+
 def _expand(first: np.ndarray, units: np.ndarray) -> np.ndarray:
     """``first[k], first[k] + 1, ..., first[k] + units[k] - 1`` for each k, in order."""
     if (units == 1).all():

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvtier.pages.grid import PageGrid
-from kvtier.pages.plan import cut
+from kvtier.pages.plan import cut, joined
 
 
 class StagedBatch(NamedTuple):
@@ -63,9 +63,9 @@ def staged_batches(
         copies.append(_copies(grid, at, sub, staged, batch[record], page))
     if not parts:
         return []
-    joined = _joined(np.concatenate(copies))
-    bounds = np.searchsorted(joined[:, 3], np.arange(len(parts) + 1))
-    return [StagedBatch(part, cut(joined[lo:hi, :3], host_piece), n)
+    copied = joined(np.concatenate(copies))  # never across batches: the fourth column
+    bounds = np.searchsorted(copied[:, 3], np.arange(len(parts) + 1))
+    return [StagedBatch(part, cut(copied[lo:hi, :3], host_piece), n)
             for part, n, lo, hi in zip(parts, nbytes, bounds[:-1], bounds[1:])]  # fmt: skip
 
 
@@ -107,13 +107,3 @@ def _copies(
     return np.stack([(at[run][:, None] + offset).ravel(), (staged[run][:, None] + offset).ravel(),
                      (length[:, None] * page[None, :]).ravel(), np.repeat(batch[run], views)],
                     axis=1)  # fmt: skip
-
-
-def _joined(copies: np.ndarray) -> np.ndarray:
-    """Copies ``i`` and ``i + 1`` of a batch joined where both sides continue one another."""
-    host, stage, size, batch = copies.T
-    follows = (host[1:] == host[:-1] + size[:-1]) & (stage[1:] == stage[:-1] + size[:-1])
-    starts = np.flatnonzero(np.concatenate([[True], ~follows | (batch[1:] != batch[:-1])]))
-    joined = np.stack([host[starts], stage[starts], np.add.reduceat(size, starts),
-                       batch[starts]], axis=1)  # fmt: skip
-    return joined.astype(np.int64)

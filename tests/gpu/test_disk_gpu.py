@@ -7,19 +7,18 @@ two views (K and V); groups 0 and 1 alias the same layer, as in vLLM 0.32's hybr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from chunk_files import FP, chunk_keys, run_job, store_chunks
 
-from kvtier.addresses import EngineBlocks, HostChunks, TierChunks, TransferSpec
-from kvtier.keys import ChunkKey, key_group, make_key
+from kvtier.addresses import EngineBlocks, HostChunks, TierChunks
+from kvtier.keys import key_group
 from kvtier.layout import KVLayout, build_layout
 from kvtier.tiers.base.chunk_format import HEADER_BYTES
 from kvtier.tiers.base.chunk_io import TierLoadHandler, TierWriteHandler
-from kvtier.tiers.base.handler import TransferResult
 from kvtier.tiers.disk.files import DiskTier
 from kvtier.tiers.host.buffers import HostTier
 
@@ -27,8 +26,6 @@ pytestmark = pytest.mark.gpu
 
 NUM_BLOCKS, FACTOR, NUM_CHUNKS = 40, 3, 8
 PAGE = 16 * 2 * 64 * 2  # bytes of one block in one view (K or V)
-FP = bytes(range(16))
-KEY_FP = bytes(range(100, 116))
 
 # group 0: 6 blocks from a chunk's start; group 1: 4 blocks starting 1 into a chunk
 ENGINE = EngineBlocks(np.array([0, 1, 2, 3, 4, 5, 20, 21, 22, 23]), (6, 4), (0, 4))
@@ -55,45 +52,20 @@ def _setup(root: Path) -> tuple[torch.Tensor, DiskTier]:
     return kv, DiskTier(root, 0, FP, "flash attention test layout", layout, FACTOR)
 
 
-def _keys(groups: Sequence[int]) -> tuple[ChunkKey, ...]:
-    return tuple(make_key(KEY_FP, position, group) for position, group in enumerate(groups))
-
-
-def _store_chunks(tier: DiskTier, keys: Sequence[ChunkKey]) -> list[list[np.ndarray]]:
-    """A file of random bytes per key; returns each chunk's views as (factor, page bytes)."""
-    rng = np.random.default_rng(1)
-    chunks = []
-    for key in keys:
-        views = [rng.integers(0, 256, n, dtype=np.uint8) for n in tier.view_bytes(key_group(key))]
-        tier.write(key, views)
-        chunks.append([view.reshape(FACTOR, -1) for view in views])
-    return chunks
-
-
 def _row(layout: KVLayout, view: int, block: int) -> bytes:
     return layout.views[view][block].cpu().numpy().tobytes()
-
-
-def _run(
-    handler: TierLoadHandler | TierWriteHandler, job_id: int, src: TransferSpec, dst: TransferSpec
-) -> TransferResult:
-    assert handler.transfer_async(job_id, src, dst)
-    handler.wait([job_id])
-    (result,) = handler.get_finished()
-    assert result.job_id == job_id
-    return result
 
 
 @pytest.mark.parametrize("readers", [1, 3])  # 3: files read side by side into the pinned half
 def test_load_lands_on_the_engine_device_byte_exact(tmp_path: Path, readers: int) -> None:
     kv, tier = _setup(tmp_path)
     layout = tier.layout
-    keys = _keys(CHUNK_GROUPS)
-    chunks = _store_chunks(tier, keys)
+    keys = chunk_keys(CHUNK_GROUPS)
+    chunks = store_chunks(tier, keys)
     before = [view.clone() for view in layout.views]
     handler = TierLoadHandler(layout, tier, "disk", readers)
     assert handler.device == kv.device
-    result = _run(handler, 1, TierChunks("disk", keys), ENGINE)
+    result = run_job(handler, 1, TierChunks("disk", keys), ENGINE)
     handler.shutdown()
 
     assert result.success and result.bad == ()
@@ -111,15 +83,15 @@ def test_a_bad_chunk_fails_the_job_and_leaves_the_blocks_after_it(tmp_path: Path
     the bad chunk are never written, and every chunk is still verified."""
     kv, tier = _setup(tmp_path)
     layout = tier.layout
-    keys = _keys(CHUNK_GROUPS)
-    chunks = _store_chunks(tier, keys)
+    keys = chunk_keys(CHUNK_GROUPS)
+    chunks = store_chunks(tier, keys)
     path = tier.path(keys[1])
     data = bytearray(path.read_bytes())
     data[HEADER_BYTES + 7] ^= 0x04
     path.write_bytes(bytes(data))
     before = [view.clone() for view in layout.views]
     handler = TierLoadHandler(layout, tier, "disk")
-    result = _run(handler, 1, TierChunks("disk", keys), ENGINE)
+    result = run_job(handler, 1, TierChunks("disk", keys), ENGINE)
     handler.shutdown()
 
     assert (result.success, result.bad) == (False, (1,))
@@ -136,12 +108,12 @@ def test_writes_from_a_pinned_host_tier_load_back_onto_the_device(tmp_path: Path
     host = HostTier(layout, NUM_CHUNKS, FACTOR)
     assert host.pinning is not None and host.pinning.wait(60) and host.pinned
     host.memory_np[:] = np.random.default_rng(2).integers(0, 256, host.memory_np.shape, np.uint8)
-    keys, slots = _keys((0, 1)), [7, 2]
+    keys, slots = chunk_keys((0, 1)), [7, 2]
     writer = TierWriteHandler(host, tier, "disk")
-    staged = _run(
+    staged = run_job(
         writer, 1, HostChunks(np.array(slots[:1])), TierChunks("disk", keys[:1], staged=True)
     )
-    written = _run(writer, 2, HostChunks(np.array(slots[1:])), TierChunks("disk", keys[1:]))
+    written = run_job(writer, 2, HostChunks(np.array(slots[1:])), TierChunks("disk", keys[1:]))
     writer.shutdown()
     assert staged.success and written.success
     for key, slot in zip(keys, slots):
@@ -152,7 +124,7 @@ def test_writes_from_a_pinned_host_tier_load_back_onto_the_device(tmp_path: Path
     # chunk 0 fills blocks 30..32 of group 0; chunk 1 gives its first sub-block to block 10
     engine = EngineBlocks(np.array([30, 31, 32, 10]), (3, 1), (0, 6))
     loader = TierLoadHandler(layout, tier, "disk")
-    assert _run(loader, 3, TierChunks("disk", keys), engine).success
+    assert run_job(loader, 3, TierChunks("disk", keys), engine).success
     loader.shutdown()
     pages = {30: (0, 7, 0), 31: (0, 7, 1), 32: (0, 7, 2), 10: (1, 2, 0)}
     for block, (group, slot, sub) in pages.items():

@@ -1,5 +1,6 @@
 """Shared by test_disk_io, test_chunk_reads and test_disk_writes: a small CPU layout of several
-groups, the tier's files written from random bytes, the cases of a load, damage to a file.
+groups, its disk tier (its files written by ``chunk_files.py``), the cases of a load, damage to
+a file.
 
 Layout: groups 0 and 2 alias the same two layer buffers (pages of 512 B), group 1 has its own
 layer (pages of 128 B). A load names its chunks by key, flattened group by group; each case writes
@@ -16,18 +17,15 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+from chunk_files import FP
 
-from kvtier.addresses import EngineBlocks, TransferSpec
-from kvtier.keys import ChunkKey, key_group, make_key
+from kvtier.addresses import EngineBlocks
+from kvtier.keys import ChunkKey
 from kvtier.layout import KVLayout, build_layout
 from kvtier.tiers.base.chunk_format import HEADER_BYTES
-from kvtier.tiers.base.chunk_io import TierLoadHandler, TierWriteHandler
-from kvtier.tiers.base.handler import TransferResult
 from kvtier.tiers.disk.files import DiskTier
 
 NUM_BLOCKS, NUM_CHUNKS = 24, 6
-FP = bytes(range(16))  # the layout fingerprint digest in the file headers
-KEY_FP = bytes(range(100, 116))  # the fingerprint part of the chunk keys
 
 
 class Case(NamedTuple):
@@ -92,33 +90,8 @@ def disk_tier(root: Path, factor: int) -> DiskTier:
     return DiskTier(root, 0, FP, "test layout", disk_layout(), factor)
 
 
-def chunk_keys(groups: Sequence[int]) -> tuple[ChunkKey, ...]:
-    return tuple(make_key(KEY_FP, position, group) for position, group in enumerate(groups))
-
-
-def store_chunks(tier: DiskTier, keys: Sequence[ChunkKey]) -> list[list[np.ndarray]]:
-    """Write a file of random bytes for every key; returns each chunk's views as (factor, page)."""
-    rng = np.random.default_rng(1)
-    chunks = []
-    for key in keys:
-        views = [rng.integers(0, 256, n, dtype=np.uint8) for n in tier.view_bytes(key_group(key))]
-        tier.write(key, views)
-        chunks.append([view.reshape(tier.factor, -1) for view in views])
-    return chunks
-
-
 def engine_bytes(layout: KVLayout) -> list[list[bytes]]:
     return [[row.numpy().tobytes() for row in view] for view in layout.views]
-
-
-def run_job(
-    handler: TierLoadHandler | TierWriteHandler, job_id: int, src: TransferSpec, dst: TransferSpec
-) -> TransferResult:
-    assert handler.transfer_async(job_id, src, dst)
-    handler.wait([job_id])
-    (result,) = handler.get_finished()
-    assert result.job_id == job_id
-    return result
 
 
 def group_page_bytes(layout: KVLayout, groups: Sequence[int]) -> int:

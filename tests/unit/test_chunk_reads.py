@@ -11,16 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from chunk_files import FP, chunk_keys, run_job, store_chunks
 from disk_io_setup import (
-    FP,
     TRIMMED,
-    chunk_keys,
     disk_layout,
     engine_bytes,
     flip_payload_byte,
     remove_file,
-    run_job,
-    store_chunks,
 )
 
 from kvtier.addresses import TierChunks

@@ -8,20 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from chunk_files import chunk_keys, run_job, store_chunks
 from disk_io_setup import (
     CASES,
     DAMAGE,
     NUM_BLOCKS,
     TRIMMED,
-    chunk_keys,
     disk_layout,
     disk_tier,
     engine_bytes,
     flip_payload_byte,
     group_page_bytes,
     remove_file,
-    run_job,
-    store_chunks,
 )
 
 from kvtier.addresses import EngineBlocks, TierChunks

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from chunk_files import chunk_keys, run_job
 from disk_faults import full_disk_for
 from disk_io_setup import (
     NUM_CHUNKS,
-    chunk_keys,
     disk_tier,
-    run_job,
 )
 
 from kvtier.addresses import EngineBlocks, HostChunks, TierChunks

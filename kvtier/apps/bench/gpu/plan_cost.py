@@ -23,7 +23,6 @@ from kvtier.apps.bench.gpu.figures import summary
 from kvtier.layout import KVLayout
 from kvtier.pages import PageMover, grid
 from kvtier.pages.mechanism import Mechanism
-from kvtier.pages.staged_grids import StagedBatch
 from kvtier.tiers.base.chunk_plan import GroupCopy
 from kvtier.tiers.base.handler import TransferResult
 from kvtier.tiers.host.buffers import HostTier
@@ -41,15 +40,13 @@ class JobPlanner(EngineHostHandler):
         # DMA's planning is the mover's own (``staged_batches``); it moves nothing here
         self.mover = PageMover(layout.views, mechanism=mechanism, host_piece=host.pin_piece_bytes)
         self.planned: grid.Tables | None = None
-        self.staged: list[StagedBatch] = []  # DMA: the last job's batches
 
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
         grids = self.page_grids(plan)
         if self.mechanism is Mechanism.KERNEL:
             self.planned = grid.tables(grids, self.views, self.host.memory.data_ptr())
             return
-        self.staged = self.mover.staged_batches(grids)
-        staged = [g for batch in self.staged for g in batch.grids]
+        staged = [g for batch in self.mover.staged_batches(grids) for g in batch.grids]
         self.planned = grid.tables(staged, self.views, 0)  # at the staging area's offsets
 
     def get_finished(self) -> list[TransferResult]:
