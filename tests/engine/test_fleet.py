@@ -225,7 +225,9 @@ def test_an_engine_killed_is_dropped_from_the_index_and_its_traffic_moves(
         wait(lambda: index_modes(proxy) == ["exact" if e is survivor else "down"
                                       for e in fleet.engines], WAIT_S,
              "the killed engine's index dropped")  # fmt: skip
-        resent = _resent(proxy, "broke")
+        # moved because its connection broke, or because its probe had failed first: on a
+        # busy machine the victim's /health may time out while it computes (stalled)
+        resent = _resent(proxy, "broke") + _resent(proxy, "stalled")
         moved = [_ask(proxy, _more(fleet, doc, 3)) for doc in documents]
     assert resent >= 1 and all(a.engine == survivor.url for a in killed), killed
     assert reference(fleet.model, [a.prompt for a in killed], LONG) == [a.tokens for a in killed]
