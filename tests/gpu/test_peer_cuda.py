@@ -11,10 +11,13 @@ import threading
 import time
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
 import torch
 
+from kvtier.addresses import EngineBlocks
 from kvtier.layout import build_layout
+from kvtier.tiers.peer.messages import PeerBlocks
 from kvtier.tiers.peer.net import (
     CpuBlockRows,
     CudaBlockRows,
@@ -25,6 +28,7 @@ from kvtier.tiers.peer.net import (
     server,
 )
 from kvtier.tiers.peer.net.base import Rows
+from kvtier.tiers.peer.worker import PeerLoadHandler
 
 pytestmark = pytest.mark.gpu
 
@@ -59,10 +63,13 @@ class RecordingRows(CudaBlockRows):
 
 def _caches(device: str, seed: int) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    return {
+    caches = {
         name: torch.randn(2, NUM_BLOCKS, 16, 2, 64, generator=generator).to(device, torch.bfloat16)
         for name in ("full.0", "swa.0")
     }
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)  # written before the transfer threads' streams read them
+    return caches
 
 
 def _rows(caches: dict[str, torch.Tensor], cls: type = RecordingRows) -> CudaBlockRows:
@@ -143,6 +150,31 @@ def test_a_pull_of_many_slices_is_exact(monkeypatch: pytest.MonkeyPatch, connect
     _assert_copied(src, dst)
 
 
+def test_a_pull_lands_after_the_engine_work_queued_before_it() -> None:
+    """A step still in flight may write blocks just given to the pulled request: the handler's
+    pull commits after the engine's stream as it was when the pull was asked for, so the pulled
+    bytes are what the blocks hold, not what the step wrote last."""
+    src, dst = _caches("cuda", 1), _caches("cuda", 2)
+    with TransferServer(_rows(src, CudaBlockRows), IDENTITY, SECRET) as served:
+        handler = PeerLoadHandler(TransferClient(_rows(dst, CudaBlockRows), IDENTITY, SECRET), 0,
+                                  torch.device("cuda"))  # fmt: skip
+        try:
+            served.offer("req", REMOTE, time.monotonic() + 30)
+            torch.cuda._sleep(500_000_000)  # type: ignore[no-untyped-call]  # the engine, busy
+            for name, local in zip(("full.0", "swa.0"), LOCAL):
+                dst[name][:, local] = 0  # the step in flight writes the blocks last
+            engine = EngineBlocks(np.array(LOCAL[0] + LOCAL[1]), (4, 2), (0, 0))
+            offer = PeerBlocks((served.address,), "req", tuple(tuple(ids) for ids in REMOTE))
+            assert handler.transfer_async(1, offer, engine)
+            handler.wait([1])
+            (result,) = handler.get_finished()
+            assert result.success
+            torch.cuda.synchronize()
+        finally:
+            handler.shutdown()
+    _assert_copied(src, dst)
+
+
 def test_a_request_of_an_8b_shape_in_16_mib_slices() -> None:
     """Four layers of an 8B-class model (32 KiB pages), 400 blocks scattered each side: 100 MiB
     in slices of 16 MiB over two connections, byte-exact."""
@@ -157,6 +189,7 @@ def test_a_request_of_an_8b_shape_in_16_mib_slices() -> None:
         }  # fmt: skip
         for _ in range(2)
     ]
+    torch.cuda.synchronize()  # written before the transfer threads' streams read them
     order = torch.randperm(blocks, generator=torch.Generator().manual_seed(4)).tolist()
     remote, local = [order[:400]], [order[100:500]]
     rows = [build_layout(c, [list(c)], blocks) for c in caches]

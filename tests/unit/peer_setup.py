@@ -52,10 +52,15 @@ class SpyRows(CpuBlockRows):
         super().__init__(views, groups)
         self.commits: list[list[tuple[int, int]]] = []
         self.bound_threads: list[str] = []
+        self.calls: list[tuple[str, str, object]] = []  # (commit or wait, thread, event waited)
 
     def commit(self, rows: Rows) -> None:
         super().commit(rows)
         self.commits.append(pairs(rows))
+        self.calls.append(("commit", threading.current_thread().name, None))
+
+    def wait_for(self, ready: torch.cuda.Event) -> None:
+        self.calls.append(("wait", threading.current_thread().name, ready))
 
     def bind_thread(self) -> None:
         self.bound_threads.append(threading.current_thread().name)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 
 import numpy as np
 import pytest
+import torch
 from peer_setup import (
     GROUPS,
     IDENTITY,
@@ -100,6 +102,27 @@ def test_concurrent_pulls_from_threads() -> None:
         for remote, local in requests.values():
             assert same_blocks(prefill, remote, decode, local)
         assert wait_done(server, 8) == sorted((req_id, True) for req_id in requests)
+
+
+def test_every_thread_of_a_pull_waits_for_its_event_before_committing() -> None:
+    """On a GPU a step in flight may still use the blocks a pull fills: each thread that
+    commits a part waits for the engine's event first (``BlockRows.wait_for``); a pull given
+    none waits for nothing."""
+    ready = cast(torch.cuda.Event, object())  # no CUDA event here: the rows are handed it
+    with peers(connections=2) as (_, server, decode, client):
+        server.offer("req", [[1, 2, 3, 4], [5, 6]], deadline())
+        client.pull(*server.address, "req", [[1, 2, 3, 4], [5, 6]], [[8, 9, 10, 11], [12, 13]],
+                    ready)  # fmt: skip
+        calls = list(decode.rows.calls)
+        server.offer("plain", [[1], [5]], deadline())
+        client.pull(*server.address, "plain", [[1], [5]], [[8], [12]])
+        assert [what for what, _, _ in decode.rows.calls[len(calls) :]] == ["commit"] * 2
+    threads = {thread for _, thread, _ in calls}
+    assert len(threads) == 2  # two parts, on two threads
+    for thread in threads:
+        mine = [(what, event) for what, name, event in calls if name == thread]
+        assert mine[0] == ("wait", ready), mine
+        assert [what for what, _ in mine[1:]] == ["commit"] * (len(mine) - 1) and len(mine) > 1
 
 
 def test_transfer_threads_bind_once_when_they_start() -> None:

@@ -5,6 +5,8 @@ it, and a request is released once the decode engine pulled it or its hold expir
 ``PeerLoadHandler`` (kv_consumer, peer -> engine): each pull runs on a thread bound to the
 worker's device, receiving straight into the engine blocks; a failed pull fails the job (the
 engine recomputes those blocks, or fails the request), never waits past the client's timeout.
+On a GPU a pull's commits wait for the engine's stream as it was when the pull was asked for
+(an event, not the engine's thread): a step still in flight may use blocks just given to it.
 Pulls from one prefill engine run one after another; pulls from different ones (up to
 ``PULL_LANES`` engines) side by side, so that a peer that hangs until the timeout delays only its
 own.
@@ -115,6 +117,7 @@ class PeerLoadHandler(ThreadedHandler):
     def __init__(self, client: TransferClient, rank: int, device: torch.device) -> None:
         self.client = client
         self.rank = rank
+        self.device = device
         self._thread = JobThread("kvtier-peer", device, lanes=PULL_LANES)
         # releases: no rows, no result; best effort (an unreleased offer expires on its own)
         self._releases = KeyedThreads("kvtier-release", PULL_LANES)
@@ -138,14 +141,24 @@ class PeerLoadHandler(ThreadedHandler):
             local.append(ids[start : start + size])
             start += size
         peer = src.endpoints[self.rank]
-        self._thread.submit(job_id, lambda: self._pull(job_id, src, local), key=peer)
+        ready = None
+        if self.device.type == "cuda":  # the engine's work queued so far may still use the blocks
+            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            ready.record(torch.cuda.current_stream(self.device))
+        self._thread.submit(job_id, lambda: self._pull(job_id, src, local, ready), key=peer)
         return True
 
-    def _pull(self, job_id: int, src: PeerBlocks, local: list[list[int]]) -> TransferResult:
+    def _pull(
+        self,
+        job_id: int,
+        src: PeerBlocks,
+        local: list[list[int]],
+        ready: torch.cuda.Event | None,
+    ) -> TransferResult:
         started = time.perf_counter()
         host, port = src.endpoints[self.rank]
         try:
-            received = self.client.pull(host, port, src.req_id, src.block_ids, local)
+            received = self.client.pull(host, port, src.req_id, src.block_ids, local, ready)
         except TransferError as error:
             logger.warning(
                 "kvtier: pull of %s from %s:%d failed: %s", src.req_id, host, port, error

@@ -128,6 +128,8 @@ def build_engine(shape: Shape, num_blocks: int, device: torch.device, seed: int)
         sliding = {f"swa.{i}": tensors[i] for i in range(shape.sliding_layers)}
         caches |= sliding
         groups.append(list(sliding))
+    if device.type == "cuda":  # filled before the side streams of the copies read it
+        torch.cuda.synchronize(device)
     return Engine(caches, groups, build_layout(caches, groups, num_blocks))
 
 

@@ -9,7 +9,8 @@ over two). Nothing runs per page or per view in Python.
 Streams and events. One stream per direction. A job first waits for the engine's stream as it
 was at submission (a store reads blocks the step just wrote; a load fills blocks the engine may
 still read), then runs on the direction's stream, and ends with an event. Nothing blocks the
-engine's thread: ``transfer_async`` queues the work and returns; ``get_finished`` reports the jobs
+engine's thread (but a copy to a part of the tier not pinned yet: CUDA copies pageable memory
+synchronously, ``pinning.py``): ``transfer_async`` queues the work and returns; ``get_finished`` reports the jobs
 whose events completed, in submission order, with their time on the device; ``fence`` makes the
 engine's stream wait for a job's event (a synchronous load: the step's forward waits for that
 load, not for the device), and ``wait`` blocks until the jobs are done (tests, shutdown).

@@ -21,6 +21,7 @@ from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
 SLICE_BYTES = 16 << 20  # rows read or written at once (CUDA: staged in pinned memory)
 
@@ -71,7 +72,9 @@ class BlockRows(Protocol):
     slices before its checksum is verified: a failed pull leaves its blocks' contents undefined,
     and the engine computes them again.
     ``bind_thread`` is called once at the start of every transfer thread (a CUDA implementation
-    binds its captured device there).
+    binds its captured device there). ``wait_for(ready)``: the thread's later commits wait for
+    ``ready``, an event on the engine's stream recorded when the pull was asked for (work queued
+    before it may still read or write the blocks); on the CPU that work is done already.
     """
 
     page_bytes: tuple[int, ...]  # bytes of one block's row in each view
@@ -88,6 +91,8 @@ class BlockRows(Protocol):
     def flush(self) -> None: ...
 
     def bind_thread(self) -> None: ...
+
+    def wait_for(self, ready: torch.cuda.Event) -> None: ...
 
 
 def request_rows(groups: tuple[tuple[int, ...], ...], block_ids: Sequence[Sequence[int]]) -> Rows:

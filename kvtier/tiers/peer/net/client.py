@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 import xxhash
 
 from kvtier.connect import connect
@@ -30,6 +31,15 @@ log = logging.getLogger(__name__)
 
 MIN_PART_BYTES = 1 << 20  # a pull is split only into parts at least this large
 WRITE_SLICE_BYTES = SLICE_BYTES  # rows received at once, then committed while the next arrive
+
+
+@dataclass(frozen=True)
+class _Pull:
+    """What the parts of one pull share (``ready``: the engine's event its commits wait for)."""
+
+    req_id: str
+    remote: list[list[int]]
+    ready: torch.cuda.Event | None
 
 
 @dataclass(frozen=True)
@@ -90,25 +100,26 @@ class TransferClient:
         remote_req_id: str,
         remote_block_ids: Sequence[Sequence[int]],
         local_block_ids: Sequence[Sequence[int]],
+        ready: torch.cuda.Event | None = None,
     ) -> int:
         """Receive the remote request's rows into the local blocks; returns the bytes received.
 
-        Each part is received a slice at a time, each slice committed while the next arrives,
-        all of it done before ``pull`` returns. Raises ``TransferError`` on any failure, a
-        checksum that differs included (the local blocks' contents are then undefined: the
-        engine computes them again), ``ValueError`` when a group's remote and local lists differ
-        in length. Always tells the server to release the offer.
-        """
+        Each part is received a slice at a time, each slice committed while the next arrives
+        (after ``ready``, if given: ``BlockRows.wait_for``), all of it done on return. Raises
+        ``TransferError`` on any failure, a checksum that differs included (the local blocks'
+        contents are then undefined: the engine computes them again), ``ValueError`` when a
+        group's remote and local lists differ in length. Always tells the server to release the
+        offer."""
         _check_lengths(remote_block_ids, local_block_ids, len(self._rows.groups))
         rows = request_rows(self._rows.groups, local_block_ids)
         pool = self._pool(host, port)
         parts = _split(rows, self._rows.page_bytes, self._connections, MIN_PART_BYTES)
-        remote = [list(map(int, ids)) for ids in remote_block_ids]
+        request = _Pull(remote_req_id, [list(map(int, ids)) for ids in remote_block_ids], ready)
         errors: list[TransferError] = []
         ok = False
         try:
             if parts:
-                errors = self._pull_parts(pool, remote_req_id, remote, parts)
+                errors = self._pull_parts(pool, request, parts)
             ok = not errors
         finally:
             self._release(pool, remote_req_id, ok)
@@ -159,19 +170,18 @@ class TransferClient:
         return sock
 
     def _pull_parts(
-        self, pool: ConnectionPool, req_id: str, remote: list[list[int]], parts: list[_Part]
+        self, pool: ConnectionPool, request: _Pull, parts: list[_Part]
     ) -> list[TransferError]:
         """Runs every part (the first in this thread); returns once none is still receiving."""
         try:
             futures = [
-                self._helpers.submit(self._pull_part, pool, req_id, remote, part)
-                for part in parts[1:]
+                self._helpers.submit(self._pull_part, pool, request, part) for part in parts[1:]
             ]
         except RuntimeError:  # shut down
             raise TransferError("transfer client is closed") from None
         errors: list[TransferError] = []
         try:
-            self._pull_part(pool, req_id, remote, parts[0])
+            self._pull_part(pool, request, parts[0])
         except TransferError as e:
             errors.append(e)
         finally:
@@ -183,14 +193,13 @@ class TransferClient:
                 errors.append(e)
         return errors
 
-    def _pull_part(
-        self, pool: ConnectionPool, req_id: str, remote: list[list[int]], part: _Part
-    ) -> None:
+    def _pull_part(self, pool: ConnectionPool, request: _Pull, part: _Part) -> None:
+        req_id = request.req_id
         sock = pool.checkout()
         peer = f"peer {pool.host}:{pool.port}"
         reusable = False
         try:
-            pull = wire.Pull(req_id, remote, part.start, part.stop, part.nbytes)
+            pull = wire.Pull(req_id, request.remote, part.start, part.stop, part.nbytes)
             sock.sendall(wire.encode_control(pull))
             header = wire.recv_header(sock)
             if header.kind == wire.Kind.REFUSAL:
@@ -206,7 +215,7 @@ class TransferClient:
                     f"{header.length - wire.DIGEST_BYTES} bytes sent, {part.nbytes} expected"
                 )
             hasher = xxhash.xxh3_64()
-            self._receive(sock, part, hasher)
+            self._receive(sock, part, hasher, request)
             digest = bytearray(wire.DIGEST_BYTES)
             wire.recv_exact_into(sock, memoryview(digest))
             reusable = True
@@ -223,9 +232,11 @@ class TransferClient:
             else:
                 sock.close()
 
-    def _receive(self, sock: socket.socket, part: _Part, hasher: wire.Hasher) -> None:
-        """``part``'s rows into the engine, a slice at a time, each committed as the next
-        arrives; every commit done on return, whatever failed."""
+    def _receive(self, sock: socket.socket, part: _Part, hasher: wire.Hasher, pull: _Pull) -> None:
+        """``part``'s rows into the engine, a slice at a time, each committed (after
+        ``pull.ready``) as the next arrives; every commit done on return, whatever failed."""
+        if pull.ready is not None:
+            self._rows.wait_for(pull.ready)
         try:
             for piece in slices(part.rows, self._rows.page_bytes, WRITE_SLICE_BYTES):
                 wire.recv_rows(sock, self._rows.write_rows(piece), hasher)

@@ -16,8 +16,9 @@ class CpuBlockRows:
 
     ``read_rows`` and ``write_rows`` return byte memoryviews straight on the views' memory, which
     stays owned by the engine, one per run of rows that lie back to back in a view (consecutive
-    blocks of a view whose rows are packed); ``read_ahead``, ``commit`` and ``flush`` do nothing
-    (the bytes are sent from, and land, in place). A row out of range is a ``ValueError``.
+    blocks of a view whose rows are packed); ``read_ahead``, ``commit``, ``flush`` and
+    ``wait_for`` do nothing (the bytes are sent from, and land, in place). A row out of range is
+    a ``ValueError``.
     """
 
     def __init__(
@@ -52,6 +53,9 @@ class CpuBlockRows:
 
     def bind_thread(self) -> None:
         pass
+
+    def wait_for(self, ready: torch.cuda.Event) -> None:
+        pass  # a CPU engine's step is done when the next begins
 
     def _runs(self, rows: Rows) -> list[memoryview]:
         """The rows' bytes in order, a view per run of rows back to back in one view."""

@@ -67,8 +67,9 @@ class CudaBlockRows:
     starts the gather of the next slice into the other, so the device reads it while the socket
     sends the first. Pulling: ``write_rows`` returns views of one write buffer (once the commit
     that last used it is done); ``commit`` starts the scatter of it into the engine's blocks and
-    returns, so the next slice arrives in the other buffer meanwhile. ``flush`` waits for all the
-    thread's device work.
+    returns, so the next slice arrives in the other buffer meanwhile; ``wait_for`` makes the
+    thread's stream wait for an event (the engine's work before the pull) before any commit.
+    ``flush`` waits for all the thread's device work.
     """
 
     def __init__(self, views: Sequence[torch.Tensor], groups: Sequence[Sequence[int]]) -> None:
@@ -126,6 +127,9 @@ class CudaBlockRows:
         with torch.cuda.device(self.device_index), torch.cuda.stream(self._stream()):
             self._mover().load(self._pages(rows), buffer.memory)
             buffer.busy = self._recorded()
+
+    def wait_for(self, ready: torch.cuda.Event) -> None:
+        self._stream().wait_event(ready)
 
     def flush(self) -> None:
         if self._local.stream is not None:
