@@ -3,12 +3,13 @@ GPU: Triton lowers them to PTX and its own ``ptxas`` assembles them for a named 
 
 ``python compiled_kernels.py`` (Triton importable) compiles both kernels of
 ``kvtier/pages/kernel.py`` with the argument types their launches have (tables of int64, counts
-that fit 32 bits, a host address that does not), the grid kernel both ways, for each of
-``ARCHS``, and prints one JSON object: per architecture and kernel, its cubin's bytes, or the
-error. Then, under ``"warmup"``, what ``kernel.available()`` compiled at its warm-up, and what
-there was after the mover's launches' argument types were bound (the same: a job compiles
-nothing), with Triton's driver standing in for an H100's (a stand-in that compiles, never
-launches). ``tests/unit/test_kernels_on_cpu.py`` runs it in a process of its own.
+that fit 32 bits, a host address that does not), the grid kernel both ways and a page or several
+a step, for each of ``ARCHS``, and prints one JSON object: per architecture and kernel, its
+cubin's bytes, or the error. Then, under ``"warmup"``, what ``kernel.available()`` compiled at
+its warm-up, what a mover of small pages added (``kernel.warm``), and what there was after the
+mover's launches' argument types were bound (the same: a job compiles nothing), with Triton's
+driver standing in for an H100's (a stand-in that compiles, never launches).
+``tests/unit/test_kernels_on_cpu.py`` runs it in a process of its own.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ def main() -> None:
     block = {"BLOCK": kernel.BLOCK_WORDS}
     kernels: dict[str, tuple[Any, dict[str, str], dict[str, Any]]] = {
         "copy": (kernel._kernel(), {"table": "*i64", "n": "i32"}, block),
-        "grid store": (kernel._grid_kernel(), grid, block | {"STORE": True}),
-        "grid load": (kernel._grid_kernel(), grid, block | {"STORE": False}),
     }
+    for pages in (1, 4, kernel.MAX_PAGES):  # a page a step, and small pages several
+        for way, store in (("store", True), ("load", False)):
+            kernels[f"grid {way} {pages}"] = (kernel._grid_kernel(), grid,
+                                              block | {"STORE": store, "PAGES": pages})  # fmt: skip
     results: dict[str, dict[str, int | str]] = {}
     for name, arch in ARCHS.items():
         results[name] = {}
@@ -80,12 +83,16 @@ def _warmed() -> dict[str, Any]:
         return {name: sum(len(c[0]) for c in each) for name, each in caches.items()}
 
     done: dict[str, Any] = {"available": kernel.available(), "warmed": variants()}
+    small = kernel.pages_per_step(4096)  # a mover of 4 KiB pages, at its start
+    kernel.warm(small)
+    done["warmed small"] = variants()
     table = torch.zeros(3 * 7, dtype=torch.int64)  # as ``PageMover._kernel`` uploads it
     copy.warmup(table, 7, BLOCK=kernel.BLOCK_WORDS, grid=(7,))
     flat = torch.zeros(64, dtype=torch.int64)  # as ``grid.tables`` lays a job out
     for store in (True, False):
-        grid.warmup(flat[4:], flat[12:], 3, 5, table.data_ptr(), STORE=store,
-                    BLOCK=kernel.BLOCK_WORDS, grid=(15,))  # fmt: skip
+        for pages in (1, small):
+            grid.warmup(flat[4:], flat[12:], 3, 5, table.data_ptr(), STORE=store,
+                        BLOCK=kernel.BLOCK_WORDS, PAGES=pages, grid=(15,))  # fmt: skip
     return done | {"launched": variants()}
 
 

@@ -33,6 +33,7 @@ class Case(NamedTuple):
     host_piece: int = 0
     stage_bytes: int = STAGE
     pinned: bool = True
+    programs: int | None = None  # a launch's (None: the kernels')
 
     @property
     def id(self) -> str:
@@ -40,6 +41,7 @@ class Case(NamedTuple):
         extra = [f"piece{self.host_piece}"] if self.host_piece else []
         extra += [f"stage{self.stage_bytes}"] if self.stage_bytes != STAGE else []
         extra += [] if self.pinned else ["unpinned"]
+        extra += [f"programs{self.programs}"] if self.programs else []
         return "-".join([self.layout, self.mechanism, given, *extra])
 
 
@@ -57,6 +59,11 @@ CASES += [
 ]
 CASES += [Case("flash_attn", "kernel", True, pinned=False)]
 CASES += [Case(name, "store=dma,load=kernel", True) for name in ("flash_attn", "hybrid")]
+CASES += [  # each program many steps (of several small pages, or one large)
+    Case(name, mechanism, True, programs=3)
+    for name in ("flash_attn", "fp8", "mla", "hybrid")
+    for mechanism in ("kernel", "dma")
+]
 
 
 def _counting(launches: Counter[str]) -> None:
@@ -84,7 +91,7 @@ def main() -> None:
             done: dict[str, Any] = round_trip(
                 case.layout, torch.device("cpu"), case.stage_bytes, staged=True,
                 mechanism=case.mechanism, pinned=case.pinned, host_piece=case.host_piece,
-                grids=case.grids, triton=True,
+                grids=case.grids, triton=True, programs=case.programs,
             )  # fmt: skip
             done["error"] = None
         except Exception:

@@ -137,15 +137,18 @@ def round_trip(
     host_piece: int = 0,
     grids: bool = False,
     triton: bool | None = None,
+    programs: int | None = None,
 ) -> dict[str, int]:
     """Store a job of scattered blocks (its first and last chunks partial) into scattered host
-    slots through ``PageMover`` (``staged``, ``mechanism``: how, see ``kvtier.pages.mover``),
-    check every host page and every other host byte, then load the records into other blocks
-    and check every engine tensor, logically. ``host_piece``: the host tier pinned in pieces of
-    that many bytes (on CUDA), and no host copy over one's end. ``grids``: the pages given to
-    the mover as ``PageGrid``s, as the host tier's handlers give them. ``triton``: the mover's
-    kernels on or off (None: its default). Returns what the plan did: its batches, gathers and
-    host copies, the grids it was given, and what DMA stages of them (``staged_grids.py``)."""
+    slots through ``PageMover`` (``staged``, ``mechanism``: how, see
+    ``kvtier.pages.mover``), check every host page and every other host byte, then load the
+    records into other blocks and check every engine tensor, logically. ``host_piece``: the
+    host tier pinned in pieces of that many bytes (on CUDA), and no host copy over one's
+    end. ``grids``: the pages given to the mover as ``PageGrid``s, as the host tier's
+    handlers give them. ``triton``: the mover's kernels on or off (None: its default);
+    ``programs``: a launch's (None: the kernels'). Returns what the plan did: its batches,
+    gathers and host copies, the grids it was given, and what DMA stages of them
+    (``staged_grids.py``)."""
     import numpy as np
 
     from kvtier.addresses import EngineBlocks, HostChunks
@@ -185,8 +188,9 @@ def round_trip(
     def page(view: int, block: int) -> np.ndarray:
         return layout.views[view][block].view(torch.uint8).cpu().numpy()
 
+    more = {} if programs is None else {"programs": programs}
     mover = PageMover(layout.views, stage_bytes, Mechanisms.parse(mechanism), staged=staged,
-                      host_piece=host_piece, triton=triton)  # fmt: skip
+                      host_piece=host_piece, triton=triton, **more)  # fmt: skip
     pages, given, mapped = pages_of(source)
     before = host.memory_np.copy()
     batches = mover.batches(pages)

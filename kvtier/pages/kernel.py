@@ -10,17 +10,24 @@
     copy(descriptors, n, programs)         every ``(src, dst, size)`` copied, on the current
                                            stream; ``descriptors`` is ``(3, n)`` int64, on the
                                            device
-    grid_copy(tables, span, host, store, programs)
+    grid_copy(tables, span, host, store, programs, pages)
                                            one grid of pages (``grid.py``) between the engine
                                            and host memory at address ``host``, each page's
                                            addresses computed on the device from ``V + K``
-                                           table entries, not uploaded per page
+                                           table entries, not uploaded per page; ``pages`` a
+                                           step per program
+    pages_per_step(page_bytes) -> int      how many pages of that size fill a program's step
+    warm(pages)                            the grid kernel compiled for ``pages`` a step, both
+                                           ways (``available`` compiles one page a step)
 
 Each program takes descriptors ``pid, pid + programs, ...`` and moves each in vectors of 8-byte
-words. A bounded grid keeps the copy from taking every SM while the engine computes (``kvtier bench
-gpu`` measures it beside a matmul loop). Addresses may be device memory or pinned host memory
-(unified addressing: the kernel then reads or writes host memory over PCIe, without the copy
-engine).
+words. A program's step waits for its loads before it stores: a program has one step's bytes in
+flight at a time, so one small page a step (4 KiB: a 70B-class model's tensor-parallel rank)
+moves a page per bus round trip; the grid kernel moves as many pages a step as fill
+``BLOCK_WORDS``. A bounded grid keeps the copy from taking every SM while the engine computes
+(``kvtier bench gpu`` measures it beside a matmul loop). Addresses may be device memory or
+pinned host memory (unified addressing: the kernel then reads or writes host memory over PCIe,
+without the copy engine).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 PROGRAMS = 16  # programs per launch: a share of the SMs, not all of them
 BLOCK_WORDS = 2048  # 8-byte words each program moves per step
+MAX_PAGES = 16  # pages a step, at most
 HOST_POINTERS = 91  # CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
 
 
@@ -67,14 +75,28 @@ def available() -> bool:
         return False
     try:
         _kernel().warmup(torch.int64, 1, BLOCK=BLOCK_WORDS, grid=(1,))
-        for store in (True, False):
-            _grid_kernel().warmup(torch.int64, torch.int64, 1, 1, 1 << 40, STORE=store,
-                                  BLOCK=BLOCK_WORDS, grid=(1,))  # fmt: skip
+        warm(1)
     except Exception:
         logger.warning("kvtier: Triton cannot compile the copy kernels; torch moves the pages",
                        exc_info=True)  # fmt: skip
         return False
     return True
+
+
+def pages_per_step(page_bytes: int) -> int:
+    """Pages of ``page_bytes`` (or fewer) a grid kernel's program moves a step: the power of two
+    whose pages fill ``BLOCK_WORDS`` words, 1 to ``MAX_PAGES``."""
+    fit = BLOCK_WORDS * 8 // max(page_bytes, 1)
+    return max(1, min(MAX_PAGES, 1 << (fit.bit_length() - 1) if fit else 1))
+
+
+@cache
+def warm(pages: int) -> None:
+    """The grid kernel compiled for ``pages`` a step, both ways, once: at a mover's start (one
+    page a step by ``available``), not in its first job."""
+    for store in (True, False):
+        _grid_kernel().warmup(torch.int64, torch.int64, 1, 1, 1 << 40, STORE=store,
+                              BLOCK=BLOCK_WORDS, PAGES=pages, grid=(1,))  # fmt: skip
 
 
 def reaches_host(device: torch.device) -> bool:
@@ -126,12 +148,13 @@ def grid_copy(
     host: int,
     store: bool,
     programs: int = PROGRAMS,
+    pages: int = 1,
 ) -> None:
     """Queue one grid's pages on the current stream: ``tables`` is ``grid.Tables.flat`` on the
     device, ``span`` the grid's ``(per-view at, V, per-block at, K)`` in it; engine -> host
-    memory at address ``host`` when ``store``."""
+    memory at address ``host`` when ``store``; ``pages`` a step per program (``warm``ed)."""
     view_at, views, block_at, blocks = span
     if views and blocks:
-        grid = (min(programs, views * blocks),)
+        grid = (min(programs, -(-views * blocks // pages)),)
         _grid_kernel()[grid](tables[view_at:], tables[block_at:], views, blocks, host,
-                             STORE=store, BLOCK=BLOCK_WORDS)  # fmt: skip
+                             STORE=store, BLOCK=BLOCK_WORDS, PAGES=pages)  # fmt: skip

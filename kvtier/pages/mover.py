@@ -91,6 +91,9 @@ class PageMover:
         self.kernel = triton
         # the kernel may address host memory (always under the interpreter: the CPU's addresses)
         self.to_host = triton and (self.device.type != "cuda" or kernel.reaches_host(self.device))
+        self.pages = kernel.pages_per_step(int(self.page_bytes.max()))  # the grid kernel's step
+        if triton and self.device.type == "cuda":
+            kernel.warm(self.pages)
         self.staged = self.device.type != "cpu" if staged is None else staged
         self._stage = torch.empty(0, dtype=torch.uint8, device=self.device)
         self._word = self.spaces.tensors[0].dtype
@@ -200,7 +203,7 @@ class PageMover:
             return None
         flat = self._upload(found.flat)
         for span in found.grids:
-            kernel.grid_copy(flat, span, host.data_ptr(), store, self.programs)
+            kernel.grid_copy(flat, span, host.data_ptr(), store, self.programs, self.pages)
         return sum(int(self.page_bytes[g.views].sum()) * len(g.blocks) for g in grids)
 
     def _staged_grids(self, grids: Grids, host: torch.Tensor, store: bool) -> int | None:
@@ -221,7 +224,7 @@ class PageMover:
             if not store:
                 _host_copies(batch.copies, host, stage, store)
             for span in [next(spans) for _ in batch.grids]:
-                kernel.grid_copy(flat, span, stage.data_ptr(), store, self.programs)
+                kernel.grid_copy(flat, span, stage.data_ptr(), store, self.programs, self.pages)
             if store:
                 _host_copies(batch.copies, host, stage, store)
         return sum(int(self.page_bytes[g.views].sum()) * len(g.blocks) for g in grids)

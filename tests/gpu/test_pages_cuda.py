@@ -31,6 +31,16 @@ def test_every_layout_moves_byte_exact_given_as_grids(name: str, mechanism: str)
     assert done["chunks"] > 0
 
 
+@pytest.mark.parametrize("mechanism", ["dma", "kernel"])
+@pytest.mark.parametrize("name", ["flash_attn", "fp8", "mla", "hybrid", "tp_one_head"])
+def test_grids_of_many_steps_a_program_are_byte_exact(name: str, mechanism: str) -> None:
+    """Three programs a launch: each takes many steps, of several small pages (the compiled
+    ``_grid_pages``: every page a row of one tile) or of one large page."""
+    done = round_trip(name, torch.device("cuda"), 64 << 20, mechanism=mechanism, grids=True,
+                      programs=3)  # fmt: skip
+    assert done["grids"] > 0
+
+
 @pytest.mark.parametrize("name", ["flash_attn", "mla", "hybrid", "separate"])
 def test_staged_grids_reuse_the_staging_area_in_stream_order(name: str) -> None:
     done = round_trip(name, torch.device("cuda"), stage_bytes=3 * 4096, mechanism="dma",

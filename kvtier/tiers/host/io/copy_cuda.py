@@ -10,10 +10,11 @@ Streams and events. One stream per direction. A job first waits for the engine's
 was at submission (a store reads blocks the step just wrote; a load fills blocks the engine may
 still read), then runs on the direction's stream, and ends with an event. Nothing blocks the
 engine's thread (but a copy to a part of the tier not pinned yet: CUDA copies pageable memory
-synchronously, ``pinning.py``): ``transfer_async`` queues the work and returns; ``get_finished`` reports the jobs
-whose events completed, in submission order, with their time on the device; ``fence`` makes the
-engine's stream wait for a job's event (a synchronous load: the step's forward waits for that
-load, not for the device), and ``wait`` blocks until the jobs are done (tests, shutdown).
+synchronously, ``pinning.py``): ``transfer_async`` queues the work and returns; ``get_finished``
+reports the jobs whose events completed, in submission order, with their time on the device;
+``fence`` makes the engine's stream wait for a job's event (a synchronous load: the step's
+forward waits for that load, not for the device), and ``wait`` blocks until the jobs are done
+(tests, shutdown).
 """
 
 from __future__ import annotations
