@@ -66,12 +66,14 @@ class PageMover:
         staged: bool | None = None,
         host_piece: int = 0,
         triton: bool | None = None,
+        grids: bool = True,
     ) -> None:
         """``mechanism``: both directions', or each one's (None: ``gpu_mechanisms()``,
         ``mechanism.py``). ``staged``: move through the staging area
         (None: on a GPU only; the tests stage on the CPU too, to run the GPU's steps where there
         is no GPU). ``triton``: move with the kernels of ``kernel.py`` (None: on a GPU where
-        Triton runs; the tests run them on the CPU under Triton's interpreter)."""
+        Triton runs; the tests run them on the CPU under Triton's interpreter). ``grids``: jobs
+        may come as grids (their kernel is then compiled now, not in the first job)."""
         if not views:
             raise ValueError("kvtier: PageMover needs at least one view")
         self.device = views[0].device
@@ -92,7 +94,7 @@ class PageMover:
         # the kernel may address host memory (always under the interpreter: the CPU's addresses)
         self.to_host = triton and (self.device.type != "cuda" or kernel.reaches_host(self.device))
         self.pages = kernel.pages_per_step(int(self.page_bytes.max()))  # the grid kernel's step
-        if triton and self.device.type == "cuda":
+        if triton and grids and self.device.type == "cuda":
             kernel.warm(self.pages)
         self.staged = self.device.type != "cpu" if staged is None else staged
         self._stage = torch.empty(0, dtype=torch.uint8, device=self.device)

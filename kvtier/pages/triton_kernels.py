@@ -87,7 +87,7 @@ def _grid_pages(per_view, per_block, V, K, host, STORE: tl.constexpr, WIDTH: tl.
         first += programs * PAGES
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _page(per_view, per_block, V, K, host, v, k):  # type: ignore[no-untyped-def]  # noqa: N803
     """View ``v``'s page of the grid's block ``k`` (scalars, or vectors of them): its engine
     address, its host address and its 8-byte words, from the grid's tables."""

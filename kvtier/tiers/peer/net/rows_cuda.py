@@ -163,7 +163,7 @@ class CudaBlockRows:
 
     def _mover(self) -> PageMover:
         if self._local.mover is None:
-            self._local.mover = PageMover(self.views, MOVER_STAGE_BYTES)
+            self._local.mover = PageMover(self.views, MOVER_STAGE_BYTES, grids=False)  # rows
         return self._local.mover
 
     def _memoryviews(self, buffer: _Buffer, rows: Rows) -> list[memoryview]:
