@@ -14,6 +14,7 @@ driver standing in for an H100's (a stand-in that compiles, never launches).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import traceback
@@ -76,6 +77,7 @@ def _warmed() -> dict[str, Any]:
 
     driver.set_active(Compiling())
     torch.cuda.is_available = lambda: True  # type: ignore[assignment]
+    torch.cuda.device = lambda index: contextlib.nullcontext()  # type: ignore[assignment,misc]
     copy, grid = kernel._kernel(), kernel._grid_kernel()
 
     def variants() -> dict[str, int]:
@@ -84,7 +86,7 @@ def _warmed() -> dict[str, Any]:
 
     done: dict[str, Any] = {"available": kernel.available(), "warmed": variants()}
     small = kernel.pages_per_step(4096)  # a mover of 4 KiB pages, at its start
-    kernel.warm(small)
+    done["warm small"] = kernel.warm(small, torch.device("cuda", 0))
     done["warmed small"] = variants()
     table = torch.zeros(3 * 7, dtype=torch.int64)  # as ``PageMover._kernel`` uploads it
     copy.warmup(table, 7, BLOCK=kernel.BLOCK_WORDS, grid=(7,))

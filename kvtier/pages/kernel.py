@@ -17,8 +17,9 @@
                                            table entries, not uploaded per page; ``pages`` a
                                            step per program
     pages_per_step(page_bytes) -> int      how many pages of that size fill a program's step
-    warm(pages)                            the grid kernel compiled for ``pages`` a step, both
-                                           ways (``available`` compiles one page a step)
+    warm(pages, device) -> bool            the grid kernel compiled for ``pages`` a step, both
+                                           ways, on ``device`` (``available``: one page a step);
+                                           False if it cannot be
 
 Each program takes descriptors ``pid, pid + programs, ...`` and moves each in vectors of 8-byte
 words. A program's step waits for its loads before it stores: a program has one step's bytes in
@@ -75,7 +76,9 @@ def available() -> bool:
         return False
     try:
         _kernel().warmup(torch.int64, 1, BLOCK=BLOCK_WORDS, grid=(1,))
-        warm(1)
+        for store in (True, False):
+            _grid_kernel().warmup(torch.int64, torch.int64, 1, 1, 1 << 40, STORE=store,
+                                  BLOCK=BLOCK_WORDS, PAGES=1, grid=(1,))  # fmt: skip
     except Exception:
         logger.warning("kvtier: Triton cannot compile the copy kernels; torch moves the pages",
                        exc_info=True)  # fmt: skip
@@ -90,13 +93,25 @@ def pages_per_step(page_bytes: int) -> int:
     return max(1, min(MAX_PAGES, 1 << (fit.bit_length() - 1) if fit else 1))
 
 
+def warm(pages: int, device: torch.device) -> bool:
+    """Whether the grid kernel compiles for ``pages`` a step on CUDA ``device``, both ways;
+    compiled once, at a mover's start (one page a step by ``available``), not in its first job."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _warm(pages, index)
+
+
 @cache
-def warm(pages: int) -> None:
-    """The grid kernel compiled for ``pages`` a step, both ways, once: at a mover's start (one
-    page a step by ``available``), not in its first job."""
-    for store in (True, False):
-        _grid_kernel().warmup(torch.int64, torch.int64, 1, 1, 1 << 40, STORE=store,
-                              BLOCK=BLOCK_WORDS, PAGES=pages, grid=(1,))  # fmt: skip
+def _warm(pages: int, index: int) -> bool:
+    try:
+        with torch.cuda.device(index):
+            for store in (True, False):
+                _grid_kernel().warmup(torch.int64, torch.int64, 1, 1, 1 << 40, STORE=store,
+                                      BLOCK=BLOCK_WORDS, PAGES=pages, grid=(1,))  # fmt: skip
+    except Exception:
+        logger.warning("kvtier: Triton cannot compile the grid kernel for %d pages a step; it "
+                       "moves one", pages, exc_info=True)  # fmt: skip
+        return False
+    return True
 
 
 def reaches_host(device: torch.device) -> bool:

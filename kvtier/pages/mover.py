@@ -94,8 +94,10 @@ class PageMover:
         # the kernel may address host memory (always under the interpreter: the CPU's addresses)
         self.to_host = triton and (self.device.type != "cuda" or kernel.reaches_host(self.device))
         self.pages = kernel.pages_per_step(int(self.page_bytes.max()))  # the grid kernel's step
-        if triton and grids and self.device.type == "cuda":
-            kernel.warm(self.pages)
+        warmed = not (triton and grids and self.device.type == "cuda") or kernel.warm(
+            self.pages, self.device
+        )
+        self.pages = self.pages if warmed else 1  # one a step: compiled by ``kernel.available``
         self.staged = self.device.type != "cpu" if staged is None else staged
         self._stage = torch.empty(0, dtype=torch.uint8, device=self.device)
         self._word = self.spaces.tensors[0].dtype

@@ -150,25 +150,31 @@ def test_a_pull_of_many_slices_is_exact(monkeypatch: pytest.MonkeyPatch, connect
     _assert_copied(src, dst)
 
 
-def test_a_pull_lands_after_the_engine_work_queued_before_it() -> None:
+def test_a_pull_lands_after_the_engine_work_queued_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A step still in flight may write blocks just given to the pulled request: the handler's
-    pull commits after the engine's stream as it was when the pull was asked for, so the pulled
-    bytes are what the blocks hold, not what the step wrote last."""
+    pull commits after the engine's stream as it was when the pull was asked for, on every
+    thread of the pull, so the pulled bytes are what the blocks hold, not what the step wrote
+    last. A first pull warms the threads (their movers, the kernels) outside the timing."""
+    monkeypatch.setattr(client, "MIN_PART_BYTES", 1)  # parts on helper threads too
     src, dst = _caches("cuda", 1), _caches("cuda", 2)
+    engine = EngineBlocks(np.array(LOCAL[0] + LOCAL[1]), (4, 2), (0, 0))
     with TransferServer(_rows(src, CudaBlockRows), IDENTITY, SECRET) as served:
         handler = PeerLoadHandler(TransferClient(_rows(dst, CudaBlockRows), IDENTITY, SECRET), 0,
                                   torch.device("cuda"))  # fmt: skip
         try:
-            served.offer("req", REMOTE, time.monotonic() + 30)
-            torch.cuda._sleep(500_000_000)  # type: ignore[no-untyped-call]  # the engine, busy
-            for name, local in zip(("full.0", "swa.0"), LOCAL):
-                dst[name][:, local] = 0  # the step in flight writes the blocks last
-            engine = EngineBlocks(np.array(LOCAL[0] + LOCAL[1]), (4, 2), (0, 0))
-            offer = PeerBlocks((served.address,), "req", tuple(tuple(ids) for ids in REMOTE))
-            assert handler.transfer_async(1, offer, engine)
-            handler.wait([1])
-            (result,) = handler.get_finished()
-            assert result.success
+            for job, req_id in enumerate(("warm", "req")):
+                served.offer(req_id, REMOTE, time.monotonic() + 30)
+                offer = PeerBlocks((served.address,), req_id, tuple(map(tuple, REMOTE)))
+                if req_id == "req":
+                    torch.cuda._sleep(500_000_000)  # type: ignore[no-untyped-call]  # busy
+                    for name, local in zip(("full.0", "swa.0"), LOCAL):
+                        dst[name][:, local] = 0  # the step in flight writes the blocks last
+                assert handler.transfer_async(job, offer, engine)
+                handler.wait([job])
+                (result,) = handler.get_finished()
+                assert result.success
             torch.cuda.synchronize()
         finally:
             handler.shutdown()

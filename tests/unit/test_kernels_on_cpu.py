@@ -85,6 +85,7 @@ def test_the_engine_compiles_the_kernels_at_its_start_and_no_job_compiles_again(
     assert warmup["available"] is True
     assert warmup["warmed"] == {"copy_kernel": 1, "grid_kernel": 2}  # the grid kernel both ways
     # a mover of 4 KiB pages: its pages a step, both ways, at its start
+    assert warmup["warm small"] is True
     assert warmup["warmed small"] == {"copy_kernel": 1, "grid_kernel": 4}
     assert warmup["launched"] == warmup["warmed small"]
 
