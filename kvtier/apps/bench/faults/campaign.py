@@ -14,11 +14,13 @@ instead resets the connector after every engine step of the first pass, while th
 and stores run.
 
 ``served``: the share of the prompts' full chunks that kvtier loaded in a pass (hits, less the
-chunks found bad). A case also records what the engine's counters rose by (``Case.counters``:
-chunks found bad, lookups and loads that failed, chunks lost on their way to a tier), so that a
-pass served less says why. The campaign's tests and ``kvtier bench faults`` share this module.
-
-The settings and a case: ``setting.py``; an engine under a campaign: ``engine.py``.
+chunks found bad), and those found in a tier that the measured costs chose to compute instead
+(``declined_chunks``: a loaded machine may judge a tier that just restarted slower than
+computing; a decision, not a miss). A case also records what the engine's counters rose by
+(``Case.counters``: chunks found bad, lookups and loads that failed, chunks lost on their way to
+a tier), so that a pass served less says why. The campaign's tests and ``kvtier bench faults``
+share this module. The settings and a case: ``setting.py``; an engine under a campaign:
+``engine.py``.
 """
 
 from __future__ import annotations

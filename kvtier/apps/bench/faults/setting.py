@@ -51,7 +51,8 @@ class Case:
     setting: Setting
     fault: Fault | None  # None: passes over a tier damaged before
     damaged: int  # records the fault damaged (or lost)
-    passes: list[float] = field(default_factory=list)  # each pass's share of chunks served
+    # each pass's share of chunks served, or found and computed instead (``declined_chunks``)
+    passes: list[float] = field(default_factory=list)
     wrong: int = 0  # outputs that differ from the engine without kvtier
     outputs: int = 0  # outputs compared
     seconds: float = 0.0
