@@ -162,7 +162,7 @@ def test_a_pull_lands_after_the_engine_work_queued_before_it(
     engine = EngineBlocks(np.array(LOCAL[0] + LOCAL[1]), (4, 2), (0, 0))
     with TransferServer(_rows(src, CudaBlockRows), IDENTITY, SECRET) as served:
         handler = PeerLoadHandler(TransferClient(_rows(dst, CudaBlockRows), IDENTITY, SECRET), 0,
-                                  torch.device("cuda"))  # fmt: skip
+                                  dst["full.0"].device)  # fmt: skip  # cuda:N, as vLLM's
         try:
             for job, req_id in enumerate(("warm", "req")):
                 served.offer(req_id, REMOTE, time.monotonic() + 30)
