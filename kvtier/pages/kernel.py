@@ -76,9 +76,7 @@ def available() -> bool:
         return False
     try:
         _kernel().warmup(torch.int64, 1, BLOCK=BLOCK_WORDS, grid=(1,))
-        for store in (True, False):
-            _grid_kernel().warmup(torch.int64, torch.int64, 1, 1, 1 << 40, STORE=store,
-                                  BLOCK=BLOCK_WORDS, PAGES=1, grid=(1,))  # fmt: skip
+        _compile_grid(1)
     except Exception:
         logger.warning("kvtier: Triton cannot compile the copy kernels; torch moves the pages",
                        exc_info=True)  # fmt: skip
@@ -104,14 +102,19 @@ def warm(pages: int, device: torch.device) -> bool:
 def _warm(pages: int, index: int) -> bool:
     try:
         with torch.cuda.device(index):
-            for store in (True, False):
-                _grid_kernel().warmup(torch.int64, torch.int64, 1, 1, 1 << 40, STORE=store,
-                                      BLOCK=BLOCK_WORDS, PAGES=pages, grid=(1,))  # fmt: skip
+            _compile_grid(pages)
     except Exception:
         logger.warning("kvtier: Triton cannot compile the grid kernel for %d pages a step; it "
                        "moves one", pages, exc_info=True)  # fmt: skip
         return False
     return True
+
+
+def _compile_grid(pages: int) -> None:
+    """The grid kernel compiled both ways for the current device, as its launches type it."""
+    for store in (True, False):
+        _grid_kernel().warmup(torch.int64, torch.int64, 1, 1, 1 << 40, STORE=store,
+                              BLOCK=BLOCK_WORDS, PAGES=pages, grid=(1,))  # fmt: skip
 
 
 def reaches_host(device: torch.device) -> bool:

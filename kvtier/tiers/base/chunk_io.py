@@ -41,7 +41,7 @@ from kvtier.tiers.base.chunk_plan import GroupCopy, check_range, join_by_group, 
 from kvtier.tiers.base.chunk_reads import ChunkRead, ChunkReader, plan_reads
 from kvtier.tiers.base.chunk_tier import ChunkTier
 from kvtier.tiers.base.handler import TransferResult
-from kvtier.tiers.base.job_thread import JobThread, ThreadedHandler
+from kvtier.tiers.base.job_thread import JobThread, ThreadedHandler, engine_ready
 from kvtier.tiers.base.record_scatter import RecordScatter
 from kvtier.tiers.base.records import HostRecords, RecordLayout
 
@@ -92,10 +92,7 @@ class TierLoadHandler(ThreadedHandler):
         except ValueError as error:
             logger.error("kvtier: refused %s load %d: %s", self.name, job_id, error)
             return False
-        ready = None
-        if self._stream is not None:  # the engine may still read the blocks' former contents
-            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            ready.record(torch.cuda.current_stream(self.device))
+        ready = engine_ready(self.device)  # the engine may still read the blocks' former contents
         self._thread.submit(job_id, lambda: self._load(job_id, src.keys, plan, ready))
         return True
 

@@ -8,6 +8,9 @@ shutdown()            finish what is queued, stop the thread
 
 ``lanes > 1``: one thread per ``key`` of ``submit`` (up to ``lanes`` keys, ``KeyedThreads``);
 jobs of one key run in submission order, jobs of different keys side by side.
+
+engine_ready(device)  on CUDA, an event of the engine's stream as it is at submission, which a
+                      job's writes into engine blocks wait for (None elsewhere)
 """
 
 from __future__ import annotations
@@ -45,6 +48,17 @@ def bind_thread(device: torch.device, background: bool = False) -> None:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
         except OSError as error:  # not permitted here: a copy competes, nothing breaks
             logger.debug("kvtier: could not lower a copy thread's priority: %s", error)
+
+
+def engine_ready(device: torch.device) -> torch.cuda.Event | None:
+    """On CUDA, an event of the engine's current stream now: its work queued so far (a step
+    still in flight) may still use blocks a job is about to fill, so the job's copies wait for
+    it, not for the device. None off CUDA (a CPU engine's step is done when the next begins)."""
+    if device.type != "cuda":
+        return None
+    ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    ready.record(torch.cuda.current_stream(device))
+    return ready
 
 
 class JobThread:

@@ -24,7 +24,7 @@ import torch
 from kvtier.addresses import EngineBlocks, TransferSpec
 from kvtier.layout import KVLayout
 from kvtier.tiers.base.handler import TransferResult
-from kvtier.tiers.base.job_thread import JobThread, ThreadedHandler
+from kvtier.tiers.base.job_thread import JobThread, ThreadedHandler, engine_ready
 from kvtier.tiers.base.keyed_threads import KeyedThreads
 from kvtier.tiers.base.spec import WorkerTier
 from kvtier.tiers.peer.messages import NAME, PeerBlocks, PeerOffer
@@ -141,10 +141,7 @@ class PeerLoadHandler(ThreadedHandler):
             local.append(ids[start : start + size])
             start += size
         peer = src.endpoints[self.rank]
-        ready = None
-        if self.device.type == "cuda":  # the engine's work queued so far may still use the blocks
-            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            ready.record(torch.cuda.current_stream(self.device))
+        ready = engine_ready(self.device)  # a step in flight may still use the blocks
         self._thread.submit(job_id, lambda: self._pull(job_id, src, local, ready), key=peer)
         return True
 
