@@ -65,6 +65,12 @@ HOST_CHUNKS = 64  # kvtier's host tier, in chunks of 32 tokens
 LONG = 256  # tokens of an answer in flight when its engine fails: it computes for seconds
 
 
+# The policies compared by their routing alone: no request sent twice (a hedge) or moved for a
+# /health probe slowed by a busy machine (stalled), each of which computes a prompt again on
+# another engine; those are this module's fault tests.
+ROUTING_ONLY = ("--hedge-after-p99", "0", "--health-timeout-s", "60")
+
+
 class Fleet(NamedTuple):
     engines: list[Server]
     work: Path
@@ -83,14 +89,26 @@ def _run(fleet: Fleet, policy: str) -> tuple[list[Answer], int]:
     """The chat through a proxy of ``policy``, on engines whose caches were emptied: its
     answers, and the prompt tokens the fleet computed."""
     answers: list[Answer] = []
+    declined = _declined(fleet)
 
     def chat(url: str, pool: ThreadPoolExecutor) -> Asked:
         answers.extend(chat_workload(url, users=12, rounds=6, pool=pool, answer_tokens=ANSWER,
                                      tokens=fleet.model, context_chars=CONTEXT))  # fmt: skip
         return [], [], [], 0
 
-    ran = run_policy(fleet.engines, policy, chat, fleet.work, in_flight=2)
+    ran = run_policy(fleet.engines, policy, chat, fleet.work, 2, ROUTING_ONLY)
+    log = (fleet.work / f"proxy-{policy}.log").read_text().splitlines()
+    warned = [line for line in log if " WARNING " in line]
+    print(f"{policy}: computed {ran.computed}, the proxy's decisions {ran.reasons}, hits the "
+          f"engines computed instead {_declined(fleet) - declined:.0f}, the proxy's warnings "
+          f"{len(warned)}", *warned[:5], sep="\n  ")  # fmt: skip
     return answers, ran.computed
+
+
+def _declined(fleet: Fleet) -> float:
+    """The chunks the engines found in a tier and computed instead (their costs' choice)."""
+    name = "vllm:kvtier_hit_decisions_total"
+    return sum(sample(e.url, name, decision="compute") for e in fleet.engines)
 
 
 def test_kv_aware_routing_computes_at_most_half_the_prompt_tokens_of_round_robin(

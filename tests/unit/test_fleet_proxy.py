@@ -3,6 +3,7 @@ publisher over real ZMQ; each request goes where its prefix is, and by load with
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -74,10 +75,12 @@ def engines(tmp_path: Path) -> Iterator[list[FleetEngine]]:
 
 @contextlib.asynccontextmanager
 async def fleet(
-    engines: list[FleetEngine], policy: str = "kv-aware"
+    engines: list[FleetEngine], policy: str = "kv-aware", health_timeout_s: float = 3.0
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Placement, list[str]]]:
     async with serving(*(e.app for e in engines)) as urls:
-        app = build_fleet_app(FleetConfig(tuple(urls), policy, health_interval_s=0.05))
+        config = FleetConfig(tuple(urls), policy, health_interval_s=0.05,
+                             health_timeout_s=health_timeout_s)  # fmt: skip
+        app = build_fleet_app(config)
         async with serving(app) as [url], httpx.AsyncClient(base_url=url, timeout=WAIT_S) as c:
             yield c, app.state.router.placement, urls
 
@@ -135,6 +138,36 @@ def test_an_engine_down_is_forgotten_and_its_traffic_moves(engines: list[FleetEn
             b.health_status = 200  # back: followed again, its buffer replayed
             await until(lambda: len(placement.index) == 6, "b's blocks again")
             assert (await _route(client, {"prompt": PROMPT})).startswith(urls[1])
+
+    run(scenario())
+
+
+def test_an_engine_stalled_is_skipped_but_keeps_its_index(engines: list[FleetEngine]) -> None:
+    """A /health unanswered in time (a pause, a busy machine) is not a restart: the engine's KV
+    is still there, so the proxy skips it while it stalls and sends its prefix back to it after,
+    with no replay to wait for."""
+    a, b = engines
+    release = asyncio.Event()
+
+    async def hang() -> None:
+        await asyncio.wait_for(release.wait(), WAIT_S)
+
+    async def scenario() -> None:
+        async with fleet(engines, health_timeout_s=0.1) as (client, placement, urls):
+            await until(lambda: all(placement.streams[u] for u in urls), "both engines followed")
+            b.holds(PROMPT)
+            await until(lambda: len(placement.index) == 6, "b's blocks in the index")
+            streams = placement.streams[urls[1]]
+            b.before_health = hang
+            await until(lambda: not placement.pool.is_up(placement.pool.engines[1]), "b skipped")
+            assert (await _route(client, {"prompt": PROMPT})).startswith(urls[0])
+            assert placement.streams[urls[1]] is streams and placement.mode(urls[1]) is Mode.EXACT
+            b.before_health = None
+            release.set()
+            await until(lambda: placement.pool.is_up(placement.pool.engines[1]), "b back")
+            route = await _route(client, {"prompt": PROMPT})
+            assert route.startswith(f"{urls[1]}; prefix; predicted_cached_tokens=96"), route
+            assert placement.streams[urls[1]] is streams  # followed all along, never rebuilt
 
     run(scenario())
 

@@ -7,7 +7,8 @@ Which engine holds what, and the choice, are ``placement.py``'s. The answer says
 and why (``x-kvtier-route``); a non-streamed answer's ``kv_transfer_params`` (kvtier's
 provenance) gives the cached tokens the engine reported, counted beside those the proxy
 predicted (``fleet_metrics.py``). Every engine's ``/health`` is watched: one that fails is
-skipped and forgotten; once it passes again its events are followed anew.
+skipped and forgotten (one that stalls, its probe unanswered in time, skipped but its index
+kept); once it passes again its events are followed anew.
 
 An engine that breaks off or stalls before the first byte of its answer reached the client
 costs the client nothing: the request goes to another engine (``resend.py``; ``x-kvtier-route``
@@ -113,7 +114,7 @@ class FleetRouter:
 
     async def watch(self) -> None:
         """Until cancelled: each engine's /health every ``health_interval_s``; its events
-        followed while it is up, forgotten when it goes down."""
+        followed while it is up, forgotten when it goes down (kept while it stalls)."""
         await asyncio.gather(*(self._watch(engine) for engine in self.pool.engines))
 
     async def _watch(self, engine: Engine) -> None:
@@ -122,9 +123,10 @@ class FleetRouter:
             result = await probe(engine, timeout)
             changed = self.pool.set_health(engine, "" if result == OK else result, stalled(result))
             if changed and result != OK:
-                logger.warning("kvtier proxy: engine %s is down (%s): skipped, its index "
-                               "dropped", engine.url, result)  # fmt: skip
-            await self.placement.track(engine, result == OK)
+                kept = "kept" if stalled(result) else "dropped"
+                logger.warning("kvtier proxy: engine %s is down (%s): skipped, its index %s",
+                               engine.url, result, kept)  # fmt: skip
+            await self.placement.track(engine, result == OK, stalled(result))
             await asyncio.sleep(interval)
 
     async def aclose(self) -> None:

@@ -17,9 +17,11 @@ each engine's counts, with no object per engine and no look at every engine's st
 request (which engines' indexes are not exact is kept, worked out again only when a stream's
 mode or the engines up change: each stream tells the placement). An engine that goes down is
 forgotten (a restarted engine comes back empty); once it is up again its events are followed
-anew. Nothing here is kept that the events cannot rebuild but counts of
-this proxy's own traffic: several proxies behind one address hold the same index and send a
-cached prefix to the same engine, each balancing the load it sees (docs/DESIGN.md §9).
+anew. One that only stalls (its /health unanswered in time) is skipped but keeps its index: a
+single slow probe on a busy machine costs the traffic of its outage, not a rebuild. Nothing
+here is kept that the events cannot rebuild but counts of this proxy's own traffic: several
+proxies behind one address hold the same index and send a cached prefix to the same engine,
+each balancing the load it sees (docs/DESIGN.md §9).
 
 The fleet proxy places whole requests (``fleet.py``); the prefill→decode proxy places the
 prefill hop (``router.py``).
@@ -182,10 +184,13 @@ class Placement:
             return None
         return tokens if isinstance(tokens, list) else None
 
-    async def track(self, engine: Engine, up: bool) -> None:
-        """An engine's /health passed (``up``) or failed: its events followed if they are not
-        yet, or it is forgotten."""
-        if not up and self.streams[engine.url]:
+    async def track(self, engine: Engine, up: bool, stalled: bool = False) -> None:
+        """An engine's /health passed (``up``): its events followed if they are not yet. It
+        failed: the engine is forgotten (a restarted engine comes back empty), unless the probe
+        only went unanswered in time (``stalled``: a pause, a busy machine): skipped by the
+        pool, it keeps its index, since its KV is still there and its events, still followed,
+        tell what changes."""
+        if not up and not stalled and self.streams[engine.url]:
             await asyncio.to_thread(self._unfollow, engine.url)
         elif up and not self.streams[engine.url]:
             await asyncio.to_thread(self._follow, engine.url)

@@ -2,7 +2,7 @@
 each routing policy in turn on a multi-round chat and a long-document QA.
 
     started_fleet(model, dtype, engine_blocks, host_chunks, logs) -> [Server]   (a context)
-    run_policy(engines, policy, ask, logs)   -> Ran     one workload through one policy
+    run_policy(engines, policy, ask, logs, in_flight) -> Ran  one workload through one policy
     reset_caches(engines)                               each engine's caches emptied
     index_modes(proxy)                       -> [str]   the proxy's index mode of each engine
     measure_policies(work, workloads, policies, logs) -> {workload: {policy: [Ran]}}
@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -162,12 +162,20 @@ def measure_policies(
     return found
 
 
-def run_policy(engines: list[Server], policy: str, ask: Ask, logs: Path, in_flight: int) -> Ran:
-    """``ask`` through a new proxy of ``policy``, on engines whose caches were emptied."""
+def run_policy(
+    engines: list[Server],
+    policy: str,
+    ask: Ask,
+    logs: Path,
+    in_flight: int,
+    proxy_args: Sequence[str] = (),
+) -> Ran:
+    """``ask`` through a new proxy of ``policy`` (and ``proxy_args``), on engines whose caches
+    were emptied."""
     reset_caches(engines)
     port = free_port()
     command = [KVTIER, "proxy", "--engine", *(e.url for e in engines), "--policy", policy,
-               "--port", str(port), "--health-interval-s", "0.5"]  # fmt: skip
+               "--port", str(port), "--health-interval-s", "0.5", *proxy_args]  # fmt: skip
     proxy = launch(command, port, logs / f"proxy-{policy}.log")
     try:
         wait_healthy(proxy)
