@@ -153,7 +153,7 @@ def test_an_engine_stalled_is_skipped_but_keeps_its_index(engines: list[FleetEng
         await asyncio.wait_for(release.wait(), WAIT_S)
 
     async def scenario() -> None:
-        async with fleet(engines, health_timeout_s=0.1) as (client, placement, urls):
+        async with fleet(engines, health_timeout_s=1.0) as (client, placement, urls):
             await until(lambda: all(placement.streams[u] for u in urls), "both engines followed")
             b.holds(PROMPT)
             await until(lambda: len(placement.index) == 6, "b's blocks in the index")
