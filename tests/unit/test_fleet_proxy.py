@@ -146,13 +146,14 @@ def test_an_engine_stalled_is_skipped_but_keeps_its_index(engines: list[FleetEng
     """A /health unanswered in time (a pause, a busy machine) is not a restart: the engine's KV
     is still there, so the proxy skips it while it stalls and sends its prefix back to it after,
     with no replay to wait for."""
-    a, b = engines
-    release = asyncio.Event()
-
-    async def hang() -> None:
-        await asyncio.wait_for(release.wait(), WAIT_S)
+    _, b = engines
 
     async def scenario() -> None:
+        release = asyncio.Event()
+
+        async def hang() -> None:
+            await asyncio.wait_for(release.wait(), WAIT_S)
+
         async with fleet(engines, health_timeout_s=1.0) as (client, placement, urls):
             await until(lambda: all(placement.streams[u] for u in urls), "both engines followed")
             b.holds(PROMPT)
