@@ -121,12 +121,13 @@ class FleetRouter:
         interval, timeout = self.config.health_interval_s, self.config.health_timeout_s
         while True:
             result = await probe(engine, timeout)
-            changed = self.pool.set_health(engine, "" if result == OK else result, stalled(result))
+            stuck = stalled(result)
+            changed = self.pool.set_health(engine, "" if result == OK else result, stuck)
             if changed and result != OK:
-                kept = "kept" if stalled(result) else "dropped"
+                kept = "kept" if stuck else "dropped"
                 logger.warning("kvtier proxy: engine %s is down (%s): skipped, its index %s",
                                engine.url, result, kept)  # fmt: skip
-            await self.placement.track(engine, result == OK, stalled(result))
+            await self.placement.track(engine, result == OK, stuck)
             await asyncio.sleep(interval)
 
     async def aclose(self) -> None:
