@@ -8,6 +8,9 @@ staging area smaller than a job (several batches reusing it).
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +18,7 @@ import torch
 from kvtier.addresses import EngineBlocks, HostChunks
 from kvtier.layout import KVLayout, build_layout
 from kvtier.media import Medium
+from kvtier.pages import kernel
 from kvtier.pages.mechanism import Mechanism
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.host.io import engine_host_handlers
@@ -182,4 +186,46 @@ def test_copies_are_correct_while_the_tier_is_still_being_pinned() -> None:
     assert host.pinned
     store.shutdown()
     load.shutdown()
+    host.close()
+
+
+def test_a_job_in_the_pinned_part_goes_straight_before_the_whole_tier_is_pinned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ``kernel`` mechanism moves a job whose slots are pinned already while the rest of a
+    large tier is still being pinned; a job past the pinned part goes by the copy engine."""
+    assert kernel.available() and kernel.reaches_host(torch.device("cuda"))
+    kv = torch.randn(2, NUM_BLOCKS, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
+    layout = build_layout({"a": kv}, [["a"]], NUM_BLOCKS)
+    host = HostTier(layout, (16 << 30) // (2 * PAGE * FACTOR), FACTOR)  # 16 GiB: seconds
+    store = CudaCopyHandler(layout, host, store=True, mechanism=Mechanism.KERNEL)
+    straight = []  # grid kernel launches whose far side is the host tier (not a staging area)
+    launch = kernel.grid_copy
+
+    def counted(table: torch.Tensor, span: Any, base: int, *args: Any) -> None:
+        straight.extend([base] if base == host.memory.data_ptr() else [])
+        launch(table, span, base, *args)
+
+    monkeypatch.setattr(kernel, "grid_copy", counted)
+    deadline = time.monotonic() + 60
+    while not host.pinned_below(3) and time.monotonic() < deadline:
+        time.sleep(0.01)  # polled: the pinning thread signals only its end
+    assert host.pinned_below(3) and not host.pinned
+    slots = HostChunks(np.arange(3))
+    assert store.transfer_async(1, EngineBlocks(np.arange(9), (9,), (0,)), slots)
+    store.wait([1])
+    assert len(straight) == 1  # slots 0..2 pinned: straight
+    last = host.num_chunks - 1
+    assert not host.pinned_below(last + 1)
+    slots = HostChunks(np.array([last]))
+    assert store.transfer_async(2, EngineBlocks(np.arange(3), (3,), (0,)), slots)
+    store.wait([2])
+    assert len(straight) == 1  # the last slot is not pinned yet: by the copy engine
+    for block in range(9):
+        slot, sub = divmod(block, FACTOR)
+        page = kv[1, block].contiguous().view(torch.uint8).flatten().cpu()
+        assert torch.equal(_page(host, 0, 1, slot, sub), page)
+        if block < 3:
+            assert torch.equal(_page(host, 0, 1, last, block), page)
+    store.shutdown()
     host.close()

@@ -63,7 +63,14 @@ class HostTier:
     @property
     def pinned(self) -> bool:
         """Whether all of the memory is pinned for CUDA copies (False on the CPU)."""
-        return self.pinning is not None and self.pinning.pinned_bytes == self.nbytes
+        return self.pinned_below(self.num_chunks)
+
+    def pinned_below(self, slot: int) -> bool:
+        """Whether slots ``0 .. slot - 1`` are pinned for CUDA copies (False on the CPU): they
+        are pinned lowest first, so a job whose slots are all below ``slot`` may take the
+        ``KERNEL`` mechanism before the whole tier is pinned."""
+        needed = slot * self.record_bytes
+        return self.pinning is not None and self.pinning.pinned_bytes >= needed
 
     def record(self, slot: int, group: int) -> np.ndarray:
         """The bytes of slot ``slot`` that a chunk of ``group`` uses (a view, no copy)."""

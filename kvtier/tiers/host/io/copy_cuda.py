@@ -64,6 +64,8 @@ class CudaCopyHandler(EngineHostHandler):
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
         host = self.host
         pages = self.page_grids(plan)
+        # the kernel reads host memory only where it is pinned: the job's slots, not all of them
+        pinned = host.pinned_below(_slot_end(plan, host.block_size_factor))
         ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
         ready.record(torch.cuda.current_stream(self.device))  # the engine's work so far
         started = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
@@ -72,9 +74,9 @@ class CudaCopyHandler(EngineHostHandler):
             self._stream.wait_event(ready)
             started.record(self._stream)
             if self.store:
-                self._mover.store(pages, self._memory, host.pinned)
+                self._mover.store(pages, self._memory, pinned)
             else:
-                self._mover.load(pages, self._memory, host.pinned)
+                self._mover.load(pages, self._memory, pinned)
             done.record(self._stream)
         self._jobs.append(_Job(job_id, started, done, nbytes))
 
@@ -106,6 +108,12 @@ class CudaCopyHandler(EngineHostHandler):
 
     def shutdown(self) -> None:
         self._stream.synchronize()
+
+
+def _slot_end(plan: list[GroupCopy], factor: int) -> int:
+    """One past the highest host slot ``plan`` touches."""
+    rows = [int(copy.host_rows.max()) for copy in plan if len(copy.host_rows)]
+    return max(rows, default=-1) // factor + 1
 
 
 def _done(job: _Job) -> bool:
