@@ -229,3 +229,30 @@ def test_a_job_in_the_pinned_part_goes_straight_before_the_whole_tier_is_pinned(
             assert torch.equal(_page(host, 0, 1, last, block), page)
     store.shutdown()
     host.close()
+
+
+def test_a_store_to_a_slot_not_pinned_yet_leaves_the_engines_thread_free() -> None:
+    """CUDA copies to pageable memory once the engine's work before them is done: queued by the
+    engine's thread, a store into the part of the tier not pinned yet would hold it for the
+    step in flight. It returns while the step runs, and stores what the step wrote."""
+    kv = torch.randn(2, NUM_BLOCKS, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
+    layout = build_layout({"a": kv}, [["a"]], NUM_BLOCKS)
+    host = HostTier(layout, (16 << 30) // (2 * PAGE * FACTOR), FACTOR)  # 16 GiB: seconds
+    store, load = engine_host_handlers(layout, host)
+    last = host.num_chunks - 1
+    engine = torch.cuda.current_stream()
+    torch.cuda._sleep(1 << 30)  # type: ignore[no-untyped-call]  # the step in flight: ~0.5 s
+    kv.add_(1)  # what it writes, which the store must read
+    assert not host.pinned_below(last + 1)
+    slots = HostChunks(np.array([last]))
+    assert store.transfer_async(1, EngineBlocks(np.arange(3), (3,), (0,)), slots)
+    assert not engine.query()  # returned while the step still runs
+    store.wait([1])
+    (result,) = store.get_finished()
+    assert result.job_id == 1 and result.success
+    for sub in range(FACTOR):
+        page = kv[0, sub].contiguous().view(torch.uint8).flatten().cpu()
+        assert torch.equal(_page(host, 0, 0, last, sub), page)
+    store.shutdown()
+    load.shutdown()
+    host.close()

@@ -12,8 +12,9 @@ Allocating the tier pinned (``cudaHostAlloc``) holds the engine's start for as l
 takes to pin every page (seconds per GiB: minutes for a large tier). Instead the tier is plain
 memory, and ``cudaHostRegister`` pins it piece by piece, from slot 0 up (the order the scheduler
 hands slots out in). A copy into a piece not yet pinned is still correct: CUDA stages pageable
-memory itself, slower. A driver without the call, or one that refuses a piece, leaves the rest
-pageable, with a warning.
+memory itself, slower (and synchronously: ``copy_cuda.py`` queues such a job off the engine's
+thread). A driver without the call, or one that refuses a piece, leaves the rest pageable, with
+a warning.
 """
 
 from __future__ import annotations

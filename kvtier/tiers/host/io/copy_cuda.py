@@ -9,31 +9,48 @@ over two). Nothing runs per page or per view in Python.
 Streams and events. One stream per direction. A job first waits for the engine's stream as it
 was at submission (a store reads blocks the step just wrote; a load fills blocks the engine may
 still read), then runs on the direction's stream, and ends with an event. Nothing blocks the
-engine's thread (but a copy to a part of the tier not pinned yet: CUDA copies pageable memory
-synchronously, ``pinning.py``): ``transfer_async`` queues the work and returns; ``get_finished``
-reports the jobs whose events completed, in submission order, with their time on the device;
-``fence`` makes the engine's stream wait for a job's event (a synchronous load: the step's
-forward waits for that load, not for the device), and ``wait`` blocks until the jobs are done
-(tests, shutdown).
+engine's thread: ``transfer_async`` queues the work and returns; ``get_finished`` reports the
+jobs whose events completed, with their time on the device; ``fence`` makes the engine's
+stream wait for a job's event (a synchronous load: the step's forward waits for that load, not
+for the device), and ``wait`` blocks until the jobs are done (tests, shutdown).
+
+A job touching a slot the tier has not pinned yet (``pinning.py``) is queued by a thread of its
+own, on a stream and ``PageMover`` of its own: CUDA copies pageable memory synchronously, a
+store's after the engine's work before it (the step in flight), which would hold the engine's
+thread for a step and the copy. Its events are recorded once that thread queued it; ``fence``
+waits for that much.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections import deque
 from collections.abc import Collection
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from typing import NamedTuple
 
 import torch
 
 from kvtier.layout import KVLayout
 from kvtier.pages import PageMover
+from kvtier.pages.grid import PageGrid
 from kvtier.pages.mechanism import Mechanism, Mechanisms
 from kvtier.pages.mover import STAGE_BYTES
 from kvtier.tiers.base.chunk_plan import GroupCopy
 from kvtier.tiers.base.handler import TransferResult
+from kvtier.tiers.base.job_thread import bind_thread
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.host.io.engine_host import EngineHostHandler
+
+logger = logging.getLogger(__name__)
+
+
+class _Lane(NamedTuple):
+    """Where a job is queued: a stream and the mover whose staging area runs in its order."""
+
+    stream: torch.cuda.Stream
+    mover: PageMover
 
 
 class _Job(NamedTuple):
@@ -41,6 +58,7 @@ class _Job(NamedTuple):
     started: torch.cuda.Event  # on the stream, once the engine's work before it is done
     done: torch.cuda.Event
     nbytes: int
+    queued: Future[None] | None  # the pageable lane's: its events are recorded once it is done
 
 
 class CudaCopyHandler(EngineHostHandler):
@@ -53,61 +71,79 @@ class CudaCopyHandler(EngineHostHandler):
         mechanism: Mechanism | Mechanisms | None = None,
     ) -> None:
         super().__init__(layout, host, store)
-        self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
-        # no copy over two pinned pieces of the tier: CUDA refuses it
-        self._mover = PageMover(
-            layout.views, stage_bytes, mechanism, host_piece=host.pin_piece_bytes
-        )
+
+        def lane() -> _Lane:  # no copy over two pinned pieces of the tier: CUDA refuses it
+            mover = PageMover(layout.views, stage_bytes, mechanism, host_piece=host.pin_piece_bytes)
+            return _Lane(torch.cuda.Stream(device=self.device), mover)  # type: ignore[no-untyped-call]
+
+        self._lane = lane()
+        self._pageable = lane()  # jobs touching slots not pinned yet, queued by _queuer
+        self._queuer = ThreadPoolExecutor(1, "kvtier-pageable", bind_thread, (self.device,))
         self._memory = host.memory.view(-1)  # (num_chunks * record_bytes,) bytes
-        self._jobs: deque[_Job] = deque()  # in submission order, so in completion order
+        self._jobs: list[_Job] = []  # in submission order
 
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
-        host = self.host
         pages = self.page_grids(plan)
-        # the kernel reads host memory only where it is pinned: the job's slots, not all of them
-        pinned = host.pinned_below(_slot_end(plan, host.block_size_factor))
         ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
         ready.record(torch.cuda.current_stream(self.device))  # the engine's work so far
         started = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         done = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        with torch.cuda.stream(self._stream):
-            self._stream.wait_event(ready)
-            started.record(self._stream)
-            if self.store:
-                self._mover.store(pages, self._memory, pinned)
-            else:
-                self._mover.load(pages, self._memory, pinned)
-            done.record(self._stream)
-        self._jobs.append(_Job(job_id, started, done, nbytes))
+        events = (ready, started, done)
+        queued = None
+        if self.host.pinned_below(_slot_end(plan, self.host.block_size_factor)):
+            self._queue(self._lane, pages, True, *events)
+        else:  # the kernel reads host memory only where it is pinned: the copy engine, queued
+            queued = self._queuer.submit(self._queue, self._pageable, pages, False, *events)
+        self._jobs.append(_Job(job_id, started, done, nbytes, queued))
+
+    def _queue(
+        self,
+        lane: _Lane,
+        pages: list[PageGrid],
+        pinned: bool,
+        ready: torch.cuda.Event,
+        started: torch.cuda.Event,
+        done: torch.cuda.Event,
+    ) -> None:
+        with torch.cuda.stream(lane.stream):
+            lane.stream.wait_event(ready)
+            started.record(lane.stream)
+            try:
+                if self.store:
+                    lane.mover.store(pages, self._memory, pinned)
+                else:
+                    lane.mover.load(pages, self._memory, pinned)
+            except Exception:  # the job fails once what it queued is done: none lands later
+                lane.stream.synchronize()
+                raise
+            done.record(lane.stream)
 
     def get_finished(self) -> list[TransferResult]:
-        finished = []
-        while self._jobs and _done(self._jobs[0]):
-            job = self._jobs.popleft()
-            seconds = job.started.elapsed_time(job.done) / 1e3
-            finished.append(TransferResult(job.job_id, True, job.nbytes, seconds))
-        return finished
+        finished, self._jobs = _split(self._jobs)
+        return [_result(job) for job in finished]
 
     def fence(self, job_ids: Collection[int]) -> None:
         engine = torch.cuda.current_stream(self.device)
         for job in self._jobs:
-            if job.job_id in job_ids:
+            if job.job_id in job_ids and _queued(job):
                 engine.wait_event(job.done)
 
     def wait(self, job_ids: Collection[int]) -> None:
         for job in list(self._jobs):
-            if job.job_id in job_ids:
+            if job.job_id in job_ids and _queued(job):
                 job.done.synchronize()
 
     def wait_any(self, timeout: float) -> None:
-        """Until the oldest job finished, at most ``timeout`` (polled: an event has no timed
-        wait, and blocking on one holds the engine's thread past the timeout)."""
+        """Until a job finished, at most ``timeout`` (polled: an event has no timed wait, and
+        blocking on one holds the engine's thread past the timeout)."""
         deadline = time.monotonic() + timeout
-        while self._jobs and not _done(self._jobs[0]) and time.monotonic() < deadline:
+        while self._jobs and not any(map(_done, self._jobs)) and time.monotonic() < deadline:
             time.sleep(0.0005)
 
     def shutdown(self) -> None:
-        self._stream.synchronize()
+        self._queuer.shutdown(wait=True)
+        self._lane.stream.synchronize()
+        self._pageable.stream.synchronize()
 
 
 def _slot_end(plan: list[GroupCopy], factor: int) -> int:
@@ -116,5 +152,31 @@ def _slot_end(plan: list[GroupCopy], factor: int) -> int:
     return max(rows, default=-1) // factor + 1
 
 
+def _queued(job: _Job) -> bool:
+    """Wait until ``job``'s copies are queued; whether they were (False: queuing them failed)."""
+    if job.queued is not None:
+        wait_futures([job.queued])
+        return job.queued.exception() is None
+    return True
+
+
 def _done(job: _Job) -> bool:
+    if job.queued is not None and not job.queued.done():
+        return False  # its events not recorded yet (an event never recorded reads as done)
     return bool(job.done.query())  # type: ignore[no-untyped-call]
+
+
+def _split(jobs: list[_Job]) -> tuple[list[_Job], list[_Job]]:
+    """``jobs`` done, and the others, each in submission order."""
+    done = [_done(job) for job in jobs]
+    return [j for j, d in zip(jobs, done) if d], [j for j, d in zip(jobs, done) if not d]
+
+
+def _result(job: _Job) -> TransferResult:
+    """A finished job's result: failed, with no time, where queuing its copies raised."""
+    error = None if job.queued is None else job.queued.exception()
+    if error is not None:
+        logger.error("kvtier: transfer job %d failed", job.job_id, exc_info=error)
+        return TransferResult(job.job_id, False, 0, 0.0)
+    seconds = job.started.elapsed_time(job.done) / 1e3
+    return TransferResult(job.job_id, True, job.nbytes, seconds)
