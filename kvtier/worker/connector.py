@@ -34,6 +34,7 @@ from kvtier.tiers.base.handler import Transfer, TransferHandler
 from kvtier.tiers.base.spec import WorkerTier
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.host.io.handlers import engine_host_handlers
+from kvtier.tiers.host.room import check_room
 from kvtier.worker.jobs import InFlight, JobKind, Jobs
 from kvtier.worker.rank_counters import RankCounters
 from kvtier.worker.shutdown_flush import FlushTarget, flush_tiers
@@ -92,6 +93,8 @@ class WorkerConnector:
         chunks = host_num_chunks(
             self.layout.bytes_per_block(), self.world_size, self.factor, self.cpu_bytes_to_use
         )
+        if self.layout.device.type == "cuda":  # pinned as it serves: is the memory there?
+            check_room(self.layout, chunks, self.factor, self.world_size)
         self.host = HostTier(self.layout, chunks, self.factor)
         store, load = engine_host_handlers(self.layout, self.host)
         self._store = store

@@ -24,7 +24,9 @@ from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.host.io import engine_host_handlers
 from kvtier.tiers.host.io.copy_cuda import CudaCopyHandler
 from kvtier.tiers.host.pinning import PIECE_BYTES
+from kvtier.tiers.host.room import Room
 from kvtier.worker import TransferWorker
+from kvtier.worker.connector import WorkerConnector
 
 pytestmark = pytest.mark.gpu
 
@@ -256,3 +258,14 @@ def test_a_store_to_a_slot_not_pinned_yet_leaves_the_engines_thread_free() -> No
     store.shutdown()
     load.shutdown()
     host.close()
+
+
+def test_a_host_tier_beyond_the_machines_memory_fails_the_start_naming_the_setting() -> None:
+    """Pinned as the engine serves, a tier larger than the memory would show only once it is
+    reached: the worker refuses it at registration, as committing it does on the CPU."""
+    room = Room.read()
+    assert room.total is not None
+    worker = WorkerConnector(2 * room.total, block_size_factor=FACTOR, world_size=1)
+    kv = torch.zeros(2, NUM_BLOCKS, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="cpu_bytes_to_use"):
+        worker.register({"a": kv}, [["a"]], NUM_BLOCKS)
