@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import mmap
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from resident import PAGE, fresh, resident_kib
 
 from kvtier.layout import build_layout
 from kvtier.tiers.host.buffers import HUGE_PAGE, HostTier
-from kvtier.tiers.host.commit import PAGE, commit
+from kvtier.tiers.host.commit import commit
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -38,19 +38,6 @@ def _huge(first: int, end: int) -> tuple[int, list[bool]]:
     return total, advised
 
 
-def _resident_kib(buffer: torch.Tensor) -> int:
-    """KiB of ``buffer``'s pages in memory (Linux's ``mincore``, page by page: exactly its
-    range, whatever mapping it lies in)."""
-    first = buffer.data_ptr() - buffer.data_ptr() % PAGE
-    end = buffer.data_ptr() + buffer.numel() * buffer.element_size()
-    pages = -(-(end - first) // PAGE)
-    found = (ctypes.c_ubyte * pages)()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    assert libc.mincore(first, end - first, found) == 0, ctypes.get_errno()
-    return sum(page & 1 for page in found) * PAGE // 1024
-
-
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's mincore")
 
 
@@ -59,13 +46,7 @@ def test_a_host_tier_is_in_memory_when_built_before_any_store() -> None:
     caches = {"k": torch.zeros(4, 2048, dtype=torch.bfloat16)}  # 4 KiB pages
     host = HostTier(build_layout(caches, [["k"]], 4), num_chunks=4096, block_size_factor=2)
     assert host.nbytes == 32 << 20
-    assert _resident_kib(host.memory) == 32 << 10
-
-
-def _fresh(nbytes: int) -> torch.Tensor:
-    """``nbytes`` of memory never touched: an anonymous mapping of its own (malloc could hand
-    back memory a test before touched)."""
-    return torch.from_numpy(np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8))
+    assert resident_kib(host.memory) == 32 << 10
 
 
 def _failing(code: int) -> Callable[[int, int, int], int]:
@@ -78,15 +59,15 @@ def _failing(code: int) -> Callable[[int, int, int], int]:
 
 @LINUX
 def test_a_kernel_without_populate_commits_by_writing_a_byte_per_page() -> None:
-    buffer = _fresh(16 << 20)
-    assert _resident_kib(buffer) == 0  # not yet
+    buffer = fresh(16 << 20)
+    assert resident_kib(buffer) == 0  # not yet
     commit([buffer], madvise=_failing(errno.EINVAL))  # as a kernel before 5.14 answers
-    assert _resident_kib(buffer) == 16 << 10
+    assert resident_kib(buffer) == 16 << 10
 
 
 def test_memory_the_machine_cannot_commit_names_the_setting() -> None:
     with pytest.raises(ValueError, match="cpu_bytes_to_use"):
-        commit([_fresh(1 << 20)], madvise=_failing(errno.ENOMEM))
+        commit([fresh(1 << 20)], madvise=_failing(errno.ENOMEM))
 
 
 def _offers_huge_pages() -> bool:

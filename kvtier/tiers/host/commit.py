@@ -2,6 +2,8 @@
 
     commit(buffers)  every page of ``buffers`` (contiguous CPU tensors) faulted in, writable;
                      ``ValueError`` naming ``cpu_bytes_to_use`` when the machine has not the memory
+    Populator        the faulting itself, for a range (``pinning.py`` faults each piece of a GPU's
+                     tier in before it registers it)
 
 A page left to the kernel until a store first writes it is paid for by that store (its fault and
 zeroing, much dearer on a virtual machine whose host backs guest memory only when first touched),
@@ -32,6 +34,8 @@ from typing import cast
 
 import torch
 
+from kvtier.tiers.base.job_thread import bind_thread
+
 logger = logging.getLogger(__name__)
 
 MADV_POPULATE_WRITE = 23  # linux/mman.h (5.14)
@@ -40,6 +44,29 @@ WORKERS = 8
 PAGE = mmap.PAGESIZE
 
 Madvise = Callable[[int, int, int], int]
+
+
+class Populator:
+    """Faults memory in without writing it (``MADV_POPULATE_WRITE``), ``PIECE_BYTES`` (or
+    ``piece_bytes``) a thread, on up to ``WORKERS`` threads; ``populate`` returns each piece's
+    errno (0: done; ``EINVAL``: a kernel before 5.14; ``ENOMEM``: the memory is not there), or
+    None where there is no ``madvise`` (not Linux)."""
+
+    def __init__(self, madvise: Madvise | None = None, background: bool = False) -> None:
+        """``background``: its threads at the lowest CPU priority (the engine already serves)."""
+        self._call = madvise or _libc_madvise()
+        self._pool = ThreadPoolExecutor(min(WORKERS, _cores()), "kvtier-populate", bind_thread,
+                                        (torch.device("cpu"), background))  # fmt: skip
+
+    def populate(self, address: int, size: int, piece_bytes: int = PIECE_BYTES) -> list[int] | None:
+        call = self._call
+        if call is None:
+            return None
+        pieces = _pieces(address, size, piece_bytes)
+        return list(self._pool.map(lambda piece: _populate(call, *piece), pieces))
+
+    def close(self) -> None:
+        self._pool.shutdown()
 
 
 def commit(buffers: Sequence[torch.Tensor], madvise: Madvise | None = None) -> float:
@@ -51,19 +78,17 @@ def commit(buffers: Sequence[torch.Tensor], madvise: Madvise | None = None) -> f
         return 0.0
     started = time.perf_counter()
     logger.info("kvtier: committing the host tier's %.2f GiB of memory", total / 2**30)
-    call = madvise or _libc_madvise()
-    touch = list(range(len(buffers)))  # the buffers to commit by writing
-    if call is not None:
-        pieces = [(i, at, size) for i, buffer in enumerate(buffers)
-                  for at, size in _pieces(buffer.data_ptr(), _size(buffer))]  # fmt: skip
-        with ThreadPoolExecutor(min(WORKERS, _cores(), len(pieces))) as pool:
-            codes = list(pool.map(lambda piece: _populate(call, piece[1], piece[2]), pieces))
-        if errno.ENOMEM in codes:
-            raise ValueError(
-                f"kvtier: cpu_bytes_to_use: the host tier's {total / 2**30:.2f} GiB could not be "
-                f"committed ({os.strerror(errno.ENOMEM)}); configure less host memory"
-            )
-        touch = sorted({i for (i, _, _), code in zip(pieces, codes, strict=True) if code})
+    populator = Populator(madvise)
+    try:
+        found = [populator.populate(buffer.data_ptr(), _size(buffer)) for buffer in buffers]
+    finally:
+        populator.close()
+    touch = [i for i, codes in enumerate(found) if codes is None or any(codes)]  # by writing
+    if any(errno.ENOMEM in (codes or ()) for codes in found):
+        raise ValueError(
+            f"kvtier: cpu_bytes_to_use: the host tier's {total / 2**30:.2f} GiB could not be "
+            f"committed ({os.strerror(errno.ENOMEM)}); configure less host memory"
+        )
     for i in touch:  # (EINVAL: a kernel before 5.14)
         buffers[i].view(-1).view(torch.uint8)[::PAGE].zero_()
     seconds = time.perf_counter() - started
@@ -75,11 +100,11 @@ def _size(buffer: torch.Tensor) -> int:
     return buffer.numel() * buffer.element_size()
 
 
-def _pieces(address: int, size: int) -> list[tuple[int, int]]:
+def _pieces(address: int, size: int, piece_bytes: int) -> list[tuple[int, int]]:
     """(address, bytes) pieces covering ``[address, address + size)``, the first from the start
     of its page."""
     start, end = address - address % PAGE, address + size
-    return [(at, min(PIECE_BYTES, end - at)) for at in range(start, end, PIECE_BYTES)]
+    return [(at, min(piece_bytes, end - at)) for at in range(start, end, piece_bytes)]
 
 
 def _populate(call: Madvise, address: int, size: int) -> int:

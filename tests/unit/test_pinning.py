@@ -1,0 +1,93 @@
+"""Pinning a GPU's host tier as the engine serves (``kvtier/tiers/host/pinning.py``), on the CPU:
+the driver's calls are a recording ``Driver`` (there is no CUDA here), the faulting is the real
+kernel's ``madvise``, and what is in memory is read back with ``mincore``."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import sys
+from collections.abc import Callable
+
+import pytest
+import torch
+from resident import PAGE, fresh, resident_bytes
+
+from kvtier.tiers.host.pinning import BATCH_PIECES, Pinning
+
+PIECE = 64 * PAGE
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's madvise")
+
+
+class Recorder:
+    """Records each registration with the bytes of its piece in memory at that moment."""
+
+    def __init__(self, refuse: int | None = None) -> None:
+        self.refuse = refuse  # the piece it refuses (None: none)
+        self.registered: list[tuple[int, int, int]] = []  # (address, size, resident bytes)
+        self.unregistered: list[int] = []
+
+    def register(self, address: int, size: int) -> int:
+        if len(self.registered) == self.refuse:
+            return 1  # as cudaErrorInvalidValue
+        self.registered.append((address, size, resident_bytes(address, size)))
+        return 0
+
+    def unregister(self, address: int) -> None:
+        self.unregistered.append(address)
+
+
+def _pinned(memory: torch.Tensor, driver: Recorder, **kwargs: object) -> Pinning:
+    pinning = Pinning(memory, torch.device("cpu"), PIECE, driver, **kwargs)  # type: ignore[arg-type]
+    assert pinning.wait(60)
+    return pinning
+
+
+def test_each_piece_is_in_memory_before_the_driver_registers_it() -> None:
+    """The driver's lock, which the engine's CUDA calls wait for, is held for pinning only: the
+    pages were faulted in before, by threads, and no byte of them was written."""
+    memory = fresh(3 * BATCH_PIECES * PIECE + 5 * PAGE)  # three batches and a short last piece
+    memory[: 2 * PAGE] = 7  # a store that got there first
+    driver = Recorder()
+    pinning = _pinned(memory, driver)
+    base, total = memory.data_ptr(), memory.numel()
+    pieces = [(base + at, min(PIECE, total - at)) for at in range(0, total, PIECE)]
+    assert [(a, s) for a, s, _ in driver.registered] == pieces
+    assert all(resident == size for _, size, resident in driver.registered)
+    assert pinning.pinned_bytes == total and pinning.rate() is not None
+    assert bool((memory[: 2 * PAGE] == 7).all()) and not bool(memory[2 * PAGE :].any())
+    pinning.close()
+    assert driver.unregistered == [a for a, _ in reversed(pieces)]
+
+
+def test_a_piece_the_driver_refuses_leaves_the_rest_pageable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    memory = fresh(4 * PIECE)
+    driver = Recorder(refuse=2)
+    with caplog.at_level(logging.WARNING):
+        pinning = _pinned(memory, driver)
+    assert pinning.pinned_bytes == 2 * PIECE
+    assert "refused the host tier" in caplog.text
+    pinning.close()
+    assert driver.unregistered == [memory.data_ptr() + PIECE, memory.data_ptr()]
+
+
+def _without_memory() -> Callable[[int, int, int], int]:
+    def madvise(address: int, size: int, advice: int) -> int:
+        ctypes.set_errno(errno.ENOMEM)
+        return -1
+
+    return madvise
+
+
+def test_memory_that_is_not_there_is_never_registered(caplog: pytest.LogCaptureFixture) -> None:
+    memory = fresh(4 * PIECE)
+    driver = Recorder()
+    with caplog.at_level(logging.WARNING):
+        pinning = _pinned(memory, driver, madvise=_without_memory())
+    assert driver.registered == [] and pinning.pinned_bytes == 0
+    assert "cpu_bytes_to_use" in caplog.text
+    pinning.close()
+    assert driver.unregistered == []
