@@ -239,7 +239,7 @@ def test_a_store_to_a_slot_not_pinned_yet_leaves_the_engines_thread_free() -> No
     step in flight. It returns while the step runs, and stores what the step wrote."""
     kv = torch.randn(2, NUM_BLOCKS, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
     layout = build_layout({"a": kv}, [["a"]], NUM_BLOCKS)
-    host = HostTier(layout, (16 << 30) // (2 * PAGE * FACTOR), FACTOR)  # 16 GiB: seconds
+    host = HostTier(layout, (32 << 30) // (2 * PAGE * FACTOR), FACTOR)  # 32 GiB: seconds to pin
     store, load = engine_host_handlers(layout, host)
     last = host.num_chunks - 1
     engine = torch.cuda.current_stream()
