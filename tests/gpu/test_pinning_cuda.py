@@ -1,15 +1,17 @@
-"""Pinning the host tier on CUDA while the engine serves: the engine's CUDA calls barely wait for
-it (needs CUDA)."""
+"""The host tier's memory on CUDA: pinned while the engine serves, the engine's CUDA calls barely
+waiting for it; on the GPU's NUMA node (needs CUDA)."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from kvtier.layout import build_layout
 from kvtier.tiers.host.buffers import HostTier
+from kvtier.tiers.host.numa import gpu_node
 
 pytestmark = pytest.mark.gpu
 
@@ -42,3 +44,28 @@ def test_the_engines_cuda_calls_barely_wait_while_its_tier_is_pinned() -> None:
     assert pinned and rate is not None
     assert len(during) >= 10, f"pinned in {len(during)} probes: nothing measured"
     assert max(during) - before < STALL_S, (max(during), before, f"{rate / 1e9:.2f} GB/s")
+
+
+def _policy(address: int) -> str | None:
+    """The policy ``/proc/self/numa_maps`` gives a mapping starting at ``address`` (None: none
+    starts there)."""
+    for line in Path("/proc/self/numa_maps").read_text().splitlines():
+        start, policy, *_ = line.split()
+        if int(start, 16) == address:
+            return policy
+    return None
+
+
+def test_the_tier_prefers_its_gpus_numa_node() -> None:
+    """On a machine of several nodes the tier's pages prefer the GPU's (its range a mapping of
+    its own, ``prefer:N``); on one of one node, nothing is set."""
+    kv = torch.zeros(2, 64, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
+    layout = build_layout({"a": kv}, [["a"]], 64)
+    node = gpu_node(torch.device("cuda"))
+    host = HostTier(layout, 64, 4)
+    try:
+        assert host.node == node
+        if node is not None:
+            assert _policy(host.memory.data_ptr()) == f"prefer:{node}"
+    finally:
+        host.close()

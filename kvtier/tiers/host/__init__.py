@@ -8,7 +8,8 @@ build it themselves from this package:
                      admission.py (which chunks enter) and slots.py (free slots)
     buffers.py       a rank's memory (``HostTier``: one record per slot), committed when built
                      (commit.py) and, on a GPU, pinned as the engine serves (pinning.py), once
-                     the machine's memory is found to hold it (room.py)
+                     the machine's memory is found to hold it (room.py), on the GPU's NUMA node
+                     (numa.py)
     io/              the engine <-> host copies: handlers.py picks them for the engine's device
 """
 

@@ -7,8 +7,9 @@ scheduler half's ``ChunkManager``; this class only owns the memory.
 
 The memory is numpy's allocation, started on a 2 MiB boundary (numpy marks it for transparent
 huge pages). For CPU engine tensors it is committed when built (``commit.py``: every page faulted
-in before the engine serves, so no store pays a page fault). For CUDA engine tensors it is pinned
-after the engine started, a piece at a time (``pinning.py``); copies are correct before that.
+in before the engine serves, so no store pays a page fault). For CUDA engine tensors it prefers
+the GPU's NUMA node (``numa.py``) and is pinned after the engine started, a piece at a time
+(``pinning.py``); copies are correct before that.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from kvtier.pages import Pages
 from kvtier.pages.grid import PageGrid, record_grid
 from kvtier.tiers.base.records import RecordLayout
 from kvtier.tiers.host.commit import commit
+from kvtier.tiers.host.numa import place
 from kvtier.tiers.host.pinning import PIECE_BYTES, Pinning
 
 HUGE_PAGE = 2 << 20  # where the memory starts
@@ -44,7 +46,9 @@ class HostTier:
         self._raw, self.memory = _allocate(num_chunks, self.record_bytes)  # (chunks, bytes)
         self.memory_np: np.ndarray = self.memory.numpy()
         self.pinning: Pinning | None = None
+        self.node: int | None = None  # the NUMA node its pages prefer (``numa.py``)
         if layout.device.type == "cuda" and self.memory.numel():
+            self.node = place(self.memory, layout.device)  # before a page is faulted in
             self.pinning = Pinning(self.memory, layout.device, pin_piece_bytes)
             # unregistered before the memory is freed, however the tier is dropped
             self._release = weakref.finalize(self, _release, self.pinning, self._raw)
