@@ -120,7 +120,9 @@ class Pinning:
             batch = self.piece_bytes * BATCH_PIECES
             for first in range(0, self.total_bytes, batch):
                 end = min(first + batch, self.total_bytes)
-                if not self._fault_in(populator, first, end) or not self._register(first, end):
+                if self._stop.is_set() or not self._fault_in(populator, first, end):
+                    return
+                if not self._register(first, end):
                     return
             self._finished = time.perf_counter()
             logger.info("kvtier: host tier of %.2f GiB pinned in %.1f s",
