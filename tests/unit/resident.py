@@ -1,10 +1,11 @@
 """Memory pages as the kernel holds them, for the host tier's tests: which are in memory
-(Linux's ``mincore``), and fresh memory no test touched before."""
+(Linux's ``mincore``), the NUMA policy of a mapping, and fresh memory no test touched before."""
 
 from __future__ import annotations
 
 import ctypes
 import mmap
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -34,3 +35,12 @@ def fresh(nbytes: int) -> torch.Tensor:
     """``nbytes`` of memory never touched: an anonymous mapping of its own (malloc could hand
     back memory a test before touched)."""
     return torch.from_numpy(np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8))
+
+
+def numa_policy(address: int) -> str:
+    """The policy ``/proc/self/numa_maps`` gives the mapping that starts at ``address``."""
+    for line in Path("/proc/self/numa_maps").read_text().splitlines():
+        start, policy, *_ = line.split()
+        if int(start, 16) == address:
+            return policy
+    raise AssertionError(f"no mapping starts at {address:#x}")
