@@ -8,6 +8,7 @@ import ctypes
 import errno
 import logging
 import sys
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -23,8 +24,11 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Li
 class Recorder:
     """Records each registration with the bytes of its piece in memory at that moment."""
 
-    def __init__(self, refuse: int | None = None) -> None:
+    def __init__(self, refuse: int | None = None, stop_at: int | None = None) -> None:
         self.refuse = refuse  # the piece it refuses (None: none)
+        self.stop_at = stop_at  # the piece during whose registration pinning is stopped
+        self.pinning: Pinning | None = None
+        self.attached = threading.Event()
         self.registered: list[tuple[int, int, int]] = []  # (address, size, resident bytes)
         self.unregistered: list[int] = []
 
@@ -32,10 +36,17 @@ class Recorder:
         if len(self.registered) == self.refuse:
             return 1  # as cudaErrorInvalidValue
         self.registered.append((address, size, resident_bytes(address, size)))
+        if len(self.registered) - 1 == self.stop_at:
+            assert self.attached.wait(60) and self.pinning is not None
+            self.pinning.stop()  # as the tier closing while the driver registers
         return 0
 
     def unregister(self, address: int) -> None:
         self.unregistered.append(address)
+
+    def attach(self, pinning: Pinning) -> None:
+        self.pinning = pinning
+        self.attached.set()
 
 
 def _pinned(memory: torch.Tensor, driver: Recorder, **kwargs: object) -> Pinning:
@@ -91,3 +102,19 @@ def test_memory_that_is_not_there_is_never_registered(caplog: pytest.LogCaptureF
     assert "cpu_bytes_to_use" in caplog.text
     pinning.close()
     assert driver.unregistered == []
+
+
+@pytest.mark.parametrize("stop_at", [2, BATCH_PIECES - 1], ids=["mid-batch", "batch-end"])
+def test_a_stop_registers_no_further_piece_and_faults_no_further_batch(stop_at: int) -> None:
+    memory = fresh(2 * BATCH_PIECES * PIECE)
+    driver = Recorder(stop_at=stop_at)
+    pinning = Pinning(memory, torch.device("cpu"), PIECE, driver)  # type: ignore[arg-type]
+    driver.attach(pinning)
+    assert pinning.wait(60)
+    base = memory.data_ptr()
+    assert [a for a, _, _ in driver.registered] == [base + k * PIECE for k in range(stop_at + 1)]
+    assert pinning.pinned_bytes == (stop_at + 1) * PIECE
+    second = BATCH_PIECES * PIECE
+    assert resident_bytes(base + second, second) == 0  # the next batch was never faulted in
+    pinning.close()
+    assert driver.unregistered == [a for a, _, _ in reversed(driver.registered)]

@@ -6,6 +6,7 @@
     .pinned_bytes             bytes registered so far, from the start of ``memory``
     .wait(timeout) -> bool    whether all of it is registered (blocks up to ``timeout``)
     .rate()                   bytes per second registered (None: not started)
+    .stop()                   no piece registered after the one under way (returns at once)
     .close()                  stop, then unregister what was registered
 
 Allocating the tier pinned (``cudaHostAlloc``) holds the engine's start for as long as the driver
@@ -162,9 +163,12 @@ class Pinning:
             self._pinned = at + size
         return True
 
+    def stop(self) -> None:
+        self._stop.set()
+
     def close(self) -> None:
         """Stop pinning, and unregister every piece (the memory must outlive this call)."""
-        self._stop.set()
+        self.stop()
         self._thread.join()
         if self._driver is None:
             return
