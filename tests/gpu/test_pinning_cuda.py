@@ -4,10 +4,10 @@ waiting for it; on the GPU's NUMA node (needs CUDA)."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 import torch
+from resident import numa_policy
 
 from kvtier.layout import build_layout
 from kvtier.tiers.host.buffers import HostTier
@@ -46,16 +46,6 @@ def test_the_engines_cuda_calls_barely_wait_while_its_tier_is_pinned() -> None:
     assert max(during) - before < STALL_S, (max(during), before, f"{rate / 1e9:.2f} GB/s")
 
 
-def _policy(address: int) -> str | None:
-    """The policy ``/proc/self/numa_maps`` gives a mapping starting at ``address`` (None: none
-    starts there)."""
-    for line in Path("/proc/self/numa_maps").read_text().splitlines():
-        start, policy, *_ = line.split()
-        if int(start, 16) == address:
-            return policy
-    return None
-
-
 def test_the_tier_prefers_its_gpus_numa_node() -> None:
     """On a machine of several nodes the tier's pages prefer the GPU's (its range a mapping of
     its own, ``prefer:N``); on one of one node, nothing is set."""
@@ -66,6 +56,6 @@ def test_the_tier_prefers_its_gpus_numa_node() -> None:
     try:
         assert host.node == node
         if node is not None:
-            assert _policy(host.memory.data_ptr()) == f"prefer:{node}"
+            assert numa_policy(host.memory.data_ptr()) == f"prefer:{node}"
     finally:
         host.close()
