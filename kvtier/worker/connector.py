@@ -1,7 +1,8 @@
 """The worker half, one per rank: runs the scheduler's plan and reports what finished.
 
 Each step, in the engine's order:
-    begin_step(plan)     before the forward: wait for the stores the plan flushes
+    begin_step(plan)     before the forward: wait for the stores the plan flushes (the first
+                         also begins pinning a GPU's host tier)
     start_loads()        submit the plan's loads (the requests wait for them, off this step)
     start_stores()       after the forward: submit the plan's tier writes, then its stores
     finished(ids)     -> (finished_sending, finished_recving, failed_recving) request ids
@@ -95,7 +96,8 @@ class WorkerConnector:
         )
         if self.layout.device.type == "cuda":  # pinned as it serves: is the memory there?
             check_room(self.layout, chunks, self.factor, self.world_size)
-        self.host = HostTier(self.layout, chunks, self.factor)
+        # on a GPU, pinned from the first step on: vLLM captures its CUDA graphs before it
+        self.host = HostTier(self.layout, chunks, self.factor, pin_now=False)
         store, load = engine_host_handlers(self.layout, self.host)
         self._store = store
         self.transfers.register_handler(Medium.ENGINE, Medium.CPU, store)
@@ -127,6 +129,8 @@ class WorkerConnector:
 
     def begin_step(self, plan: StepPlan) -> None:
         """Take this step's plan; finish the earlier stores whose blocks are about to be reused."""
+        if self.host is not None:
+            self.host.start_pinning()  # once, at the first step
         self._loads, self._stores = list(plan.loads), list(plan.stores)
         self._tier_writes = list(plan.tier_writes)
         self._tier_room = plan.tier_room

@@ -118,3 +118,30 @@ def test_a_stop_registers_no_further_piece_and_faults_no_further_batch(stop_at: 
     assert resident_bytes(base + second, second) == 0  # the next batch was never faulted in
     pinning.close()
     assert driver.unregistered == [a for a, _, _ in reversed(driver.registered)]
+
+
+def test_a_pinning_not_started_registers_nothing_until_it_is() -> None:
+    """Built at ``register_kv_caches``, begun at the engine's first step (vLLM captures its CUDA
+    graphs between the two): nothing is faulted in or registered before ``start``, and a
+    second ``start`` begins nothing more."""
+    memory = fresh(2 * PIECE)
+    driver = Recorder()
+    pinning = Pinning(memory, torch.device("cpu"), PIECE, driver, start=False)  # type: ignore[arg-type]
+    assert not pinning.begun and not pinning.wait(0)
+    assert driver.registered == [] and resident_bytes(memory.data_ptr(), 2 * PIECE) == 0
+    pinning.start()
+    pinning.start()
+    assert pinning.begun and pinning.wait(60)
+    assert [a for a, _, _ in driver.registered] == [memory.data_ptr(), memory.data_ptr() + PIECE]
+    pinning.close()
+    assert len(driver.unregistered) == 2
+
+
+def test_a_pinning_closed_before_it_started_never_starts() -> None:
+    memory = fresh(2 * PIECE)
+    driver = Recorder()
+    pinning = Pinning(memory, torch.device("cpu"), PIECE, driver, start=False)  # type: ignore[arg-type]
+    pinning.close()  # returns: no thread to wait for
+    pinning.start()
+    assert not pinning.begun and driver.registered == []
+    assert resident_bytes(memory.data_ptr(), 2 * PIECE) == 0

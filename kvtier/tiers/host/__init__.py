@@ -7,9 +7,9 @@ build it themselves from this package:
     index.py         the scheduler half's index (``ChunkManager``), with policies/ (lru, arc),
                      admission.py (which chunks enter) and slots.py (free slots)
     buffers.py       a rank's memory (``HostTier``: one record per slot), committed when built
-                     (commit.py) and, on a GPU, pinned as the engine serves (pinning.py), once
-                     the machine's memory is found to hold it (room.py), on the GPU's NUMA node
-                     (numa.py)
+                     (commit.py) and, on a GPU, pinned as the engine serves (pinning.py, its
+                     CUDA calls pin_driver.py), once the machine's memory is found to hold it
+                     (room.py), on the GPU's NUMA node (numa.py)
     io/              the engine <-> host copies: handlers.py picks them for the engine's device
 """
 

@@ -9,7 +9,7 @@ The memory is numpy's allocation, started on a 2 MiB boundary (numpy marks it fo
 huge pages). For CPU engine tensors it is committed when built (``commit.py``: every page faulted
 in before the engine serves, so no store pays a page fault). For CUDA engine tensors it prefers
 the GPU's NUMA node (``numa.py``) and is pinned after the engine started, a piece at a time
-(``pinning.py``); copies are correct before that.
+(``pinning.py``), from the engine's first step on; copies are correct before that.
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ class HostTier:
         num_chunks: int,
         block_size_factor: int,
         pin_piece_bytes: int = PIECE_BYTES,
+        pin_now: bool = True,
     ) -> None:
+        """``pin_now``: on a GPU, begin pinning now, else at ``start_pinning`` (the worker's
+        first step: vLLM captures its CUDA graphs between the two, ``pinning.py``)."""
         self.records = RecordLayout.of(layout, block_size_factor)
         self.num_chunks = num_chunks
         self.block_size_factor = block_size_factor
@@ -49,11 +52,16 @@ class HostTier:
         self.node: int | None = None  # the NUMA node its pages prefer (``numa.py``)
         if layout.device.type == "cuda" and self.memory.numel():
             self.node = place(self.memory, layout.device)  # before a page is faulted in
-            self.pinning = Pinning(self.memory, layout.device, pin_piece_bytes)
+            self.pinning = Pinning(self.memory, layout.device, pin_piece_bytes, start=pin_now)
             # unregistered before the memory is freed, however the tier is dropped
             self._release = weakref.finalize(self, _release, self.pinning, self._raw)
         elif self.memory.numel():
             commit([self.memory])
+
+    def start_pinning(self) -> None:
+        """Begin pinning, if not begun (nothing to pin on the CPU)."""
+        if self.pinning is not None:
+            self.pinning.start()
 
     @property
     def nbytes(self) -> int:

@@ -1,6 +1,9 @@
 """Pinning the host tier for CUDA copies while the engine already serves.
 
-    Pinning(memory, device)   registers ``memory`` with CUDA, a piece at a time, on a thread
+    Pinning(memory, device, start=True)
+                              registers ``memory`` with CUDA, a piece at a time, on a thread
+    .start()                  begin, if not begun (``start=False``: the engine's first step)
+    .begun                    whether it has
     .piece_bytes              bytes per registration: a CUDA copy must not cross a multiple of
                               it from the start of ``memory`` (``pages/plan.py`` cuts there)
     .pinned_bytes             bytes registered so far, from the start of ``memory``
@@ -34,38 +37,17 @@ import errno
 import logging
 import threading
 import time
-from typing import Protocol
 
 import torch
 
 from kvtier.tiers.host.commit import Madvise, Populator
+from kvtier.tiers.host.pin_driver import CudaDriver, Driver
 
 logger = logging.getLogger(__name__)
 
 PIECE_BYTES = 32 << 20  # registered per driver call: what the engine's CUDA calls may wait for
 BATCH_PIECES = 8  # pieces faulted in together, on threads, before they are registered
 OS_PAGE = 4096  # pieces share no page of memory: CUDA registers whole pages
-
-
-class Driver(Protocol):
-    def register(self, address: int, size: int) -> int:
-        """Pin ``[address, address + size)`` for the device; 0, or the driver's error code."""
-
-    def unregister(self, address: int) -> None: ...
-
-
-class CudaDriver:
-    """``cudaHostRegister`` and ``cudaHostUnregister``, made on the thread that pins."""
-
-    def __init__(self, device: torch.device) -> None:
-        torch.cuda.set_device(device)
-        self._cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
-
-    def register(self, address: int, size: int) -> int:
-        return int(self._cudart.cudaHostRegister(address, size, 0))
-
-    def unregister(self, address: int) -> None:
-        self._cudart.cudaHostUnregister(address)
 
 
 class Pinning:
@@ -76,9 +58,10 @@ class Pinning:
         piece_bytes: int = PIECE_BYTES,
         driver: Driver | None = None,
         madvise: Madvise | None = None,
+        start: bool = True,
     ) -> None:
         """``driver``: ``CudaDriver(device)`` when None (tests give their own where there is no
-        GPU); ``madvise``: libc's when None."""
+        GPU); ``madvise``: libc's when None; ``start``: begin now (else at ``start()``)."""
         if piece_bytes <= 0 or piece_bytes % OS_PAGE:
             raise ValueError(f"kvtier: pinning piece_bytes must be a positive multiple of "
                              f"{OS_PAGE}, got {piece_bytes}")  # fmt: skip
@@ -96,7 +79,21 @@ class Pinning:
         self._thread = threading.Thread(
             target=self._run, args=(device,), name="kvtier-pin", daemon=True
         )
-        self._thread.start()
+        self._lock = threading.Lock()  # a start and a close, one at a time
+        self._begun = False
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Begin pinning, once: later calls (and one after ``stop``) do nothing."""
+        with self._lock:
+            if not self._begun and not self._stop.is_set():
+                self._begun = True
+                self._thread.start()
+
+    @property
+    def begun(self) -> bool:
+        return self._begun
 
     @property
     def pinned_bytes(self) -> int:
@@ -168,8 +165,11 @@ class Pinning:
 
     def close(self) -> None:
         """Stop pinning, and unregister every piece (the memory must outlive this call)."""
-        self.stop()
-        self._thread.join()
+        with self._lock:
+            self.stop()
+            begun = self._begun
+        if begun:
+            self._thread.join()
         if self._driver is None:
             return
         for address in reversed(self._registered):
