@@ -8,7 +8,8 @@ a step, for each of ``ARCHS``, and prints one JSON object: per architecture and 
 cubin's bytes, or the error. Then, under ``"warmup"``, what ``kernel.available()`` compiled at
 its warm-up, what a mover of small pages added (``kernel.warm``), and what there was after the
 mover's launches' argument types were bound (the same: a job compiles nothing), with Triton's
-driver standing in for an H100's (a stand-in that compiles, never launches).
+driver standing in for an H100's (a stand-in that compiles, never launches: ``"loaded"`` lists
+the pages a step that ``kernel._load`` was asked to load).
 ``tests/unit/test_kernels_on_cpu.py`` runs it in a process of its own.
 """
 
@@ -76,6 +77,8 @@ def _warmed() -> dict[str, Any]:
             return GPUTarget("cuda", ARCHS["H100 H200"], 32)
 
     driver.set_active(Compiling())
+    loaded: list[int] = []  # the stand-in cannot load a kernel: each ``_load`` recorded
+    kernel._load = lambda pages, device: loaded.append(pages)  # type: ignore[assignment]
     torch.cuda.is_available = lambda: True  # type: ignore[assignment]
     torch.cuda.device = lambda index: contextlib.nullcontext()  # type: ignore[assignment,misc]
     copy, grid = kernel._kernel(), kernel._grid_kernel()
@@ -88,6 +91,7 @@ def _warmed() -> dict[str, Any]:
     small = kernel.pages_per_step(4096)  # a mover of 4 KiB pages, at its start
     done["warm small"] = kernel.warm(small, torch.device("cuda", 0))
     done["warmed small"] = variants()
+    done["loaded"] = loaded
     table = torch.zeros(3 * 7, dtype=torch.int64)  # as ``PageMover._kernel`` uploads it
     copy.warmup(table, 7, BLOCK=kernel.BLOCK_WORDS, grid=(7,))
     flat = torch.zeros(64, dtype=torch.int64)  # as ``grid.tables`` lays a job out

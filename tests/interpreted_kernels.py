@@ -5,8 +5,9 @@ programs one after the other in numpy over the raw addresses it is given (CPU me
 ``python interpreted_kernels.py`` runs every case of ``CASES`` in this process (Triton
 importable, ``TRITON_INTERPRET=1`` set before it is imported) and prints one JSON object: per
 case id, its error (None: byte-exact both ways), its kernel launches and what the plan did.
-``tests/unit/test_kernels_on_cpu.py`` runs it in a process of its own: Triton must not be
-importable where vLLM runs on the CPU.
+Under ``"load"``, each of ``kernel._load``'s launches with nothing to move, which load the
+kernels onto a GPU at its start. ``tests/unit/test_kernels_on_cpu.py`` runs it in a process of
+its own: Triton must not be importable where vLLM runs on the CPU.
 """
 
 from __future__ import annotations
@@ -97,7 +98,23 @@ def main() -> None:
         except Exception:
             done = {"error": traceback.format_exc()}
         results[case.id] = done | {"copy": launches["copy"], "grid": launches["grid"]}
+    results["load"] = _loaded()
     json.dump(results, sys.stdout)
+
+
+def _loaded() -> dict[str, Any]:
+    """``kernel._load``'s launches with nothing to move, for one page a step and several: per
+    count, the error (None: launched)."""
+    from kvtier.pages import kernel
+
+    done: dict[str, Any] = {}
+    for pages in (1, 4, kernel.MAX_PAGES):
+        try:
+            kernel._load(pages, torch.device("cpu"))
+            done[str(pages)] = None
+        except Exception:
+            done[str(pages)] = traceback.format_exc()
+    return done
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 (defined in ``triton_kernels.py``, imported only where Triton is).
 
     available() -> bool                    Triton imports, a CUDA device is there, and both
-                                           kernels compile for it (at the engine's start, not
-                                           in its first job)
+                                           kernels compile for it and load on it (at the
+                                           engine's start, not in its first job)
     reaches_host(device) -> bool           ``device`` addresses registered host memory at its
                                            host addresses (else no kernel touches host memory)
     fits(src, dst, size) -> bool           every address and size is a multiple of 8 bytes
@@ -17,9 +17,9 @@
                                            table entries, not uploaded per page; ``pages`` a
                                            step per program
     pages_per_step(page_bytes) -> int      how many pages of that size fill a program's step
-    warm(pages, device) -> bool            the grid kernel compiled for ``pages`` a step, both
-                                           ways, on ``device`` (``available``: one page a step);
-                                           False if it cannot be
+    warm(pages, device) -> bool            the grid kernel compiled and loaded for ``pages`` a
+                                           step, both ways, on ``device`` (``available``: one
+                                           page a step); False if it cannot be
 
 Each program takes descriptors ``pid, pid + programs, ...`` and moves each in vectors of 8-byte
 words. A program's step waits for its loads before it stores: a program has one step's bytes in
@@ -67,7 +67,8 @@ def _grid_kernel() -> Any:
 def available() -> bool:
     """Whether the kernels move pages here (else torch's index ops gather). Each kernel is
     compiled for the current device as its launches type it (int64 tables, 32-bit counts, a
-    64-bit host address): a Triton that cannot compile them is found now, not in a job."""
+    64-bit host address), and loaded there (``_load``): a Triton that cannot compile them, or a
+    GPU that cannot load them, is found now, not in a job."""
     if not torch.cuda.is_available():
         return False
     try:
@@ -77,6 +78,7 @@ def available() -> bool:
     try:
         _kernel().warmup(torch.int64, 1, BLOCK=BLOCK_WORDS, grid=(1,))
         _compile_grid(1)
+        _load(1, torch.device("cuda"))  # the current device
     except Exception:
         logger.warning("kvtier: Triton cannot compile the copy kernels; torch moves the pages",
                        exc_info=True)  # fmt: skip
@@ -103,11 +105,28 @@ def _warm(pages: int, index: int) -> bool:
     try:
         with torch.cuda.device(index):
             _compile_grid(pages)
+            _load(pages, torch.device("cuda", index))
     except Exception:
         logger.warning("kvtier: Triton cannot compile the grid kernel for %d pages a step; it "
                        "moves one", pages, exc_info=True)  # fmt: skip
         return False
     return True
+
+
+def _load(pages: int, device: torch.device) -> None:
+    """The grid kernel of ``pages`` a step both ways (and, for one, the copy kernel) launched
+    on ``device`` with nothing to move, and waited for. Triton loads a kernel onto the
+    GPU at its first launch, not at its compile, and two threads' first launches of one kernel
+    race there (one may launch it before it is loaded): the engine's thread, the pageable lane,
+    the disk and peer threads all launch these. So each is loaded here, before any job."""
+    table = torch.zeros(4, dtype=torch.int64, device=device)
+    if pages == 1:
+        _kernel()[(1,)](table, 0, BLOCK=BLOCK_WORDS)
+    for store in (True, False):
+        _grid_kernel()[(1,)](table, table, 0, 0, 1 << 40, STORE=store, BLOCK=BLOCK_WORDS,
+                             PAGES=pages)  # fmt: skip
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _compile_grid(pages: int) -> None:

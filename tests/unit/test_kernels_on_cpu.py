@@ -28,6 +28,8 @@ import pytest
 from compiled_kernels import ARCHS
 from interpreted_kernels import CASES, Case
 
+from kvtier.pages.kernel import pages_per_step
+
 TESTS = Path(__file__).resolve().parents[1]
 GIVEN = os.environ.get("KVTIER_TRITON_SITE")  # make test names it: there, it must be
 SITE = Path(GIVEN or Path(sys.prefix) / "triton-interpreter")
@@ -88,6 +90,15 @@ def test_the_engine_compiles_the_kernels_at_its_start_and_no_job_compiles_again(
     assert warmup["warm small"] is True
     assert warmup["warmed small"] == {"copy_kernel": 1, "grid_kernel": 4}
     assert warmup["launched"] == warmup["warmed small"]
+    # each loaded onto the GPU as it is compiled, before any job: a page a step, then the small
+    assert warmup["loaded"] == [1, pages_per_step(4096)]
+
+
+def test_the_kernels_are_launched_with_nothing_to_move_at_the_start(interpreted: Results) -> None:
+    """``kernel._load``'s launches, which load each kernel onto the GPU before any job (two
+    threads' first launches of one kernel race in Triton), run: their arguments are the
+    kernels' own."""
+    assert interpreted["load"] == {"1": None, "4": None, "16": None}
 
 
 @pytest.mark.parametrize("gpu", list(ARCHS))
