@@ -163,8 +163,8 @@ def round_trip(
     layout = build_layout(caches, groups, num_blocks)
     factor = 1 if name == "mla" else 4
     host = HostTier(layout, 12, factor, **({"pin_piece_bytes": host_piece} if host_piece else {}))
-    if host.pinning is not None:
-        assert host.pinning.wait(60)
+    if host.pinning is not None:  # all of it: a kernel must not address memory not pinned
+        assert host.pinning.wait(60) and host.pinned
     rng = np.random.default_rng(len(name))
     host.memory_np[:] = rng.integers(0, 256, host.memory_np.shape, dtype=np.uint8)
     sizes = (9, 3) if len(groups) == 2 else (9,)

@@ -168,10 +168,15 @@ def test_a_pull_lands_after_the_engine_work_queued_before_it(
                 served.offer(req_id, REMOTE, time.monotonic() + 30)
                 offer = PeerBlocks((served.address,), req_id, tuple(map(tuple, REMOTE)))
                 if req_id == "req":
+                    # the block ids on the device first: a list index would be copied there
+                    # with a synchronize, after the busy work, not queued behind it
+                    ids = [torch.tensor(local, device="cuda") for local in LOCAL]
                     torch.cuda._sleep(500_000_000)  # type: ignore[no-untyped-call]  # busy
-                    for name, local in zip(("full.0", "swa.0"), LOCAL):
-                        dst[name][:, local] = 0  # the step in flight writes the blocks last
+                    for name, index in zip(("full.0", "swa.0"), ids):
+                        dst[name].index_fill_(1, index, 0)  # the step in flight writes last
                 assert handler.transfer_async(job, offer, engine)
+                if req_id == "req":
+                    assert not torch.cuda.current_stream().query()  # the step still in flight
                 handler.wait([job])
                 (result,) = handler.get_finished()
                 assert result.success
