@@ -28,23 +28,15 @@ def measure(shape: Shape, tokens: int, device: torch.device, reps: int, clock: C
     if shape.model is None:
         raise Unavailable(shape.no_model)
     try:
-        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers import LlamaForCausalLM
     except ImportError as error:
         raise Unavailable(f"transformers does not import: {error}") from error
     dims = shape.model
-    config = LlamaConfig(
-        vocab_size=dims.vocab, hidden_size=dims.hidden, intermediate_size=dims.intermediate,
-        num_hidden_layers=dims.layers, num_attention_heads=dims.heads,
-        num_key_value_heads=dims.kv_heads, max_position_embeddings=max(8192, tokens),
-        tie_word_embeddings=False, use_cache=False,
-    )  # fmt: skip
-    try:
-        config._attn_implementation = "sdpa"
-    except (AttributeError, ValueError):  # a transformers without the setter: its default
-        pass
+    config = llama_config(dims, tokens)
     with _default_dtype(torch.bfloat16), torch.device(device):
         model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
     try:
+        check_dims(model, dims)
         seconds = _timed(model, dims.vocab, tokens, reps, clock)
         details: dict[str, Any] = {
             "model": _described(dims), "parameters": _parameters(model), "tokens": tokens,
@@ -59,6 +51,38 @@ def measure(shape: Shape, tokens: int, device: torch.device, reps: int, clock: C
     if shape.name in PREFILL_NOTES:
         details["note"] = PREFILL_NOTES[shape.name]
     return Measured({}, {}, details)
+
+
+def llama_config(dims: ModelDims, tokens: int) -> Any:
+    """transformers' ``LlamaConfig`` of ``dims`` for a ``tokens`` prompt, sdpa attention."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=dims.vocab, hidden_size=dims.hidden, intermediate_size=dims.intermediate,
+        num_hidden_layers=dims.layers, num_attention_heads=dims.heads,
+        num_key_value_heads=dims.kv_heads, head_dim=dims.head_size,
+        max_position_embeddings=max(8192, tokens), tie_word_embeddings=False, use_cache=False,
+    )  # fmt: skip
+    try:
+        config._attn_implementation = "sdpa"
+    except (AttributeError, ValueError):  # a transformers without the setter: its default
+        pass
+    return config
+
+
+def check_dims(model: Any, dims: ModelDims) -> None:
+    """``Unavailable`` where this transformers built other heads than ``dims`` asks (one
+    without ``head_dim`` in ``LlamaConfig`` makes them ``hidden // heads`` wide)."""
+    built = model.model.layers[0].self_attn.q_proj.out_features
+    if built != dims.heads * dims.head_size:
+        raise Unavailable(f"transformers {_version()} built {built} query features, not "
+                          f"{dims.heads} heads of {dims.head_size}")  # fmt: skip
+
+
+def _version() -> str:
+    import transformers
+
+    return str(getattr(transformers, "__version__", "?"))
 
 
 def _timed(model: Any, vocab: int, tokens: int, reps: int, clock: Clock) -> list[float]:
@@ -87,8 +111,8 @@ def hit_over_prefill(load_s: dict[str, list[float]], prefill_s: list[float]) -> 
 
 def _described(dims: ModelDims) -> dict[str, int]:
     return {"hidden": dims.hidden, "layers": dims.layers, "heads": dims.heads,
-            "kv_heads": dims.kv_heads, "intermediate": dims.intermediate,
-            "vocab": dims.vocab}  # fmt: skip
+            "kv_heads": dims.kv_heads, "head_dim": dims.head_size,
+            "intermediate": dims.intermediate, "vocab": dims.vocab}  # fmt: skip
 
 
 def _parameters(model: torch.nn.Module) -> int:

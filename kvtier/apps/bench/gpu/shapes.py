@@ -34,6 +34,11 @@ class ModelDims:
     kv_heads: int
     intermediate: int
     vocab: int
+    head_dim: int = 0  # 0: hidden // heads (a tensor-parallel rank's heads are fewer)
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden // self.heads
 
 
 @dataclass(frozen=True)
@@ -66,8 +71,9 @@ class Shape:
 
 
 LLAMA_8B = ModelDims(4096, 32, 32, 8, 14336, 128256)
-# one tensor-parallel rank of eight of Llama-3-70B: heads, KV heads, MLP and vocab split 8 ways
-LLAMA_70B_TP8 = ModelDims(8192 // 8, 80, 64 // 8, 1, 28672 // 8, 128256 // 8)
+# one tensor-parallel rank of eight of Llama-3-70B: heads, KV heads, MLP and vocab split 8 ways,
+# the hidden size whole (each rank's projections take all of it): 8.6 B parameters, 1/8 of 70 B
+LLAMA_70B_TP8 = ModelDims(8192, 80, 64 // 8, 1, 28672 // 8, 128256 // 8, head_dim=128)
 BENCH = ModelDims(1024, 8, 16, 8, 2816, 1536)  # ``kvtier.apps.models.SPECS["bench"]``
 TINY = ModelDims(128, 2, 4, 2, 256, 1536)  # ``SPECS["tiny"]``, in bf16
 
