@@ -138,6 +138,57 @@ def test_a_measure_past_its_limit_is_interrupted(tmp_path: Path) -> None:
     assert why.startswith("error: MeasureTimeout: still running after 0 s")
 
 
+def test_measures_past_the_runs_budget_are_cut_short_or_not_started(tmp_path: Path) -> None:
+    """``--budget-s``: a measure gets at most what is left of it, and none starts once it is
+    spent; each one's figures are null with the reason, and the run goes on to write."""
+    import torch
+    from tqdm import tqdm
+
+    from kvtier.apps.bench.gpu.run import Options, _Bench
+
+    options = Options(out=tmp_path, shapes=("tiny",), reps=1, limit_s=60.0, budget_s=0.3)
+    results = Results(tmp_path / "gpu.json", {})
+    results.shape("tiny")
+
+    def hangs() -> Measured:
+        time.sleep(30)
+        return Measured()
+
+    with tqdm(total=2, disable=True) as bar:
+        bench = _Bench(options, torch.device("cpu"), results, bar)
+        started = time.monotonic()
+        assert bench.attempt("tiny", "disk", ("disk_warm_ratio",), hangs) is None
+        assert time.monotonic() - started < 5  # the budget's 0.3 s, not --limit-s's 60
+        assert bench.attempt("tiny", "pull", ("pull_ratio",), hangs) is None
+    why = json.loads((tmp_path / "gpu.json").read_text())["shapes"]["tiny"]["why_null"]
+    assert why["disk_warm_ratio"].startswith("error: MeasureTimeout: still running after 0 s")
+    assert why["pull_ratio"] == "not run: the run's --budget-s was spent"
+
+
+def test_the_disk_bound_reads_the_same_bytes_by_one_thread_or_several(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the engine's disk tier reads files side by side (4 readers on a 16-core GPU host),
+    its bound reads side by side too: the same bytes land either way."""
+    import numpy as np
+    import torch
+
+    from kvtier.apps.bench.gpu import disk_load
+
+    monkeypatch.setattr(disk_load, "RAW_IO", 1000)  # several calls per range
+    rng = np.random.default_rng(0)
+    records = [rng.integers(0, 256, n, dtype=np.uint8) for n in (5000, 12345, 7)]
+    raw = disk_load._RawFile(tmp_path / "raw.bin", records, torch.device("cpu"), 3)
+    try:
+        for read in (raw.read, raw.read_parallel):
+            raw.host.zero_()
+            raw.engine.zero_()
+            read()
+            assert raw.engine.numpy().tobytes() == b"".join(r.tobytes() for r in records)
+    finally:
+        raw.close()
+
+
 def test_the_markdown_names_the_device_the_tests_and_every_figure() -> None:
     document = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-01-01T00:00:00Z",
                 "quick": True, "reps": 3, "tokens": 4096, "runtime_s": 100.0, "torch": "2.x",
@@ -179,3 +230,5 @@ def test_bad_arguments_are_refused_with_the_valid_names(capsys: pytest.CaptureFi
     assert "valid: 8b, 70b-tp8, mla, hybrid, bench, tiny" in capsys.readouterr().out
     assert main(["bench", "gpu", "--measures", "host,gpu"]) == 2
     assert "valid: host, prefill, beside" in capsys.readouterr().out
+    assert main(["bench", "gpu", "--budget-s", "0"]) == 2
+    assert "--budget-s must be positive, got 0.0" in capsys.readouterr().out

@@ -37,6 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit-s", type=float, default=None,
                         help="a measure running longer is interrupted, its figures null, the "
                         "rest go on (default 240 s; --quick: 120 s)")  # fmt: skip
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="the whole run's seconds: a measure gets at most what is left, "
+                        "none starts past it (their figures null); the tables are still "
+                        "written (default: no bound)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("bench/results"),
                         help="gpu.json, gpu.png and gpu.md are written here")  # fmt: skip
 
@@ -59,13 +63,15 @@ def run(args: argparse.Namespace) -> int:
         reps = args.reps or (QUICK_REPS if args.quick else FULL_REPS)
         if reps < 1:
             raise ValueError(f"--reps must be at least 1, got {reps}")
+        if args.budget_s is not None and args.budget_s <= 0:
+            raise ValueError(f"--budget-s must be positive, got {args.budget_s}")
     except ValueError as error:
         print(f"kvtier bench gpu: {error}")
         return 2
     options = gpu_bench.Options(
         out=args.out, shapes=shapes, reps=reps, quick=args.quick, device=args.device,
         tokens=args.tokens, measures=measures, disk_dir=args.dir, redis_url=args.redis_url,
-        limit_s=args.limit_s or (120.0 if args.quick else 240.0),
+        limit_s=args.limit_s or (120.0 if args.quick else 240.0), budget_s=args.budget_s,
     )  # fmt: skip
     gpu_bench.run(options)
     return 0

@@ -7,7 +7,8 @@
 Per shape, in order: ``host`` (host_store_ratio, host_load_ratio), ``prefill``
 (hit_over_prefill), ``beside`` (beside_compute_store, _load; on the host measure's rig), ``disk``,
 ``redis``, ``pull``; then ``pinning`` once. A measure that raises records its error in the JSON
-and the rest go on; one past ``limit_s`` is interrupted (``deadline.py``).
+and the rest go on; one past ``limit_s`` is interrupted (``deadline.py``), and none starts once
+``budget_s`` is spent (each is given at most what is left of it).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class Options:
     disk_dir: Path | None = None  # None: ``out/tmp``
     redis_url: str | None = None  # None: start a redis-server
     limit_s: float = 240.0  # per measure
+    budget_s: float | None = None  # the whole run: measures past it are not started
 
 
 def run(options: Options, console: Console | None = None) -> dict[str, Any]:
@@ -108,16 +110,26 @@ class _Bench:
         self.bar = bar
         self.loop_settings = _loop_settings(device, options.quick)
         self.loop: beside_compute.Loop | None = None
+        budget = options.budget_s
+        self.ends = time.monotonic() + (budget if budget is not None else float("inf"))
 
     def attempt(
         self, shape: str | None, name: str, figures: tuple[str, ...], fn: Callable[[], Measured]
     ) -> Measured | None:
         self.bar.set_description(f"bench gpu: {shape or 'all'} {name}")
+        left = self.ends - time.monotonic()
         try:
             if name not in self.options.measures:
                 return self.results.attempt(shape, name, figures, _skipped)
-            with deadline(self.options.limit_s, lambda: _stuck(self.results, shape, name)):
-                return self.results.attempt(shape, name, figures, fn)
+            if left <= 0:
+                return self.results.attempt(shape, name, figures, _past_budget)
+
+            def bounded() -> Measured:  # the measure alone: its recording is never interrupted
+                limit = min(self.options.limit_s, left)
+                with deadline(limit, lambda: _stuck(self.results, shape, name)):
+                    return fn()
+
+            return self.results.attempt(shape, name, figures, bounded)
         finally:
             _release(self.device)
             self.bar.update()
@@ -177,6 +189,10 @@ class _Bench:
 
 def _skipped() -> Measured:
     raise Unavailable("not run (--measures)")
+
+
+def _past_budget() -> Measured:
+    raise Unavailable("not run: the run's --budget-s was spent")
 
 
 def _release(device: torch.device) -> None:
