@@ -1,5 +1,5 @@
 """CUDA graphs captured on this thread, as vLLM captures them (CUDA's ``global`` mode), while a
-4 GiB host tier is pinned on the pinning thread: ``python capture_beside_pinning.py`` prints one
+16 GiB host tier is pinned on the pinning thread: ``python capture_beside_pinning.py`` prints one
 JSON object, the captures made while it pinned and whether each replayed right, and whether the
 whole tier was pinned (no registration refused). ``test_graphs_cuda.py`` runs it in a process of
 its own, within a time limit: a capture that CUDA cannot end must not hold the other tests."""
@@ -16,7 +16,7 @@ from kvtier.layout import build_layout
 from kvtier.tiers.host.buffers import HostTier
 
 RECORD = 2 * 16 * 8 * 128 * 2 * 4  # K and V pages of 4 blocks of an 8B-class layer
-LIMIT_S = 90.0
+LIMIT_S = 40.0
 
 
 def main() -> None:
@@ -24,7 +24,7 @@ def main() -> None:
     layout = build_layout({"a": kv}, [["a"]], 64)
     x = torch.arange(4096, device="cuda", dtype=torch.float32)
     expected = x * 2 + 1
-    host = HostTier(layout, (4 << 30) // RECORD, 4)  # 4 GiB: seconds of registrations
+    host = HostTier(layout, (16 << 30) // RECORD, 4)  # 16 GiB: seconds of registrations
     assert host.pinning is not None
     captures, wrong, error = 0, 0, None
     deadline = time.monotonic() + LIMIT_S

@@ -42,7 +42,7 @@ def test_graphs_captured_while_the_tier_is_pinned_are_whole_and_so_is_the_tier()
     path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(HERE.parents[1])]))
     done = subprocess.run([sys.executable, str(HERE / "capture_beside_pinning.py")],
                           env=os.environ | {"PYTHONPATH": path}, capture_output=True, text=True,
-                          timeout=180)  # fmt: skip
+                          timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout)
     assert result["error"] is None, result
