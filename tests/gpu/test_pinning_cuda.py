@@ -13,6 +13,7 @@ from resident import PAGE, fresh, numa_policy
 from kvtier.layout import build_layout
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.host.numa import gpu_node, prefer_node
+from kvtier.tiers.host.pin_driver import CudaDriver
 from kvtier.tiers.host.pinning import PIECE_BYTES
 
 pytestmark = pytest.mark.gpu
@@ -56,14 +57,14 @@ def _one_registration_s() -> float:
     """The longest of three registrations, on this thread, of a piece faulted in before, as the
     pinning registers them: the bound of what the engine may wait for, measured here."""
     memory = np.ones(3 * PIECE_BYTES, dtype=np.uint8)  # every page written: faulted in
-    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+    driver = CudaDriver(torch.device("cuda"))
     seconds = []
     for k in range(3):
         address = memory.ctypes.data + k * PIECE_BYTES
         started = time.perf_counter()
-        assert int(cudart.cudaHostRegister(address, PIECE_BYTES, 0)) == 0
+        assert driver.register(address, PIECE_BYTES) == 0
         seconds.append(time.perf_counter() - started)
-        cudart.cudaHostUnregister(address)
+        driver.unregister(address)
     return max(seconds)
 
 

@@ -8,7 +8,6 @@ import ctypes
 import errno
 import logging
 import sys
-import threading
 from collections.abc import Callable
 
 import pytest
@@ -27,8 +26,7 @@ class Recorder:
     def __init__(self, refuse: int | None = None, stop_at: int | None = None) -> None:
         self.refuse = refuse  # the piece it refuses (None: none)
         self.stop_at = stop_at  # the piece during whose registration pinning is stopped
-        self.pinning: Pinning | None = None
-        self.attached = threading.Event()
+        self.pinning: Pinning | None = None  # the one to stop (``stop_at``)
         self.registered: list[tuple[int, int, int]] = []  # (address, size, resident bytes)
         self.unregistered: list[int] = []
 
@@ -37,16 +35,12 @@ class Recorder:
             return 1  # as cudaErrorInvalidValue
         self.registered.append((address, size, resident_bytes(address, size)))
         if len(self.registered) - 1 == self.stop_at:
-            assert self.attached.wait(60) and self.pinning is not None
+            assert self.pinning is not None
             self.pinning.stop()  # as the tier closing while the driver registers
         return 0
 
     def unregister(self, address: int) -> None:
         self.unregistered.append(address)
-
-    def attach(self, pinning: Pinning) -> None:
-        self.pinning = pinning
-        self.attached.set()
 
 
 def _pinned(memory: torch.Tensor, driver: Recorder, **kwargs: object) -> Pinning:
@@ -108,8 +102,9 @@ def test_memory_that_is_not_there_is_never_registered(caplog: pytest.LogCaptureF
 def test_a_stop_registers_no_further_piece_and_faults_no_further_batch(stop_at: int) -> None:
     memory = fresh(2 * BATCH_PIECES * PIECE)
     driver = Recorder(stop_at=stop_at)
-    pinning = Pinning(memory, torch.device("cpu"), PIECE, driver)  # type: ignore[arg-type]
-    driver.attach(pinning)
+    pinning = Pinning(memory, torch.device("cpu"), PIECE, driver, start=False)  # type: ignore[arg-type]
+    driver.pinning = pinning
+    pinning.start()
     assert pinning.wait(60)
     base = memory.data_ptr()
     assert [a for a, _, _ in driver.registered] == [base + k * PIECE for k in range(stop_at + 1)]

@@ -86,6 +86,8 @@ class Pinning:
 
     def start(self) -> None:
         """Begin pinning, once: later calls (and one after ``stop``) do nothing."""
+        if self._begun:  # the worker asks every step: no lock once begun
+            return
         with self._lock:
             if not self._begun and not self._stop.is_set():
                 self._begun = True
