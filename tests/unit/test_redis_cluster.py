@@ -1,5 +1,6 @@
 """A Redis Cluster of 3 masters: key slots as Redis computes them, chunks spread over the nodes
-and read back, and a slot that moves under a store's feet (``ASK``, then ``MOVED``)."""
+and read back, and a slot that moves under a store's feet (``ASK``, then ``MOVED``), also while
+a large value is read in pieces."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from kvtier.layout import build_layout
 from kvtier.tiers.redis.cluster import key_slot
 from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.keys import redis_key
+from kvtier.tiers.redis.pieces import Reader, read_commands
 from kvtier.tiers.redis.store import RedisStore
 from kvtier.tiers.redis.tier import RedisTier
 
@@ -100,12 +102,41 @@ def test_a_slot_that_moves_is_followed(redis_cluster: RedisClusterServers) -> No
     assert store.slots.node(slot) is not None and store.slots.node(slot).port == target.port
 
 
+def test_a_value_read_in_pieces_follows_a_moving_slot(redis_cluster: RedisClusterServers) -> None:
+    store = _store(redis_cluster)
+    name = redis_key(store.config.prefix, _key(7), 0)
+    value = np.random.default_rng(7).integers(0, 256, 5 << 20, dtype=np.uint8).tobytes()
+    pieces = len(read_commands(name, len(value))) - 1  # after EXISTS
+    assert pieces > 1
+    assert store.set_many([(name, value)]) == [True]  # the map is cached
+    source = _server_of(redis_cluster, name)
+    target = next(s for s in redis_cluster.servers if s is not source)
+    slot = key_slot(name)
+    _start_moving(slot, source, target, name)  # every piece answered ASK: read whole there
+    assert _get(store, name, len(value)) == value
+    _finish_moving(redis_cluster, slot, source, target)  # MOVED: the pieces asked of target
+    asked = _getrange_calls(target)
+    assert _get(store, name, len(value)) == value
+    assert _getrange_calls(target) == asked + pieces
+    assert store.slots.node(slot) is not None and store.slots.node(slot).port == target.port
+
+
+def _getrange_calls(server: RedisServer) -> int:
+    stats = server.client().info("commandstats").get("cmdstat_getrange", {"calls": 0})
+    return int(stats["calls"])
+
+
 def _count(server: RedisServer, prefix: str) -> int:
     return sum(1 for _ in server.client().scan_iter(match=f"{prefix}:*"))
 
 
-def _get(store: RedisStore, name: bytes) -> bytes | None:
-    return store.read_get(store.send_get(name), lambda bulk: bulk.read_bytes(bulk.length))
+def _get(store: RedisStore, name: bytes, size: int | None = None) -> bytes | None:
+    def whole(value: Reader) -> bytes:
+        data = value.read_bytes(value.length if value.length is not None else size or 0)
+        assert value.ended()
+        return data
+
+    return store.read_get(store.send_get(name, size=size), whole)
 
 
 def _server_of(cluster: RedisClusterServers, name: bytes) -> RedisServer:

@@ -1,7 +1,7 @@
 """One rank's Redis records against a real Redis, read the way the load handler reads them
 (``prefetch(k[n + 4])`` before ``read(k[n])``): round trips, every kind of bad record (a miss,
 deleted, the pipeline still in step), evicted records (misses), a full Redis, and a Redis that
-dies and comes back."""
+dies and comes back; records of a GET and records read in pieces (``pieces.py``) alike."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ NUM_BLOCKS, FACTOR = 8, 2
 FP, OTHER_FP = bytes(range(16)), bytes(range(16, 32))
 KEY_FP = bytes(range(100, 116))
 AHEAD = 4  # the load handler's read-ahead
+PIECED = 3 << 16  # page words of 3 MiB records, read in pieces (``pieces.py``)
 
 
 def _layout(page_words: int = 256) -> KVLayout:
@@ -81,8 +82,11 @@ def test_records_round_trip_through_the_pipeline(store_server: RedisServer) -> N
     assert _load(tier, list(range(10))) == {n: "ok" for n in range(10)}
 
 
-def test_reads_out_of_prefetch_order_and_unprefetched_reads(store_server: RedisServer) -> None:
-    tier = _tier(store_server.url, connections=2)
+@pytest.mark.parametrize("page_words", [256, PIECED])
+def test_reads_out_of_prefetch_order_and_unprefetched_reads(
+    store_server: RedisServer, page_words: int
+) -> None:
+    tier = _tier(store_server.url, connections=2, timeout_s=5.0, page_words=page_words)
     _write(tier, range(8))
     for n in range(6):
         tier.prefetch(_key(n))
@@ -97,10 +101,11 @@ def test_a_large_record_is_received_intact(store_server: RedisServer) -> None:
     assert _load(tier, [1, 2]) == {1: "ok", 2: "ok"}
 
 
+@pytest.mark.parametrize("page_words", [256, PIECED])
 def test_an_absent_record_is_a_miss_and_nothing_is_deleted(
-    store_server: RedisServer, caplog: pytest.LogCaptureFixture
+    store_server: RedisServer, caplog: pytest.LogCaptureFixture, page_words: int
 ) -> None:
-    tier = _tier(store_server.url)
+    tier = _tier(store_server.url, timeout_s=5.0, page_words=page_words)
     _write(tier, [1])
     with caplog.at_level(logging.WARNING):
         assert _load(tier, [0, 1]) == {0: "RecordAbsent", 1: "ok"}
@@ -109,14 +114,16 @@ def test_an_absent_record_is_a_miss_and_nothing_is_deleted(
         _read(tier, 99)
 
 
+@pytest.mark.parametrize("page_words", [256, PIECED])
 @pytest.mark.parametrize(
     "damage",
-    ["garbage", "empty", "truncated", "flipped", "other chunk", "other rank", "other model"],
-)
+    ["garbage", "empty", "truncated", "longer", "flipped", "other chunk", "other rank",
+     "other model"],
+)  # fmt: skip
 def test_a_bad_record_is_a_miss_is_deleted_and_the_pipeline_stays_in_step(
-    store_server: RedisServer, damage: str
+    store_server: RedisServer, damage: str, page_words: int
 ) -> None:
-    tier = _tier(store_server.url)
+    tier = _tier(store_server.url, timeout_s=5.0, page_words=page_words)
     client = store_server.client()
     _write(tier, [0, 1, 2, 3])
     name = tier.name(_key(1))
@@ -127,6 +134,8 @@ def test_a_bad_record_is_a_miss_is_deleted_and_the_pipeline_stays_in_step(
         record = bytearray()
     elif damage == "truncated":
         record = record[: len(record) // 2]
+    elif damage == "longer":
+        record += b"more"
     elif damage == "flipped":
         record[-7] ^= 0x40
     elif damage == "other chunk":

@@ -30,6 +30,9 @@ class Bulk:
         self.read_into(memoryview(out))
         return bytes(out)
 
+    def ended(self) -> bool:
+        return not self.left
+
     def finish(self) -> None:
         self.conn.skip(self.left)
         self.consumed = self.length
@@ -37,8 +40,12 @@ class Bulk:
 
 
 class Ticket:
-    """A GET sent on ``conn``, its reply not read yet."""
+    """A read of the value under ``name`` sent on ``conn``: its ``replies`` not read yet (a
+    GET's one, or a large value's pieces, ``pieces.py``, for an expected ``size``)."""
 
-    def __init__(self, name: bytes, conn: Connection, lane: int) -> None:
+    def __init__(
+        self, name: bytes, conn: Connection, lane: int, size: int | None = None, replies: int = 1
+    ) -> None:
         self.name, self.conn, self.lane = name, conn, lane
-        self.dropped = False  # its reply was skipped: send it again to read it
+        self.size, self.replies = size, replies
+        self.dropped = False  # its replies were skipped: send it again to read it

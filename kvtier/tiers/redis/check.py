@@ -1,4 +1,5 @@
-"""The start-up check of one Redis URL: connect, log in, PING, and the right mode.
+"""The start-up check of one Redis URL: connect, log in, PING, and the right mode; and
+whether a node answers again (``answers``: after a restart).
 
 A failure is a ``ValueError`` that starts ``kvtier: 'redis.url'`` (or ``'redis.seeds'``) and
 says the cause in a user's words: nothing listening, no answer in time, credentials refused
@@ -19,6 +20,20 @@ from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.conn import Connection
 from kvtier.tiers.redis.errors import AuthError, ProtocolError, RespError, TlsHandshakeError
 from kvtier.tiers.redis.url import RedisAddress
+
+
+def answers(address: RedisAddress, timeout_s: float, tls: ssl.SSLContext | None) -> bool:
+    """Whether ``address`` answers a PING on a new connection within ``timeout_s``."""
+    try:
+        probe = Connection(address, timeout_s, tls)
+    except (OSError, AuthError):
+        return False
+    try:
+        return bool(probe.call(b"PING"))
+    except (OSError, AuthError, RespError):
+        return False
+    finally:
+        probe.close()
 
 
 def check_node(

@@ -6,8 +6,9 @@
     set_many(items) -> [bool]         pipelined SETs (``PX`` with ``ttl_s``); a refused one
                                       (``-OOM``) is False
     delete(names)
-    send_get(name, lane) -> Ticket    a GET sent now; its reply read later, in order, by
-    read_get(ticket, into) -> T|None  ``into(Bulk)`` straight from the socket; None: absent
+    send_get(name, lane, size)        a GET sent now (of a value over 4 MiB, its pieces:
+    read_get(ticket, into) -> T|None  ``pieces.py``); its reply read later, in order, by
+                                      ``into(Bulk | Pieces)`` from the socket; None: absent
 
 Each thread has its own connections (one per node and lane: the scheduler's lookup thread, a
 worker's load and write threads never share one). Commands run on a connection of their own
@@ -31,13 +32,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from kvtier.tiers.redis.breaker import Breaker, RedisUnavailable
-from kvtier.tiers.redis.bulk import Bulk, Ticket
-from kvtier.tiers.redis.check import check_node
+from kvtier.tiers.redis.bulk import Ticket
+from kvtier.tiers.redis.check import answers, check_node
 from kvtier.tiers.redis.cluster import SlotMap, key_slot
 from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.conn import Connection, Value
 from kvtier.tiers.redis.connections import ThreadConnections
 from kvtier.tiers.redis.errors import AskError, AuthError, MovedError, RespError
+from kvtier.tiers.redis.pieces import Reader, open_value, read_commands, skip_replies
 from kvtier.tiers.redis.url import RedisAddress, parse_url
 
 COMMANDS = -1  # the lane of commands whose replies are read at once
@@ -131,16 +133,21 @@ class RedisStore:
 
     # ---- pipelined GETs --------------------------------------------------------------------
 
-    def send_get(self, name: bytes, lane: int = 0) -> Ticket:
-        """Send ``GET name`` on this thread's connection ``lane`` to its node."""
-        return self._guarded(lambda: self._send_get(name, lane, self._address(name), False))
+    def send_get(self, name: bytes, lane: int = 0, size: int | None = None) -> Ticket:
+        """Send the read of ``name``, a value of about ``size`` bytes (a large one in pieces,
+        ``pieces.py``), on this thread's connection ``lane`` to its node."""
+        return self.send_gets([name], lane, [size])[0]
 
-    def send_gets(self, names: Sequence[bytes], lane: int = 0) -> list[Ticket]:
-        """Send ``GET`` of every name on this thread's connection ``lane`` to its node: one
-        system call per node, not one per GET. Tickets in the order of ``names``."""
-        return self._guarded(lambda: self._send_gets(names, lane))
+    def send_gets(
+        self, names: Sequence[bytes], lane: int = 0, sizes: Sequence[int | None] | None = None
+    ) -> list[Ticket]:
+        """Send the read of every name (``send_get``) on this thread's connection ``lane`` to
+        its node: one system call per node, not one per read. Tickets in ``names``' order."""
+        return self._guarded(lambda: self._send_gets(names, lane, sizes or [None] * len(names)))
 
-    def _send_gets(self, names: Sequence[bytes], lane: int) -> list[Ticket]:
+    def _send_gets(
+        self, names: Sequence[bytes], lane: int, sizes: Sequence[int | None]
+    ) -> list[Ticket]:
         groups: dict[tuple[str, int], tuple[Connection, list[int]]] = {}
         for i, name in enumerate(names):
             address = self._address(name)
@@ -149,59 +156,65 @@ class RedisStore:
             groups[address.node][1].append(i)
         tickets: list[Ticket | None] = [None] * len(names)
         for conn, positions in groups.values():
-            conn.send([[b"GET", names[i]] for i in positions])
-            for i in positions:
-                ticket = tickets[i] = Ticket(names[i], conn, lane)
+            reads = [read_commands(names[i], sizes[i]) for i in positions]
+            conn.send([command for commands in reads for command in commands])
+            for i, commands in zip(positions, reads):
+                ticket = tickets[i] = Ticket(names[i], conn, lane, sizes[i], len(commands))
                 conn.waiting.append(ticket)
         return [ticket for ticket in tickets if ticket is not None]
 
-    def _send_get(self, name: bytes, lane: int, address: RedisAddress, asking: bool) -> Ticket:
+    def _send_redirected(
+        self, name: bytes, lane: int, address: RedisAddress, asking: bool, size: int | None
+    ) -> Ticket:
         conn = self.connection(address, lane)
+        commands = read_commands(name, None if asking else size)  # ASKING covers one command
         if asking:
-            conn.send([[b"ASKING"], [b"GET", name]])
+            conn.send([[b"ASKING"], *commands])
             conn.waiting.append(Ticket(name, conn, lane))  # ASKING's reply: dropped unread
         else:
-            conn.send([[b"GET", name]])
-        ticket = Ticket(name, conn, lane)
+            conn.send(commands)
+        ticket = Ticket(name, conn, lane, size, len(commands))
         conn.waiting.append(ticket)
         return ticket
 
-    def read_get(self, ticket: Ticket, into: Callable[[Bulk], T]) -> T | None:
-        """``into`` the value of ``ticket``'s GET (None: the key is absent). ``into`` may raise
+    def read_get(self, ticket: Ticket, into: Callable[[Reader], T]) -> T | None:
+        """``into`` the value of ``ticket``'s read (None: the key is absent). ``into`` may raise
         (a ChunkError): the rest of the value is dropped, the connection stays in step."""
         return self._guarded(lambda: self._read_get(ticket, into, redirects=1))
 
-    def _read_get(self, ticket: Ticket, into: Callable[[Bulk], T], redirects: int) -> T | None:
+    def _read_get(self, ticket: Ticket, into: Callable[[Reader], T], redirects: int) -> T | None:
         self.connections.touch()  # after a failure anywhere, old connections are closed first
         if ticket.dropped or ticket.conn.closed or ticket not in ticket.conn.waiting:
-            ticket = self._send_get(ticket.name, ticket.lane, self._address(ticket.name), False)
+            ticket = self._send_gets([ticket.name], ticket.lane, [ticket.size])[0]
         conn = ticket.conn
         while conn.waiting[0] is not ticket:  # replies sent earlier that nobody read
-            conn.waiting.popleft().dropped = True
-            conn.skip_reply()
+            dropped = conn.waiting.popleft()
+            dropped.dropped = True
+            skip_replies(conn, dropped.replies)
         conn.waiting.popleft()
         try:
-            length = conn.read_bulk_head()
+            value = open_value(conn, ticket.replies)
         except MovedError as moved:
             if not redirects:
                 raise ConnectionError(f"Redis Cluster keeps redirecting: {moved}") from None
             if not isinstance(moved, AskError):
                 self.refresh_slots()
             node, asking = _redirect(moved, self._address(ticket.name))
-            retry = self._send_get(ticket.name, ticket.lane, node, asking)
+            retry = self._send_redirected(ticket.name, ticket.lane, node, asking, ticket.size)
             return self._read_get(retry, into, redirects - 1)
         except AuthError:
             raise
         except RespError:
             return None  # refused (e.g. a busy script): a miss like an absent key
-        if length is None:
+        if value is None:
             return None
-        bulk = Bulk(conn, length)
         try:
-            return into(bulk)
+            return into(value)
+        except RespError:
+            return None  # a later piece refused (its slot moved meanwhile): a miss
         finally:
             if not conn.closed:
-                bulk.finish()
+                value.finish()
 
     # ---- the breaker -----------------------------------------------------------------------
 
@@ -242,16 +255,7 @@ class RedisStore:
         if self.breaker.failures or not (isinstance(error, closed) or closed_text):
             return False
         address = self.addresses[0]
-        try:
-            probe = Connection(address, self.config.timeout_s, self.connections.tls_for(address))
-        except (OSError, AuthError):
-            return False
-        try:
-            return bool(probe.call(b"PING"))
-        except (OSError, AuthError, RespError):
-            return False
-        finally:
-            probe.close()
+        return answers(address, self.config.timeout_s, self.connections.tls_for(address))
 
     # ---- connections and routing -----------------------------------------------------------
 

@@ -28,8 +28,8 @@ from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
 from kvtier.tiers.base.chunk_format import Buffer, ChunkError, ChunkHeader, payload_checksum
 from kvtier.tiers.base.chunk_tier import view_bytes
-from kvtier.tiers.redis.bulk import Bulk
 from kvtier.tiers.redis.keys import redis_key
+from kvtier.tiers.redis.pieces import Reader
 from kvtier.tiers.redis.record import (
     PREFIX,
     check_header,
@@ -80,6 +80,7 @@ class RedisTier:
         self._unsent: list[ChunkKey] = []  # prefetched, to send with the next batch
         self._lanes = store.config.connections
         self._next_lane = 0
+        self._sizes = [self.file_bytes(g) for g in range(len(layout.groups))]  # per group
         largest = max(sum(self.view_bytes(g)) for g in range(len(layout.groups)))  # payload
         fewest, most = READ_AHEAD_RECORDS
         self.read_ahead = max(fewest, min(most, READ_AHEAD_BYTES // largest))
@@ -110,8 +111,8 @@ class RedisTier:
     def _send_unsent(self) -> None:
         keys, self._unsent = self._unsent, []
         try:
-            tickets = self.store.send_gets([self.name(key) for key in keys],
-                                           self._next_lane % self._lanes)  # fmt: skip
+            names, sizes = [self.name(k) for k in keys], [self._sizes[key_group(k)] for k in keys]
+            tickets = self.store.send_gets(names, self._next_lane % self._lanes, sizes)
         except OSError:
             self._sent.clear()  # the store dropped this thread's connections
             return
@@ -131,7 +132,9 @@ class RedisTier:
         if key in self._unsent:
             self._send_unsent()
         try:
-            ticket = self._sent.pop(key, None) or self.store.send_get(name)
+            ticket = self._sent.pop(key, None) or self.store.send_get(
+                name, size=self._sizes[key_group(key)]
+            )
             found = self.store.read_get(ticket, lambda bulk: self._receive(bulk, key, out))
         except RecordAbsent:
             raise
@@ -148,27 +151,31 @@ class RedisTier:
         if found is None:
             raise RecordAbsent(f"absent: no record {name.decode()} (evicted or never written)")
 
-    def _receive(self, bulk: Bulk, key: ChunkKey, out: Sequence[np.ndarray]) -> bool:
+    def _receive(self, value: Reader, key: ChunkKey, out: Sequence[np.ndarray]) -> bool:
         """Check the head of a record, then receive its payload straight into ``out``."""
-        header = self._head(bulk, key, self.view_bytes(key_group(key)))
+        header = self._head(value, key, self.view_bytes(key_group(key)))
         if sum(buffer.nbytes for buffer in out) != header.payload_bytes:
             raise ValueError(f"kvtier: {sum(b.nbytes for b in out)} bytes to receive a record "
                              f"of {header.payload_bytes} into")  # fmt: skip
         for buffer in out:
-            bulk.read_into(buffer.data.cast("B"))
+            value.read_into(buffer.data.cast("B"))
+        if not value.ended():  # a record read in pieces: its length known only now
+            raise ChunkError(f"longer than the {header.payload_bytes} bytes of payload it says")
         check_payload(header, out)
         return True
 
-    def _head(self, bulk: Bulk, key: ChunkKey, views: Sequence[int]) -> ChunkHeader:
-        """The record's header, checked against ``key``, this rank, its layout and ``views``."""
-        if bulk.length < PREFIX.size:
-            raise ChunkError(f"truncated: {bulk.length} bytes")
-        prefix = bulk.read_bytes(PREFIX.size)
+    def _head(self, value: Reader, key: ChunkKey, views: Sequence[int]) -> ChunkHeader:
+        """The record's header, checked against ``key``, this rank, its layout and ``views``
+        (and the record's length, when known before its payload is read)."""
+        if value.length is not None and value.length < PREFIX.size:
+            raise ChunkError(f"truncated: {value.length} bytes")
+        prefix = value.read_bytes(PREFIX.size)
         head = head_length(prefix)
-        if head > bulk.length:
-            raise ChunkError(f"truncated: {bulk.length} bytes, a header to byte {head}")
-        header = decode_header(prefix + bulk.read_bytes(head - PREFIX.size))
-        check_header(header, key, self.rank, self.fingerprint, views, bulk.length, head)
+        if value.length is not None and head > value.length:
+            raise ChunkError(f"truncated: {value.length} bytes, a header to byte {head}")
+        header = decode_header(prefix + value.read_bytes(head - PREFIX.size))
+        length = head + header.payload_bytes if value.length is None else value.length
+        check_header(header, key, self.rank, self.fingerprint, views, length, head)
         return header
 
     # ---- writes ----------------------------------------------------------------------------
