@@ -221,8 +221,9 @@ def test_a_load_thread_and_a_write_thread_share_the_store(store_server: RedisSer
     assert _load(tier, [100, 299]) == {100: "ok", 299: "ok"}
 
 
-def test_records_over_tls(redis_tls: RedisServer) -> None:
-    tier = _tier(redis_tls.url, page_words=1 << 16, tls_ca=redis_tls.ca_file)  # 1 MiB records
+@pytest.mark.parametrize("page_words", [1 << 16, PIECED])  # 1 MiB records, 3 MiB in pieces
+def test_records_over_tls(redis_tls: RedisServer, page_words: int) -> None:
+    tier = _tier(redis_tls.url, timeout_s=5.0, page_words=page_words, tls_ca=redis_tls.ca_file)
     _write(tier, range(3))
     assert _load(tier, [0, 1, 2]) == {0: "ok", 1: "ok", 2: "ok"}
 
