@@ -3,6 +3,7 @@
     key_slot(name) -> int          CRC16 (XMODEM) of the key, or of its ``{hash tag}``, mod 16384
     SlotMap().update(reply, seed)  the map from a ``CLUSTER SLOTS`` reply (asked of any seed)
     SlotMap.node(slot)             the master serving ``slot`` (None: unknown, ask again)
+    redirect(moved, address)       where a command answered ``MOVED``/``ASK`` goes again
 
 A Redis key of kvtier carries the chunk key as its hash tag (``redis/keys.py``), so every
 rank's share of a chunk is on one node. The map is replaced whole, never edited in place, so a
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvtier.tiers.redis.errors import AskError, MovedError
 from kvtier.tiers.redis.url import RedisAddress
 
 SLOTS = 16384
@@ -76,3 +78,10 @@ class SlotMap:
             for slot in range(int(first), int(last) + 1):
                 nodes[slot] = address
         self._nodes = nodes
+
+
+def redirect(reply: MovedError, address: RedisAddress) -> tuple[RedisAddress, bool]:
+    """Where to send a redirected command again: (node, after ASKING?)."""
+    if isinstance(reply, AskError):
+        return address.at(reply.host, reply.port), True
+    return address, False

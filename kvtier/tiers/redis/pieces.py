@@ -6,6 +6,9 @@ stream of bytes (``open_value``, ``Pieces``).
                                  the value's end
     open_value(conn, replies)    the value whose replies come next: a ``Bulk`` (a GET's), the
       -> Bulk | Pieces | None    ``Pieces`` (``read_into``, ``ended``, ``finish``), or None: absent
+    open_ticket(ticket)          the same for a ``Ticket``, the unread replies before it dropped
+    refuses_pieces(error)        whether an error reply refuses GETRANGE itself (an ACL): the
+                                 store then reads every value whole (``RedisStore.pieces``)
 
 Why: Redis and Valkey build each reply in memory of their allocator, jemalloc 5.3, which puts
 allocations of 8 MiB or more (``oversize_threshold``) in an arena of their own, purged eagerly:
@@ -25,7 +28,7 @@ the read) raises a ``RespError``; ``RedisStore.read_get`` makes it a miss.
 from __future__ import annotations
 
 from kvtier.tiers.base.chunk_format import ChunkError
-from kvtier.tiers.redis.bulk import Bulk
+from kvtier.tiers.redis.bulk import Bulk, Ticket
 from kvtier.tiers.redis.conn import Connection
 from kvtier.tiers.redis.errors import RespError
 
@@ -105,6 +108,23 @@ class Pieces:
 
 
 Reader = Bulk | Pieces  # a value's bytes as they are read
+
+
+def open_ticket(ticket: Ticket) -> Reader | None:
+    """``open_value`` of ``ticket``'s read, the replies before it that nobody read dropped."""
+    conn = ticket.conn
+    while conn.waiting[0] is not ticket:
+        dropped = conn.waiting.popleft()
+        dropped.dropped = True
+        skip_replies(conn, dropped.replies)
+    conn.waiting.popleft()
+    return open_value(conn, ticket.replies)
+
+
+def refuses_pieces(error: RespError) -> bool:
+    """Whether ``error`` refuses the commands of a read in pieces themselves (an ACL without
+    GETRANGE, a proxy or a server that renamed it), not this one value."""
+    return str(error).startswith(("NOPERM", "ERR unknown command"))
 
 
 def open_value(conn: Connection, replies: int) -> Reader | None:

@@ -6,44 +6,47 @@
     set_many(items) -> [bool]         pipelined SETs (``PX`` with ``ttl_s``); a refused one
                                       (``-OOM``) is False
     delete(names)
-    send_get(name, lane, size)        a GET sent now (of a value over 4 MiB, its pieces:
+    send_get(name, lane, size)        a GET sent now (of a value over 2 MiB, its pieces:
     read_get(ticket, into) -> T|None  ``pieces.py``); its reply read later, in order, by
                                       ``into(Bulk | Pieces)`` from the socket; None: absent
 
-Each thread has its own connections (one per node and lane: the scheduler's lookup thread, a
-worker's load and write threads never share one). Commands run on a connection of their own
-(lane -1); GETs on lanes 0.. , where replies wait in order: reading a ticket drops the replies
-sent before it that nobody read. A Redis Cluster is routed by key slot; a ``MOVED`` reply
-refreshes the slot map and the command is retried once (``ASK``: once at the node named, after
-``ASKING``).
+Each thread has its own connections (``connections.py``; one per node and lane: the
+scheduler's lookup thread, a worker's load and write threads never share one). Commands run on
+a connection of their own (lane -1); GETs on lanes 0.. , where replies wait in order: reading a
+ticket drops the replies sent before it that nobody read. A Redis Cluster is routed by key slot;
+a ``MOVED`` reply refreshes the slot map and the command is retried once (``ASK``: once at the
+node named, after ``ASKING``). A Redis that refuses reads in pieces (an ACL without GETRANGE)
+has every value read whole from then on, with a warning.
 
 **Circuit breaker**: a connection error or timeout closes the thread's connections, raises
 ``RedisUnavailable`` and opens the breaker: for 0.5 s (doubling on each failure in a row, up to
 30 s; a success resets it) every call raises ``RedisUnavailable`` at once without touching the
 network. After the window one call tries (reconnecting); the others keep failing fast until it
 succeeded. Every socket call is bounded by ``timeout_s``, connect included.
-
-Each thread's connections are ``connections.py``'s.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from kvtier.tiers.redis.breaker import Breaker, RedisUnavailable
 from kvtier.tiers.redis.bulk import Ticket
 from kvtier.tiers.redis.check import answers, check_node
-from kvtier.tiers.redis.cluster import SlotMap, key_slot
+from kvtier.tiers.redis.cluster import SlotMap, key_slot, redirect
 from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.conn import Connection, Value
 from kvtier.tiers.redis.connections import ThreadConnections
 from kvtier.tiers.redis.errors import AskError, AuthError, MovedError, RespError
-from kvtier.tiers.redis.pieces import Reader, open_value, read_commands, skip_replies
+from kvtier.tiers.redis.pieces import Reader, open_ticket, read_commands, refuses_pieces
 from kvtier.tiers.redis.url import RedisAddress, parse_url
+
+logger = logging.getLogger(__name__)
 
 COMMANDS = -1  # the lane of commands whose replies are read at once
 T = TypeVar("T")
+Sizes = Sequence[int | None]  # values' expected bytes (None: unknown)
 
 __all__ = ["RedisStore", "RedisUnavailable", "Ticket"]
 
@@ -58,6 +61,7 @@ class RedisStore:
         self.breaker = Breaker(config.timeout_s * 2)
         self.slots = SlotMap()
         self.connections = ThreadConnections(config)
+        self.pieces = True  # large values read in pieces (``pieces.py``), unless Redis refused
 
     @property
     def available(self) -> bool:
@@ -100,7 +104,7 @@ class RedisStore:
         if again:
             if any(not isinstance(replies[i], AskError) for i in again):
                 self.refresh_slots()
-            retry = [_redirect(replies[i], self._address(names[i])) for i in again]
+            retry = [redirect(replies[i], self._address(names[i])) for i in again]
             for i, reply in zip(again, self._pipelines(retry, [commands[i] for i in again])):
                 if isinstance(reply, MovedError):
                     raise ConnectionError(f"Redis Cluster keeps redirecting: {reply}")
@@ -139,15 +143,13 @@ class RedisStore:
         return self.send_gets([name], lane, [size])[0]
 
     def send_gets(
-        self, names: Sequence[bytes], lane: int = 0, sizes: Sequence[int | None] | None = None
+        self, names: Sequence[bytes], lane: int = 0, sizes: Sizes | None = None
     ) -> list[Ticket]:
         """Send the read of every name (``send_get``) on this thread's connection ``lane`` to
         its node: one system call per node, not one per read. Tickets in ``names``' order."""
         return self._guarded(lambda: self._send_gets(names, lane, sizes or [None] * len(names)))
 
-    def _send_gets(
-        self, names: Sequence[bytes], lane: int, sizes: Sequence[int | None]
-    ) -> list[Ticket]:
+    def _send_gets(self, names: Sequence[bytes], lane: int, sizes: Sizes) -> list[Ticket]:
         groups: dict[tuple[str, int], tuple[Connection, list[int]]] = {}
         for i, name in enumerate(names):
             address = self._address(name)
@@ -156,7 +158,7 @@ class RedisStore:
             groups[address.node][1].append(i)
         tickets: list[Ticket | None] = [None] * len(names)
         for conn, positions in groups.values():
-            reads = [read_commands(names[i], sizes[i]) for i in positions]
+            reads = [read_commands(names[i], sizes[i] if self.pieces else None) for i in positions]
             conn.send([command for commands in reads for command in commands])
             for i, commands in zip(positions, reads):
                 ticket = tickets[i] = Ticket(names[i], conn, lane, sizes[i], len(commands))
@@ -167,7 +169,8 @@ class RedisStore:
         self, name: bytes, lane: int, address: RedisAddress, asking: bool, size: int | None
     ) -> Ticket:
         conn = self.connection(address, lane)
-        commands = read_commands(name, None if asking else size)  # ASKING covers one command
+        whole = asking or not self.pieces  # ASKING covers one command
+        commands = read_commands(name, None if whole else size)
         if asking:
             conn.send([[b"ASKING"], *commands])
             conn.waiting.append(Ticket(name, conn, lane))  # ASKING's reply: dropped unread
@@ -186,26 +189,22 @@ class RedisStore:
         self.connections.touch()  # after a failure anywhere, old connections are closed first
         if ticket.dropped or ticket.conn.closed or ticket not in ticket.conn.waiting:
             ticket = self._send_gets([ticket.name], ticket.lane, [ticket.size])[0]
-        conn = ticket.conn
-        while conn.waiting[0] is not ticket:  # replies sent earlier that nobody read
-            dropped = conn.waiting.popleft()
-            dropped.dropped = True
-            skip_replies(conn, dropped.replies)
-        conn.waiting.popleft()
         try:
-            value = open_value(conn, ticket.replies)
+            value = open_ticket(ticket)
         except MovedError as moved:
             if not redirects:
                 raise ConnectionError(f"Redis Cluster keeps redirecting: {moved}") from None
             if not isinstance(moved, AskError):
                 self.refresh_slots()
-            node, asking = _redirect(moved, self._address(ticket.name))
+            node, asking = redirect(moved, self._address(ticket.name))
             retry = self._send_redirected(ticket.name, ticket.lane, node, asking, ticket.size)
             return self._read_get(retry, into, redirects - 1)
         except AuthError:
             raise
-        except RespError:
-            return None  # refused (e.g. a busy script): a miss like an absent key
+        except RespError as error:
+            if ticket.replies == 1 or not refuses_pieces(error):
+                return None  # refused (e.g. a busy script): a miss like an absent key
+            return self._read_get(self._whole(ticket, error), into, redirects)
         if value is None:
             return None
         try:
@@ -213,8 +212,16 @@ class RedisStore:
         except RespError:
             return None  # a later piece refused (its slot moved meanwhile): a miss
         finally:
-            if not conn.closed:
+            if not value.conn.closed:
                 value.finish()
+
+    def _whole(self, ticket: Ticket, refusal: RespError) -> Ticket:
+        """Send ``ticket``'s read again whole, as every read from now on (pieces refused)."""
+        if self.pieces:
+            logger.warning("kvtier: Redis refused a record's read in pieces (%s): records are "
+                           "read whole, slower from 8 MiB; allow GETRANGE", refusal)  # fmt: skip
+        self.pieces = False
+        return self._send_gets([ticket.name], ticket.lane, [None])[0]
 
     # ---- the breaker -----------------------------------------------------------------------
 
@@ -291,10 +298,3 @@ class RedisStore:
     def close(self) -> None:
         """Close every thread's connections (a later call opens new ones)."""
         self.connections.close()
-
-
-def _redirect(reply: Any, address: RedisAddress) -> tuple[RedisAddress, bool]:
-    """Where to send a redirected command again: (node, after ASKING?)."""
-    if isinstance(reply, AskError):
-        return address.at(reply.host, reply.port), True
-    return address, False
