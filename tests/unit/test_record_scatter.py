@@ -5,6 +5,8 @@ views."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 import torch
@@ -72,3 +74,27 @@ def _calls(views: int) -> int:
 def test_a_records_calls_are_the_same_at_any_number_of_views() -> None:
     counts = {views: _calls(views) for views in (8, 32, 128)}
     assert len(set(counts.values())) == 1, counts
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_a_whole_chunk_is_assigned_from_the_record_not_a_copy_of_it(name: str) -> None:
+    """Whatever the storages (``separate``: one per layer, as a GPU engine's), a whole chunk's
+    rows go from the record itself: what the call allocates is indices, not the record's bytes
+    (before, a layout of several storages built masks over every view and gathered the rows)."""
+    factor = 1 if name == "mla" else 4
+    caches, groups, num_blocks = LAYOUTS[name](CPU)
+    layout = build_layout(caches, groups, num_blocks)
+    records = RecordLayout.of(layout, factor)
+    record = np.full(records.record_bytes, 7, dtype=np.uint8)
+    scatter = RecordScatter(layout, records)
+    for group in range(len(groups)):
+        blocks = np.random.default_rng(group).permutation(num_blocks)[:factor].astype(np.int64)
+        tracemalloc.start()
+        try:
+            scatter(record, group, 0, blocks)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < records.record_bytes // 4, (name, group, peak, records.record_bytes)
+        for view in layout.groups[group]:
+            assert np.all(layout.views[view].numpy().view(np.uint8)[blocks] == 7), (name, view)

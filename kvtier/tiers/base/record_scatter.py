@@ -11,6 +11,12 @@ every layer from one allocation). So a chunk's pages are rows of the record (con
 view) going to rows of the storage (a page's rows consecutive, pages scattered): one fancy
 assignment moves them all, the GIL released for the copying. Moved view by view, a 4,096-token
 load of 160 views (a 70B-class tensor-parallel rank) was 10,240 numpy calls.
+
+A group's views are split into parts, one per storage and page size (one part for a vLLM CPU
+engine; one per layer where each layer has a tensor of its own, as on a GPU), with all that does
+not depend on the blocks worked out once: per call a part costs one index sum and one
+assignment, and a whole chunk's rows, consecutive in the record for most layouts, are assigned
+from the record itself, not from a gathered copy of it.
 """
 
 from __future__ import annotations
@@ -24,17 +30,18 @@ from kvtier.pages.spaces import Spaces
 from kvtier.tiers.base.records import RecordLayout
 
 
-class _Group(NamedTuple):
-    """One group's views, as rows: per view its storage, its block 0's first row, its block
-    stride, rows per page and where it starts in a record; and whether all of them are of one
-    storage and one page size (a whole chunk's record rows are then in the order they go)."""
+class _Part(NamedTuple):
+    """A group's views of one storage and one page size, as rows, shaped (views, 1, units) so
+    that blocks broadcast along the middle axis: each view's block 0 page rows and its block
+    stride in the storage, its sub-block 0 page rows in a record; and a whole chunk's record rows
+    in the order they go (a slice where they are consecutive)."""
 
-    space: np.ndarray
-    first: np.ndarray
+    space: int
+    units: int
+    engine: np.ndarray  # first[v] + row
     stride: np.ndarray
-    units: np.ndarray
-    within: np.ndarray
-    plain: bool
+    record: np.ndarray  # within[v] + row
+    whole: np.ndarray | slice
 
 
 class RecordScatter:
@@ -44,33 +51,42 @@ class RecordScatter:
         self.factor = records.factor
         self._engine = [t.numpy() for t in spaces.tensors]  # (rows, unit words) each
         self._word = self._engine[0].dtype
-        self._groups = []
+        self._groups: list[list[_Part]] = []
         for group, views in enumerate(records.groups):
             index = np.array(views, dtype=np.int64)
-            space, units = spaces.space[index], spaces.units[index]
-            plain = len(set(space.tolist())) == 1 and len(set(units.tolist())) == 1
             within = np.array(records.offsets(group), dtype=np.int64) // self.unit
-            self._groups.append(_Group(space, spaces.first[index], spaces.stride[index], units,
-                                       within, plain))  # fmt: skip
+            space, units = spaces.space[index], spaces.units[index]
+            parts = []
+            for s, u in sorted(set(zip(space.tolist(), units.tolist(), strict=True))):
+                mine = (space == s) & (units == u)
+                parts.append(self._part(s, u, spaces, index[mine], within[mine]))
+            self._groups.append(parts)
+
+    def _part(
+        self, space: int, units: int, spaces: Spaces, views: np.ndarray, within: np.ndarray
+    ) -> _Part:
+        row = np.arange(units, dtype=np.int64)[None, None, :]
+        record = within[:, None, None] + row
+        pages = np.arange(self.factor, dtype=np.int64)[None, :, None] * units
+        rows = (record + pages).ravel()
+        start, end = int(rows[0]), int(rows[0]) + rows.size
+        whole = slice(start, end) if np.array_equal(rows, np.arange(start, end)) else rows
+        engine = spaces.first[views][:, None, None] + row
+        return _Part(space, units, engine, spaces.stride[views][:, None, None], record, whole)
 
     def __call__(self, record: np.ndarray, group: int, first: int, block_ids: np.ndarray) -> None:
         """``record``: the record's bytes (1-D uint8, from its start)."""
-        g = self._groups[group]
-        blocks = np.asarray(block_ids, dtype=np.int64)
-        if not len(g.space) or not len(blocks):
+        blocks = np.asarray(block_ids, dtype=np.int64)[None, :, None]
+        if not blocks.size:
             return
-        units = int(g.units.max())
-        unit = np.arange(units, dtype=np.int64)
-        # per view, per block, per row of a page: the engine's row, the record's row
-        engine = g.first[:, None, None] + blocks[None, :, None] * g.stride[:, None, None] + unit
         rows = record[: record.size // self.unit * self.unit].view(self._word)
         rows = rows.reshape(-1, self.unit // self._word.itemsize)
-        if g.plain and first == 0 and len(blocks) == self.factor:  # the record, rows in order
-            self._engine[int(g.space[0])][engine.ravel()] = rows[: engine.size]
-            return
-        page = np.arange(first, first + len(blocks), dtype=np.int64)
-        source = g.within[:, None, None] + page[None, :, None] * g.units[:, None, None] + unit
-        keep = unit[None, None, :] < g.units[:, None, None]  # a page's rows, no further
-        for s in np.unique(g.space).tolist():
-            mine = np.broadcast_to(keep & (g.space == s)[:, None, None], engine.shape)
-            self._engine[s][engine[mine]] = rows[source[mine]]
+        whole = first == 0 and blocks.size == self.factor
+        for part in self._groups[group]:
+            engine = (part.engine + blocks * part.stride).ravel()
+            if whole:
+                source = part.whole
+            else:
+                pages = np.arange(first, first + blocks.size, dtype=np.int64)[None, :, None]
+                source = (part.record + pages * part.units).ravel()
+            self._engine[part.space][engine] = rows[source]

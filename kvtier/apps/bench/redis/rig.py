@@ -24,6 +24,8 @@ from kvtier.apps.bench.common.jobs import HEAD_DIM, KV_HEADS, bench_layout, run_
 from kvtier.apps.bench.common.loopback import Loopback, no_delay
 from kvtier.keys import LayoutFingerprint, make_key
 from kvtier.tiers.base.chunk_format import Buffer, payload_checksum
+from kvtier.tiers.base.record_scatter import RecordScatter
+from kvtier.tiers.base.records import RecordLayout
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.io import RedisLoadHandler
@@ -107,7 +109,6 @@ class Rig:
         GETs, the receive, the header and checksum checks), ``checksum`` (xxh3 of the payload,
         part of ``fetch_verify``) and ``scatter`` (the staged rows into the engine blocks)."""
         staging = [np.empty(sum(self.tier.view_bytes(0)), dtype=np.uint8)]  # one record
-        rows = [rows.numpy() for rows in self.host_rows]
         factor = self.tier.factor
 
         def fetch_verify() -> None:
@@ -123,16 +124,15 @@ class Rig:
             for payload in self.payloads:
                 payload_checksum(payload)
 
-        def scatter() -> None:  # a chunk at a time, as ``TierLoadHandler._scatter`` on the CPU
-            for first in range(0, len(self.blocks), factor):
-                ids = self.blocks[first : first + factor]
-                for view, source in zip(engine, rows, strict=True):
-                    view[ids] = source[first : first + factor]
+        def scatter() -> None:  # a record at a time, as ``TierLoadHandler`` on the CPU
+            for chunk, payload in enumerate(self.payloads):
+                ids = self.blocks[chunk * factor : (chunk + 1) * factor]
+                records(payload[0], 0, 0, ids)
 
         phases = {"fetch_verify": fetch_verify, "checksum": checksum}
         if self.layout.device.type != "cpu":  # the GPU scatter is the copy engine's: not here
             return phases
-        engine = [view.numpy().view(np.uint8) for view in self.layout.views]
+        records = RecordScatter(self.layout, RecordLayout.of(self.layout, factor))
         return phases | {"scatter": scatter}
 
     def check_load(self) -> None:
