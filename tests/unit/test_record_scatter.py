@@ -98,3 +98,30 @@ def test_a_whole_chunk_is_assigned_from_the_record_not_a_copy_of_it(name: str) -
         assert peak < records.record_bytes // 4, (name, group, peak, records.record_bytes)
         for view in layout.groups[group]:
             assert np.all(layout.views[view].numpy().view(np.uint8)[blocks] == 7), (name, view)
+
+
+def _mixed() -> dict[str, torch.Tensor]:
+    """One group whose layers differ in page size (vLLM's ``UniformTypeKVCacheSpecs``): two
+    carved from one allocation, one of its own."""
+    shapes = [(2, 12, 16, 2, 32), (2, 12, 16, 1, 32)]
+    sizes = [int(np.prod(shape)) for shape in shapes]
+    backing = torch.arange(sum(sizes), dtype=torch.float32).to(torch.bfloat16)
+    first = backing[: sizes[0]].view(shapes[0])
+    second = backing[sizes[0] :].view(shapes[1])
+    return {"l0": first, "l1": second, "l2": torch.ones(2, 12, 16, 4, 32, dtype=torch.bfloat16)}
+
+
+@pytest.mark.parametrize(("first", "count"), [(0, 4), (1, 2), (0, 3), (3, 1)])
+def test_views_of_several_page_sizes_and_storages_land_as_view_by_view_copies(
+    first: int, count: int
+) -> None:
+    expected, caches = _mixed(), _mixed()
+    layouts = [build_layout(c, [list(c)], 12) for c in (expected, caches)]
+    records = RecordLayout.of(layouts[0], 4)
+    assert len(set(layouts[0].page_bytes)) == 3
+    record = np.random.default_rng(first).integers(0, 256, records.record_bytes, dtype=np.uint8)
+    blocks = np.random.default_rng(count).permutation(12)[:count].astype(np.int64)
+    _reference(layouts[0], records, record, 0, first, blocks)
+    RecordScatter(layouts[1], records)(record, 0, first, blocks)
+    for want, got in zip(_engine_bytes(expected), _engine_bytes(caches), strict=True):
+        assert np.array_equal(want, got), (first, count)
