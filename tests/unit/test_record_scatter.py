@@ -78,7 +78,7 @@ def test_a_records_calls_are_the_same_at_any_number_of_views() -> None:
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_a_whole_chunk_is_assigned_from_the_record_not_a_copy_of_it(name: str) -> None:
-    """Whatever the storages (``separate``: one per layer, as a GPU engine's), a whole chunk's
+    """Whatever the storages (``separate``: one per layer, as the benches' engines), a whole chunk's
     rows go from the record itself: what the call allocates is indices, not the record's bytes
     (before, a layout of several storages built masks over every view and gathered the rows)."""
     factor = 1 if name == "mla" else 4

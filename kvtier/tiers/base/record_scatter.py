@@ -13,10 +13,10 @@ assignment moves them all, the GIL released for the copying. Moved view by view,
 load of 160 views (a 70B-class tensor-parallel rank) was 10,240 numpy calls.
 
 A group's views are split into parts, one per storage and page size (one part for a vLLM CPU
-engine; one per layer where each layer has a tensor of its own, as on a GPU), with all that does
-not depend on the blocks worked out once: per call a part costs one index sum and one
-assignment, and a whole chunk's rows, consecutive in the record for most layouts, are assigned
-from the record itself, not from a gathered copy of it.
+engine; one per layer where each layer has a tensor of its own, as in the benches' engines),
+with all that does not depend on the blocks worked out once: per call a part costs one index
+sum and one assignment, and a whole chunk's rows, consecutive in the record for most layouts,
+are assigned from the record itself, not from a gathered copy of it.
 """
 
 from __future__ import annotations
@@ -82,11 +82,8 @@ class RecordScatter:
         rows = record[: record.size // self.unit * self.unit].view(self._word)
         rows = rows.reshape(-1, self.unit // self._word.itemsize)
         whole = first == 0 and blocks.size == self.factor
+        pages = np.arange(first, first + blocks.size, dtype=np.int64)[None, :, None]
         for part in self._groups[group]:
             engine = (part.engine + blocks * part.stride).ravel()
-            if whole:
-                source = part.whole
-            else:
-                pages = np.arange(first, first + blocks.size, dtype=np.int64)[None, :, None]
-                source = (part.record + pages * part.units).ravel()
+            source = part.whole if whole else (part.record + pages * part.units).ravel()
             self._engine[part.space][engine] = rows[source]
