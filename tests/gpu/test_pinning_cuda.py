@@ -57,7 +57,7 @@ def _one_registration_s() -> float:
     """The longest of three registrations, on this thread, of a piece faulted in before, as the
     pinning registers them: the bound of what the engine may wait for, measured here."""
     memory = np.ones(3 * PIECE_BYTES, dtype=np.uint8)  # every page written: faulted in
-    driver = CudaDriver(torch.device("cuda"))
+    driver = CudaDriver(torch.device("cuda", torch.cuda.current_device()))  # set_device needs one
     seconds = []
     for k in range(3):
         address = memory.ctypes.data + k * PIECE_BYTES
