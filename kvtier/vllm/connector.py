@@ -40,6 +40,7 @@ from kvtier.config import KVTierConfig
 from kvtier.scheduler.connector import SchedulerConnector
 from kvtier.vllm import versions
 from kvtier.vllm.assembly import SchedulerSide, WorkerSide
+from kvtier.vllm.block_hashes import block_hashes, hashes_per_block
 from kvtier.vllm.kv_role import KVRole
 from kvtier.vllm.logs import route_to_vllm_logging
 from kvtier.vllm.metadata import KVTierConnectorStats, KVTierMetadata, KVTierWorkerMetadata
@@ -81,7 +82,9 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         self._scheduler: SchedulerConnector | None = None
         self._observe: Observability | None = None
         self._worker_side: WorkerSide | None = None
+        self._hashes_per_block = 1
         if role == KVConnectorRole.SCHEDULER:
+            self._hashes_per_block = hashes_per_block(vllm_config, kv_cache_config)
             self._kv_role.set_load_failure_policy()
             side = SchedulerSide.build(vllm_config, kv_cache_config, self.config, self._kv_role)
             self._scheduler, self._observe = side.scheduler, side.observe
@@ -100,25 +103,22 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     ) -> tuple[int | None, bool]:
         if getattr(request, "skip_reading_prefix_cache", False):
             return 0, False
-        pull = self._kv_role.lookup(request, num_computed_tokens)
+        hashes = block_hashes(request, self._hashes_per_block)
+        pull = self._kv_role.lookup(request, hashes, num_computed_tokens)
         if pull is not None:  # a decode engine's prompt, from its prefill engine
             return pull
         req_id = request.request_id
         named = _tokens_name_kv(request)
+        tail = request.all_token_ids[len(hashes) * self._engine_block : request.num_tokens]
         hit = self.scheduler.lookup(
-            req_id, request.block_hashes, num_computed_tokens, request.num_tokens,
-            self._tail_tokens(request) if named else None,
+            req_id, hashes, num_computed_tokens, request.num_tokens,
+            list(tail) if named else None,  # its tokens after its last full block
             token_ids=request.all_token_ids if named else (),
         )  # fmt: skip
         if hit is None:
             return None, False
         # a hit in host memory loads before this step's forward (no step spent waiting for it)
         return hit, hit > 0 and self.scheduler.loads_async(req_id)
-
-    def _tail_tokens(self, request: Request) -> list[int]:
-        """The request's tokens after its last full block."""
-        full = len(request.block_hashes) * self._engine_block
-        return list(request.all_token_ids[full : request.num_tokens])
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int

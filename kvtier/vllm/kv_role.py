@@ -146,8 +146,11 @@ class KVRole:
         request.max_tokens = 1
         params[TRUNCATED] = True
 
-    def lookup(self, request: Request, num_computed_tokens: int) -> tuple[int, bool] | None:
-        """A decode request's pull from its prefill engine; None: not one."""
+    def lookup(
+        self, request: Request, hashes: Sequence[bytes], num_computed_tokens: int
+    ) -> tuple[int, bool] | None:
+        """A decode request's pull from its prefill engine (``hashes``: one per full engine
+        block); None: not one."""
         params = request.kv_transfer_params
         planner = self.planner
         if planner is None or planner.consumer is None or not params:
@@ -156,7 +159,7 @@ class KVRole:
             return None
         assert self._scheduler is not None
         tokens = self._scheduler.source_lookup(
-            planner.name, request.request_id, request.block_hashes, params,
+            planner.name, request.request_id, hashes, params,
             request.num_prompt_tokens, num_computed_tokens,
         )  # fmt: skip
         if tokens > 0:

@@ -98,3 +98,25 @@ def test_hybrid_model_from_disk_then_from_both_tiers(
         assert stats.tiers["disk"].hit_chunks > 0.9 * wanted  # and more from disk again
         assert stats.tiers["disk"].bad_chunks == stats.tiers["disk"].failed_loads == 0
         connector(llm).scheduler.check_integrity()
+
+
+def test_prefixes_ending_inside_a_block_are_never_served_past_where_they_agree(
+    hybrid_model: Path, reference: Any
+) -> None:
+    """vLLM hashes every 16 tokens here (``prefix_match_unit``, allowed with two KV cache
+    groups), inside 32-token blocks: a hash ends every half block. Prompts that agree on 80 and
+    150 tokens get the outputs they get alone, from the chunks they share (2 and 4)."""
+    base = prompts(hybrid_model, [300, 300, 300], seed=53)
+    shared = [base[0], base[0][:80] + base[1][80:], base[0][:150] + base[2][150:]]
+    expected = reference.many(hybrid_model, [([p], 8) for p in shared])
+    config = kvtier_transfer(block_size=32, **LOAD_ALL)
+    with engine(hybrid_model, prefix_match_unit=16, kv_transfer_config=config) as llm:
+        got, hits = [], []
+        for prompt in shared:
+            llm.reset_prefix_cache()  # what the engine shares comes from kvtier
+            got.append(generate(llm, [prompt]))
+            settle(llm)
+            hits.append(kvtier.stats(llm).cpu.hit_chunks)
+        connector(llm).scheduler.check_integrity()
+    assert got == expected
+    assert hits == [0, 2, 6], hits
