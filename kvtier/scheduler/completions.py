@@ -13,6 +13,7 @@ completes into its ``TierWrites``. State carried between reports: the store part
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from kvtier.counters import KVTierStats
@@ -174,8 +175,27 @@ class Completions:
         hold KV computed from its blocks fail as they complete, and their chunks are offered
         again once the engine recomputed them (``failed_loads.py``)."""
         for job_id, state in untrusted_stores(load, self.requests):
-            self._untrusted.add((job_id, state.req_id))
-            job = self.jobs.get(job_id) or self._reported[job_id]
-            for part in job.parts_of(state.req_id):
-                offer_again(state, part)
+            self._fail_parts(job_id, state)
             self._offered_again = True  # looked at in its next step
+
+    def distrust_reading(self, blocks: Iterable[int]) -> bool:
+        """The engine writes ``blocks`` before it waits for the stores still reading them
+        (vLLM's Model Runner V2 zeroes new blocks and fills copy-on-write ones before the
+        connector's ``handle_preemptions``): those stores fail as they complete, every part,
+        and their chunks are offered again (``failed_loads.py``). Whether one was found."""
+        found = False
+        for job_id in self.jobs.reading(blocks):
+            job = self.jobs.get(job_id)
+            if job is None or job.kind is not JobKind.STORE:
+                continue
+            for req_id in dict.fromkeys(part.req_id for part in job.parts):
+                self._fail_parts(job_id, self.requests[req_id])
+                found = True
+        return found
+
+    def _fail_parts(self, job_id: int, state: RequestState) -> None:
+        """``state``'s parts of store ``job_id`` fail as it completes, offered again now."""
+        self._untrusted.add((job_id, state.req_id))
+        job = self.jobs.get(job_id) or self._reported[job_id]
+        for part in job.parts_of(state.req_id):
+            offer_again(state, part)

@@ -7,7 +7,7 @@ hands its work to a part: ``lookups.py`` (a request's hit), ``load_planner.py`` 
 
     lookup(req, block_hashes, num_computed_tokens) -> int | None   tokens loadable beyond the hit
     on_alloc(req, block_ids, num_external_tokens)                  pin the hit, plan its load
-    build_plan(scheduled, preempted)            -> StepPlan         this step's loads and stores
+    build_plan(scheduled, preempted, ...)       -> StepPlan         this step's loads and stores
     on_report(report)                                               count ranks; finish jobs
     request_finished(req)                       -> bool             True: hold blocks for stores
     add_source(source)                                              a request source
@@ -72,10 +72,9 @@ class SchedulerConnector:
         chunk_bytes: int = 0,
     ) -> None:
         """``lower``: the tier chain below host memory, in order. ``prefix_events``: tell a
-        router which prefixes each tier holds (``take_events``). ``clock`` (seconds,
-        monotonic): what the engine's steps are timed with, so that a hit is decided by
-        its measured costs (``costs/``); None: never timed, the rules decide.
-        ``chunk_bytes``: a host chunk's bytes on all ranks (its ``usage``)."""
+        router which prefixes each tier holds (``take_events``). ``clock`` (seconds, monotonic):
+        what the engine's steps are timed with, so that a hit is decided by its measured costs
+        (``costs/``); None: the rules decide. ``chunk_bytes``: a host chunk's bytes, all ranks."""
         block_tokens = {g.block_tokens for g in groups}
         if len(block_tokens) != 1:
             raise ValueError(f"kvtier: KV cache groups with different block sizes {block_tokens}")
@@ -94,9 +93,8 @@ class SchedulerConnector:
         self.job_log = JobLog()  # finished jobs: latency samples, each request's load record
         self.requests: dict[str, RequestState] = {}
         self.jobs = JobTable(num_workers)
-        self._stores = StorePlanner(
-            self.manager, self.jobs, self.keys, self.block_tokens, self.stats.cpu
-        )
+        self._stores = StorePlanner(self.manager, self.jobs, self.keys, self.block_tokens,
+                                    self.stats.cpu)  # fmt: skip
         self._tails = TailStore(self.keys, self.block_tokens)
         self.lower = tuple(lower)
         self._loads = LoadPlanner(
@@ -171,7 +169,6 @@ class SchedulerConnector:
     ) -> int | None:
         """Tokens beyond ``num_computed_tokens`` worth loading from kvtier; None asks the engine
         to try again next step (the next chunk's store is in flight, and worth waiting for).
-
         ``num_tokens`` is the request's length and ``tail_tokens`` its tokens after its last full
         block (None: the tokens do not name the KV, e.g. multimodal input: no tail). Which hit
         is worth loading, and whether synchronously (``loads_async``): ``hit_policy.py``.
@@ -221,9 +218,12 @@ class SchedulerConnector:
         scheduled: StepRequests | Iterable[ScheduledRequest],
         preempted: Iterable[str] = (),
         forward: bool = True,
+        rewritten: Sequence[int] = (),
     ) -> StepPlan:
         """This step's loads (from ``on_alloc``), stores of the chunks it completes, flushes
-        (``step_plans.py``)."""
+        (``step_plans.py``). ``rewritten``: blocks the engine writes before its flushes."""
+        if rewritten and self._completions.distrust_reading(rewritten):
+            self._steps.look_again()  # their chunks offered again
         return self._steps.build(scheduled, preempted, forward)
 
     # ---- completions -----------------------------------------------------------------------

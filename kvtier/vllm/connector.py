@@ -45,7 +45,7 @@ from kvtier.vllm.kv_role import KVRole
 from kvtier.vllm.logs import route_to_vllm_logging
 from kvtier.vllm.metadata import KVTierConnectorStats, KVTierMetadata, KVTierWorkerMetadata
 from kvtier.vllm.observability import Observability
-from kvtier.vllm.schedule import step_requests
+from kvtier.vllm.schedule import rewritten_early, step_requests
 from kvtier.worker.connector import WorkerConnector
 
 if TYPE_CHECKING:
@@ -134,6 +134,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             scheduled,
             scheduler_output.preempted_req_ids or (),
             forward=scheduler_output.total_num_scheduled_tokens > 0,
+            rewritten=rewritten_early(scheduler_output),
         )
         assert self._observe is not None
         self._observe.maybe_log()

@@ -51,3 +51,14 @@ def scheduled_requests(output: SchedulerOutput) -> list[ScheduledRequest]:
     """Every request ``output`` runs, in its order, as a ``ScheduledRequest``: what
     ``step_requests`` hands the scheduler half, one by one."""
     return list(step_requests(output))
+
+
+def rewritten_early(output: SchedulerOutput) -> list[int]:
+    """Blocks the model runner writes before the connector's ``handle_preemptions``, where the
+    workers wait for the stores the plan flushes: with Model Runner V2 (vLLM's default on CUDA)
+    the new blocks it zeroes (``new_block_ids_to_zero``: Mamba or mixed-precision caches) and
+    the copies it makes of a block a prefix-cache hit ends inside (``kv_cache_block_copies``).
+    V1 writes them after; both are taken alike (a store failed for nothing is stored again)."""
+    zeroed = getattr(output, "new_block_ids_to_zero", None) or []
+    copies = getattr(output, "kv_cache_block_copies", None) or []
+    return [*zeroed, *(copy.dst_block_id for copy in copies)]
