@@ -225,11 +225,10 @@ class WorkerConnector:
         one finishes, at most ``IDLE_WAIT_S``. An engine loop that spins through empty steps
         holding the GIL would starve the threads doing the transfers it waits for."""
         tiers = self.tiers.values()
-        loads = [tier.load for tier in tiers if tier.load is not None]
         jobs = self.jobs
-        if jobs.loading and loads:
-            for handler in loads:  # returns at once when the handler has nothing in flight
-                handler.wait_any(IDLE_WAIT_S)
+        if jobs.loading:  # from host memory (a GPU's copy), a tier, a request source
+            waited = [j for j, job in jobs.in_flight.items() if job.kind is JobKind.LOAD]
+            self.transfers.wait_any(waited, IDLE_WAIT_S)
         elif jobs.storing and self._store is not None:
             self._store.wait_any(IDLE_WAIT_S)
         elif any(job.kind is JobKind.TIER_WRITE for job in jobs.in_flight.values()):

@@ -71,6 +71,12 @@ class TransferWorker:
         for handler in {self._job_handler[j] for j in job_ids if j in self._job_handler}:
             handler.wait(job_ids)
 
+    def wait_any(self, job_ids: Collection[int], timeout: float) -> None:
+        """Block, the GIL released, until a job of the handlers running ``job_ids`` finished,
+        at most ``timeout`` per handler (``TransferHandler.wait_any``)."""
+        for handler in {self._job_handler[j] for j in job_ids if j in self._job_handler}:
+            handler.wait_any(timeout)
+
     def fence(self, job_ids: Collection[int]) -> None:
         """The engine's next work runs after those jobs (``TransferHandler.fence``)."""
         for handler in {self._job_handler[j] for j in job_ids if j in self._job_handler}:

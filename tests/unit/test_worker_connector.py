@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Collection
+
 import numpy as np
 import torch
 
-from kvtier.addresses import EngineBlocks, HostChunks
+from kvtier.addresses import EngineBlocks, HostChunks, TransferSpec
+from kvtier.media import Medium
 from kvtier.step_plan import LoadJob, StepPlan, StoreJob
-from kvtier.worker.connector import WorkerConnector
+from kvtier.tiers.base.handler import TransferHandler, TransferResult
+from kvtier.worker.connector import IDLE_WAIT_S, WorkerConnector
 
 
 def _worker() -> WorkerConnector:
@@ -61,3 +67,49 @@ def test_a_refused_load_is_reported_failed_with_its_blocks() -> None:
     assert worker.report().jobs[7].failed == 1
     assert worker.counters.failed_loads == 1
     worker.shutdown()
+
+
+class _Copy(TransferHandler):
+    """Host memory -> engine blocks, as a GPU's copy runs: in flight until ``done`` is set."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.jobs: list[int] = []
+        self.waited: list[float] = []
+
+    def transfer_async(self, job_id: int, src: TransferSpec, dst: TransferSpec) -> bool:
+        self.jobs.append(job_id)
+        return True
+
+    def get_finished(self) -> list[TransferResult]:
+        if not self.done.is_set():
+            return []
+        finished, self.jobs = self.jobs, []
+        return [TransferResult(job_id, True, 1, 0.001) for job_id in finished]
+
+    def wait(self, job_ids: Collection[int]) -> None:
+        self.done.wait()
+
+    def wait_any(self, timeout: float) -> None:
+        started = time.monotonic()
+        self.done.wait(timeout)
+        self.waited.append(time.monotonic() - started)
+
+
+def test_a_step_without_forward_waits_for_a_load_from_host_memory() -> None:
+    """The request waits for its load from host memory (a GPU's copy, on its stream): a step
+    with nothing to compute blocks on it, the GIL released, instead of returning at once and
+    spinning the engine's loop against the thread that queues the copy."""
+    worker = WorkerConnector(cpu_bytes_to_use=1 << 20, block_size_factor=1, world_size=1)
+    copy = _Copy()
+    worker.transfers.register_handler(Medium.CPU, Medium.ENGINE, copy)
+    load = LoadJob(3, "a", HostChunks(np.array([0])), EngineBlocks(np.array([5]), (1,), (0,)))
+    worker.begin_step(StepPlan(loads=[load], num_chunks=64))
+    worker.start_loads()
+    worker.begin_step(StepPlan(num_chunks=64, forward=False))  # "a" waits: nothing to compute
+    assert worker.finished(set()) == (set(), set(), set())
+    assert len(copy.waited) == 1 and copy.waited[0] >= IDLE_WAIT_S * 0.9  # it waited it out
+    copy.done.set()
+    worker.begin_step(StepPlan(num_chunks=64, forward=False))
+    assert worker.finished(set()) == (set(), {"a"}, set())
+    assert copy.waited[1] < copy.waited[0]  # the copy was done: returned at once
