@@ -70,11 +70,13 @@ class SchedulerConnector:
         prefix_events: bool = False,
         clock: Callable[[], float] | None = None,
         chunk_bytes: int = 0,
+        chain_before_forward: bool = True,
     ) -> None:
         """``lower``: the tier chain below host memory, in order. ``prefix_events``: tell a
         router which prefixes each tier holds (``take_events``). ``clock`` (seconds, monotonic):
         what the engine's steps are timed with, so that a hit is decided by its measured costs
-        (``costs/``); None: the rules decide. ``chunk_bytes``: a host chunk's bytes, all ranks."""
+        (``costs/``); None: the rules decide. ``chunk_bytes``: a host chunk's bytes, all ranks.
+        ``chain_before_forward``: a chain tier's short read may run before the forward."""
         block_tokens = {g.block_tokens for g in groups}
         if len(block_tokens) != 1:
             raise ValueError(f"kvtier: KV cache groups with different block sizes {block_tokens}")
@@ -99,7 +101,7 @@ class SchedulerConnector:
         self.lower = tuple(lower)
         self._loads = LoadPlanner(
             self.groups, self.keys, self.block_tokens, self.manager, self.lower, self.jobs,
-            self.stats,
+            self.stats, chain_before_forward,
         )  # fmt: skip
         self.sources = Sources(self.stats, self.jobs, self.chunk_tokens)
         self._writes: dict[str, TierWrites] = {}  # per lower tier, by name
@@ -259,14 +261,12 @@ class SchedulerConnector:
 
     def provenance(self, req_id: str, prompt_tokens: int) -> Provenance | None:
         """Where the KV of ``req_id``'s ``prompt_tokens`` came from (None: never looked up)."""
-        state = self.requests.get(req_id)
-        if state is None:
+        if (state := self.requests.get(req_id)) is None:
             return None
         return provenance(state, self.job_log.loads(req_id), prompt_tokens, tuple(self.stats.tiers))
 
     def drop_host_chunks(self) -> bool:
         """Forget every host-tier chunk no transfer uses (the engine's connector-cache reset).
-
         Chunks pinned by a load or a tier write, and stores in flight, stay. The chain's tiers are
         kept: they persist across restarts and may be shared by other engines. Chunks not yet
         written to them are lost. True when no loadable host chunk is left.

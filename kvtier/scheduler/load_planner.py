@@ -42,7 +42,8 @@ class LoadPlanner:
         lower: Sequence[TierIndex],
         jobs: JobTable,
         stats: KVTierStats,
-    ) -> None:
+        chain_before_forward: bool = True,  # a local disk's short read before the forward;
+    ) -> None:  # False where the engine does not recover from one failing (vllm/recovery.py)
         self.groups = tuple(groups)
         self.keys = keys
         self.factor = keys.block_size_factor
@@ -52,6 +53,7 @@ class LoadPlanner:
         self.lower = tuple(lower)
         self.jobs = jobs
         self.stats = stats
+        self.chain_before_forward = chain_before_forward
         self._host_only = not self.lower and [g.sliding_window for g in self.groups] == [None]
 
     def hit_run(self, state: RequestState, first: int, full: int) -> HitRun:
@@ -116,7 +118,7 @@ class LoadPlanner:
         """How many leading ``keys`` the chain below host memory holds, tier after tier."""
         count = sync = 0
         counts = [0] * len(self.lower)
-        synchronous = True  # every tier with chunks so far is read before the forward
+        synchronous = self.chain_before_forward  # every tier with chunks so far: before the forward
         for i, tier in enumerate(self.lower):
             if count == len(keys):
                 break

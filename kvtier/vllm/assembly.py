@@ -29,6 +29,7 @@ from kvtier.tiers.base.spec import SchedulerContext, TierSpec, WorkerContext, Wo
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.vllm.kv_role import KVRole
 from kvtier.vllm.observability import Observability
+from kvtier.vllm.recovery import recovers_sync_loads
 from kvtier.worker.connector import TierBuilder, WorkerConnector
 
 if TYPE_CHECKING:
@@ -110,10 +111,15 @@ class SchedulerSide:
         events = vllm_config.kv_events_config  # a router is told what each tier holds
         publish = events is not None and events.enable_kv_cache_events
         chunk_bytes = per_block * factor * world_size
+        unsound = recovers_sync_loads(vllm_config)
+        if unsound is not None and lower:
+            logger.info("kvtier: vLLM's %s does not recompute a failed load made before the "
+                        "forward right (vllm-project/vllm#49250): the chain's chunks load "
+                        "while their request waits", unsound)  # fmt: skip
         scheduler = SchedulerConnector(
             config, specs, num_chunks, world_size, key_maker, lower, prefix_events=publish,
             clock=time.perf_counter,  # a hit is decided by the costs measured with it
-            chunk_bytes=chunk_bytes,
+            chunk_bytes=chunk_bytes, chain_before_forward=unsound is None,
         )  # fmt: skip
         for spec in config.sources():
             assert spec.source is not None

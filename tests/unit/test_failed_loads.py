@@ -26,14 +26,16 @@ OK = JobOutcome(ranks=1, bytes=FILE, seconds=0.01)
 FAILED = JobOutcome(ranks=1, failed=1, bad=[1])
 
 
-def _connector(root: Path, ranks: int = 1) -> SchedulerConnector:
+def _connector(
+    root: Path, ranks: int = 1, wait: int = 10_000, before_forward: bool = True
+) -> SchedulerConnector:
     disk = DiskConfig(str(root), 64 * FILE * ranks)
-    # every disk read is synchronous: before the forward of the step that runs the request
-    config = KVTierConfig(cpu_bytes_to_use=1, min_async_load_tokens=10_000, sections={"disk": disk})
+    # by default every disk read is synchronous: before the forward of the step that runs the
+    # request (a load that makes the request wait must add ``wait`` tokens)
+    config = KVTierConfig(cpu_bytes_to_use=1, min_async_load_tokens=wait, sections={"disk": disk})
     index = DiskIndex(root, 64 * FILE * ranks, ranks, FINGERPRINT.digest(), FILE * ranks)
-    return SchedulerConnector(
-        config, [GroupSpec(4)], 16, ranks, ChunkKeyMaker(FINGERPRINT, 1), [index]
-    )
+    return SchedulerConnector(config, [GroupSpec(4)], 16, ranks, ChunkKeyMaker(FINGERPRINT, 1),
+                              [index], chain_before_forward=before_forward)  # fmt: skip
 
 
 def _on_disk(connector: SchedulerConnector, count: int, ranks: int = 1) -> None:
@@ -144,3 +146,30 @@ def test_a_request_sharing_the_failed_blocks_through_the_prefix_cache_stores_not
         | {store.job_id: OK for store in [*plan.stores, *b_plan.stores]},
     )
     assert _stored(connector) == 0
+
+
+def test_where_vllm_cannot_recompute_a_failed_sync_load_no_disk_read_runs_before_the_forward(
+    tmp_path: Path,
+) -> None:
+    """Model Runner V2 and asynchronous scheduling (vLLM's defaults on CUDA) recompute a failed
+    synchronous load wrong (``vllm/recovery.py``): a disk hit then loads while its request
+    waits when that is worth a step, and is computed when not. Host memory's hits still load
+    before the forward."""
+    worth_a_step = _connector(tmp_path / "a", wait=8, before_forward=False)
+    _on_disk(worth_a_step, 4)
+    assert worth_a_step.lookup("a", HASHES, 0, PROMPT, [1, 2]) == 16
+    assert worth_a_step.loads_async("a")
+    not_worth_it = _connector(tmp_path / "b", before_forward=False)
+    _on_disk(not_worth_it, 4)
+    assert not_worth_it.lookup("b", HASHES, 0, PROMPT, [1, 2]) == 0
+
+    recovered = _connector(tmp_path / "c")  # where vLLM recovers: before the forward
+    _on_disk(recovered, 4)
+    assert _sync_hit(recovered, "c", list(range(20, 29))).loads[0].sync
+    host = _connector(tmp_path / "d", before_forward=False)
+    assert host.lookup("d", HASHES, 0, PROMPT, [1, 2]) == 0
+    host.on_alloc("d", [list(range(20, 29))], 0)
+    stores = host.build_plan([ScheduledRequest("d", [list(range(20, 29))], PROMPT, PROMPT)])
+    _report(host, {store.job_id: OK for store in stores.stores})
+    assert host.lookup("e", HASHES, 0, PROMPT, [1, 2]) == PROMPT - 1  # all but the last token
+    assert not host.loads_async("e")
