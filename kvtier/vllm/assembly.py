@@ -83,6 +83,7 @@ class SchedulerSide:
         config: KVTierConfig,
         role: KVRole,
     ) -> SchedulerSide:
+        _refuse_context_parallel(vllm_config)
         engine_block = vllm_config.cache_config.block_size
         factor = config.block_size_factor(engine_block)
         world_size = vllm_config.parallel_config.world_size
@@ -192,6 +193,16 @@ def _group_spec(spec: Any) -> GroupSpec:
             )
     window = getattr(inner[0], "sliding_window", None)
     return GroupSpec(block_tokens=spec.block_size, sliding_window=window)
+
+
+def _refuse_context_parallel(vllm_config: VllmConfig) -> None:
+    """Prefill context parallelism (Model Runner V2's) runs ranks that share a tensor-parallel
+    rank and a pipeline stage: kvtier names a rank's share of a chunk by those two, so their
+    files, keys and peer addresses would collide. Decode context parallelism is refused by its
+    hashing unit (``block_hashes.py``)."""
+    size = getattr(vllm_config.parallel_config, "prefill_context_parallel_size", 1)
+    if size > 1:
+        raise ValueError(f"kvtier: prefill_context_parallel_size={size} is not supported (1)")
 
 
 def _warn_if_hashes_differ_per_process(vllm_config: VllmConfig) -> None:

@@ -1,4 +1,5 @@
-"""A request's hashes as kvtier's core reads them: one per engine block, whatever vLLM's unit."""
+"""A request's hashes as kvtier's core reads them: one per engine block, whatever vLLM's unit;
+the context parallelism that would break a chunk's naming refused."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
+from kvtier.config import KVTierConfig
+from kvtier.vllm.assembly import SchedulerSide
 from kvtier.vllm.block_hashes import EveryNth, hashes_per_block, per_block
+from kvtier.vllm.kv_role import KVRole
 
 SHAPE = {"block_size": 32, "num_kv_heads": 2, "head_size": 32, "dtype": torch.float32}
 GROUPS = [
@@ -57,3 +61,12 @@ def test_a_hashing_unit_that_does_not_divide_the_block_is_refused_naming_why() -
         hashes_per_block(config, _kv_cache(GROUPS[:1]))
     with pytest.raises(ValueError, match="every 48 tokens"):
         per_block(64, 48)
+
+
+def test_prefill_context_parallelism_is_refused_naming_it() -> None:
+    """Its ranks share a tensor-parallel rank and a pipeline stage, which name a rank's share."""
+    config = VllmConfig(kv_transfer_config=TRANSFER)
+    config.parallel_config.prefill_context_parallel_size = 2  # V2's, which needs CUDA to build
+    kvtier = KVTierConfig.from_extra_config({"cpu_bytes_to_use": "1MiB"}, 32)
+    with pytest.raises(ValueError, match="prefill_context_parallel_size=2"):
+        SchedulerSide.build(config, _kv_cache(GROUPS), kvtier, KVRole(config, kvtier))
