@@ -202,7 +202,7 @@ def _refuse_context_parallel(vllm_config: VllmConfig) -> None:
     hashing unit (``block_hashes.py``)."""
     size = getattr(vllm_config.parallel_config, "prefill_context_parallel_size", 1)
     if size > 1:
-        raise ValueError(f"kvtier: prefill_context_parallel_size={size} is not supported (1)")
+        raise ValueError(f"kvtier: prefill_context_parallel_size={size} is not supported (only 1)")
 
 
 def _warn_if_hashes_differ_per_process(vllm_config: VllmConfig) -> None:
