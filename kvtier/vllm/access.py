@@ -42,11 +42,21 @@ def stats(llm: Any) -> KVTierStats:
 def settle(llm: Any, timeout_s: float = 600.0) -> None:
     """Step an in-process ``vllm.LLM`` until kvtier has no transfer in flight and vLLM released
     every request (a finished request keeps its blocks until its stores drained; an idle engine
-    writes its dirty host chunks to disk). RuntimeError after ``timeout_s`` seconds."""
+    writes its dirty host chunks to disk). RuntimeError after ``timeout_s`` seconds.
+
+    Steps as ``generate`` does (``step_fn``): with asynchronous scheduling (vLLM's default on
+    CUDA) a step may still be queued when ``generate`` returns, its output (and the workers'
+    report of the stores it ran) taken only by the next step of that queue."""
     scheduler = engine_connector(llm).scheduler
     core = llm.llm_engine.engine_core.engine_core
+    step = getattr(core, "step_fn", core.step)
     deadline = time.monotonic() + timeout_s
-    while scheduler.has_jobs_in_flight or core.scheduler.has_requests():
+    while scheduler.has_jobs_in_flight or core.scheduler.has_requests() or _queued(core):
         if time.monotonic() > deadline:
             raise RuntimeError(f"kvtier: transfers still in flight after {timeout_s} s")
-        core.step()
+        step()
+
+
+def _queued(core: Any) -> bool:
+    """Whether the engine core holds a step whose output it has not taken yet."""
+    return bool(getattr(core, "batch_queue", None))
