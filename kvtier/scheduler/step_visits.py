@@ -10,8 +10,10 @@ A request is looked at when it was handed blocks (new ones, or a whole table) or
 tokens as its ``RequestState.due``; ``StepRequests.due`` finds them in a few passes in C over
 vLLM's columns. After a step every running request is at least ``slack`` tokens from its due,
 so a decode step with no new block and fewer tokens than that is skipped whole
-(``StepRequests.quiet``). A sliding-window group frees blocks in place, unannounced: with one,
-every request is looked at every step.
+(``StepRequests.quiet``). A step bounds only the requests in it: while a running request sits
+steps out (vLLM's token budget ran out before it, pipeline stages take turns), every step is
+looked at. A sliding-window group frees blocks in place, unannounced: with one, every request is
+looked at every step.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class StepVisits:
             block_tokens,
             chunk_tokens,
         )
+        self._running: set[str] = set()  # requests seen in a step, not yet known to have left
 
     def visit(self, step: StepRequests, slack: int, computed: int) -> Visited:
         """``slack``, ``computed``: what the last step left (``computed``: at most the tokens a
@@ -58,6 +61,8 @@ class StepVisits:
             after = slack - max(step.num_new_tokens.values(), default=0)
         else:
             visit, after = step.due(self.requests)
+            if self._sat_out(step):  # its tokens are not seen: look at every step until it is
+                after = 0
         tracked: list[tuple[RequestState, int]] = []
         for i in visit:
             request = step.request(i)
@@ -75,6 +80,20 @@ class StepVisits:
                 state.due = self.due(state)
                 after = min(after, state.due - done)
         return Visited(flush, tracked, after)
+
+    def _sat_out(self, step: StepRequests) -> bool:
+        """Whether a running request kvtier may store for sat this step out (vLLM's token budget
+        ran out before it; pipeline stages take turns): ``step.due`` bounds only those in it.
+        Requests seen leave once finished, preempted (no blocks) or untracked."""
+        running = self._running
+        running.update(step.req_ids)
+        if len(running) == len(step):
+            return False
+        for req_id in running.difference(step.req_ids):
+            state = self.requests.get(req_id)
+            if state is None or state.finished or not any(state.block_ids):
+                running.discard(req_id)
+        return len(running) > len(step)
 
     def due(self, state: RequestState) -> int:
         due = (min(state.stored_upto) + 1) * self.chunk_tokens

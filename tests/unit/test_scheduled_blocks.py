@@ -180,3 +180,26 @@ def test_a_step_looks_only_at_requests_with_new_blocks_or_something_to_store() -
     assert store.req_id == "r7" and store.src.block_ids.tolist() == [15, 16]
     assert connector.requests["r5"].block_ids == [[11, 12, 300]]
     connector.check_integrity()
+
+
+def test_a_request_that_sat_a_step_out_stores_its_chunk_when_it_computes_it() -> None:
+    """vLLM's token budget can leave a running request out of a step (pipeline stages take
+    turns too): that step bounds only the requests in it, so the next is looked at, and the
+    request's chunk completed there is stored. 8-token chunks."""
+    connector = _connector(factor=2)
+    tables = {"A": [100, 101, 102, 103, 104, 105], "R": [200, 201, 202, 203]}
+    for req in tables:
+        connector.lookup(req, _hashes(req, 20), 0)
+        connector.on_alloc(req, [tables[req]], 0)
+
+    def stores(plan: StepPlan) -> list[tuple[str, list[int]]]:
+        return [(store.req_id, store.src.block_ids.tolist()) for store in plan.stores]
+
+    first = connector.build_plan([ScheduledRequest("A", [tables["A"]], 20, 20),
+                                  ScheduledRequest("R", [tables["R"]], 13, 13)])  # fmt: skip
+    assert stores(first) == [("A", [100, 101, 102, 103]), ("R", [200, 201])]
+    alone = connector.build_plan([ScheduledRequest("A", [[106]], 24, 4, appended=True)])
+    assert stores(alone) == [("A", [104, 105])]  # R sat this step out
+    both = connector.build_plan([ScheduledRequest("A", None, 25, 1, appended=True),
+                                 ScheduledRequest("R", None, 16, 3, appended=True)])  # fmt: skip
+    assert stores(both) == [("R", [202, 203])]  # R's second chunk, complete at 16 tokens
