@@ -6,6 +6,7 @@ profiled(calls)     ``calls`` hooked on this thread and on threads started meanw
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 from collections.abc import Iterator
@@ -36,8 +37,13 @@ class Calls:
 
 @contextmanager
 def profiled(calls: Calls) -> Iterator[None]:
-    """``calls`` hooked on this thread and on threads started meanwhile."""
+    """``calls`` hooked on this thread and on threads started meanwhile. The garbage collector
+    is run before and held off meanwhile: a collection inside the hooked code would run earlier
+    tests' finalizers there, counted as its calls."""
     before, before_threads = sys.getprofile(), threading.getprofile()
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
     sys.setprofile(calls)
     threading.setprofile(calls)
     try:
@@ -45,3 +51,5 @@ def profiled(calls: Calls) -> Iterator[None]:
     finally:
         sys.setprofile(before)
         threading.setprofile(before_threads)
+        if collecting:
+            gc.enable()

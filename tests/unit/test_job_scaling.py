@@ -53,11 +53,14 @@ def _host_job(views: int, store: bool) -> int:
     slots = HostChunks(np.arange(CHUNKS, dtype=np.int64))
     src, dst = (_blocks(), slots) if store else (slots, _blocks())
     assert handler.transfer_async(0, src, dst)  # first-use work, not counted
-    calls = Calls(type(handler).transfer_async.__code__)
-    with profiled(calls):
-        assert handler.transfer_async(1, src, dst)
+    counts = []
+    for job_id in (1, 2):  # the fewer: not a one-time event of the process (a lazy set-up)
+        calls = Calls(type(handler).transfer_async.__code__)
+        with profiled(calls):
+            assert handler.transfer_async(job_id, src, dst)
+        counts.append(calls.count)
     handler.shutdown()
-    return calls.count
+    return min(counts)
 
 
 def _disk_load(views: int, root: Path) -> int:
@@ -69,14 +72,16 @@ def _disk_load(views: int, root: Path) -> int:
     calls = Calls(TierLoadHandler._load.__code__)  # the job, on the handler's thread
     with profiled(calls):
         handler = TierLoadHandler(layout, tier, "disk")
-        for job_id in (0, 1):  # the first one's calls are first-use work, not counted
+        counts = []
+        for job_id in (0, 1, 2):  # the first one's calls are first-use work, not counted
             calls.count = 0
             assert handler.transfer_async(job_id, TierChunks("disk", keys), _blocks())
             handler.wait([job_id])
             (result,) = handler.get_finished()
             assert result.success
+            counts.append(calls.count)
     handler.shutdown()
-    return calls.count
+    return min(counts[1:])  # the fewer: not a one-time event of the process
 
 
 def _tables(planner: JobPlanner) -> grid.Tables:
