@@ -109,10 +109,10 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             return pull
         req_id = request.request_id
         named = _tokens_name_kv(request)
-        tail = request.all_token_ids[len(hashes) * self._engine_block : request.num_tokens]
+        full = len(hashes) * self._engine_block  # its tokens after its last full block: its tail
         hit = self.scheduler.lookup(
             req_id, hashes, num_computed_tokens, request.num_tokens,
-            list(tail) if named else None,  # its tokens after its last full block
+            list(request.all_token_ids[full : request.num_tokens]) if named else None,
             token_ids=request.all_token_ids if named else (),
         )  # fmt: skip
         if hit is None:

@@ -31,7 +31,7 @@ from kvtier.addresses import TransferSpec
 from kvtier.layout import KVLayout, build_layout, host_num_chunks
 from kvtier.media import Medium
 from kvtier.step_plan import LoadJob, StepPlan, StoreJob, TierWriteJob, WorkerReport
-from kvtier.tiers.base.handler import Transfer, TransferHandler
+from kvtier.tiers.base.handler import Transfer
 from kvtier.tiers.base.spec import WorkerTier
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.tiers.host.io.handlers import engine_host_handlers
@@ -71,7 +71,6 @@ class WorkerConnector:
         self._held: set[str] = set()  # finished requests whose stores the scheduler waits for
         self._tier_room: dict[str, int] = {}
         self._forward = True
-        self._store: TransferHandler | None = None  # engine -> host tier
         self.tiers: dict[str, WorkerTier] = {}  # the chain's and the request sources', by name
         self.layout_description = ""  # ``KVLayout.describe``, once registered
         self.counters = RankCounters()
@@ -99,7 +98,6 @@ class WorkerConnector:
         # on a GPU, pinned from the first step on: vLLM captures its CUDA graphs before it
         self.host = HostTier(self.layout, chunks, self.factor, pin_now=False)
         store, load = engine_host_handlers(self.layout, self.host)
-        self._store = store
         self.transfers.register_handler(Medium.ENGINE, Medium.CPU, store)
         self.transfers.register_handler(Medium.CPU, Medium.ENGINE, load)
         for build in tiers:
@@ -224,20 +222,20 @@ class WorkerConnector:
         """A step with nothing to compute while transfers run: block (the GIL released) until
         one finishes, at most ``IDLE_WAIT_S``. An engine loop that spins through empty steps
         holding the GIL would starve the threads doing the transfers it waits for."""
-        tiers = self.tiers.values()
-        jobs = self.jobs
+        jobs, in_flight = self.jobs, self.jobs.in_flight
         if jobs.loading:  # from host memory (a GPU's copy), a tier, a request source
-            waited = [j for j, job in jobs.in_flight.items() if job.kind is JobKind.LOAD]
-            self.transfers.wait_any(waited, IDLE_WAIT_S)
-        elif jobs.storing and self._store is not None:
-            self._store.wait_any(IDLE_WAIT_S)
-        elif any(job.kind is JobKind.TIER_WRITE for job in jobs.in_flight.values()):
-            for tier in tiers:
-                if tier.write is not None:
-                    tier.write.wait_any(IDLE_WAIT_S)
-        elif not jobs.in_flight:  # what a tier waits for on its own (a prefill's offers)
-            for tier in tiers:
-                tier.wait_idle(IDLE_WAIT_S)
+            kind = JobKind.LOAD
+        elif jobs.storing:
+            kind = JobKind.STORE
+        elif any(job.kind is JobKind.TIER_WRITE for job in in_flight.values()):
+            kind = JobKind.TIER_WRITE
+        else:
+            if not in_flight:  # what a tier waits for on its own (a prefill's offers)
+                for tier in self.tiers.values():
+                    tier.wait_idle(IDLE_WAIT_S)
+            return
+        waited = [job_id for job_id, job in in_flight.items() if job.kind is kind]
+        self.transfers.wait_any(waited, IDLE_WAIT_S)
 
     def take_failed_blocks(self) -> set[int]:
         return self.jobs.take_failed_blocks()

@@ -68,19 +68,23 @@ class TransferWorker:
         return handler
 
     def wait(self, job_ids: Collection[int]) -> None:
-        for handler in {self._job_handler[j] for j in job_ids if j in self._job_handler}:
+        for handler in self._running(job_ids):
             handler.wait(job_ids)
 
     def wait_any(self, job_ids: Collection[int], timeout: float) -> None:
         """Block, the GIL released, until a job of the handlers running ``job_ids`` finished,
         at most ``timeout`` per handler (``TransferHandler.wait_any``)."""
-        for handler in {self._job_handler[j] for j in job_ids if j in self._job_handler}:
+        for handler in self._running(job_ids):
             handler.wait_any(timeout)
 
     def fence(self, job_ids: Collection[int]) -> None:
         """The engine's next work runs after those jobs (``TransferHandler.fence``)."""
-        for handler in {self._job_handler[j] for j in job_ids if j in self._job_handler}:
+        for handler in self._running(job_ids):
             handler.fence(job_ids)
+
+    def _running(self, job_ids: Collection[int]) -> set[TransferHandler]:
+        """The handlers running those of ``job_ids`` still in flight."""
+        return {self._job_handler[j] for j in job_ids if j in self._job_handler}
 
     @property
     def num_in_flight(self) -> int:
