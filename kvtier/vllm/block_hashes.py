@@ -2,6 +2,7 @@
 
     hashes_per_block(vllm_config, kv_cache_config) -> int   vLLM's hashes per engine block
     block_hashes(request, per_block) -> Sequence[bytes]      one per full engine block
+    tokens_name_kv(request) -> bool                          its tokens alone name its KV
 
 vLLM hashes a request's tokens every ``hash_block_size`` tokens (``Request.block_hashes``, sized
 by vLLM's ``resolve_kv_cache_block_sizes``): the engine's block, except in a model of several KV
@@ -88,3 +89,9 @@ def block_hashes(request: Request, per_block: int) -> Sequence[bytes]:
     block, else a view of every ``per_block``-th."""
     hashes: Sequence[bytes] = request.block_hashes
     return hashes if per_block == 1 else EveryNth(hashes, per_block)
+
+
+def tokens_name_kv(request: Request) -> bool:
+    """Whether the request's token ids alone name its KV (not so with images or prompt
+    embeddings: their KV depends on more than the token ids, and so its tail's key)."""
+    return not request.mm_features and request.prompt_embeds is None

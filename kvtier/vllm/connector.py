@@ -40,11 +40,12 @@ from kvtier.config import KVTierConfig
 from kvtier.scheduler.connector import SchedulerConnector
 from kvtier.vllm import versions
 from kvtier.vllm.assembly import SchedulerSide, WorkerSide
-from kvtier.vllm.block_hashes import block_hashes, hashes_per_block
+from kvtier.vllm.block_hashes import block_hashes, hashes_per_block, tokens_name_kv
 from kvtier.vllm.kv_role import KVRole
 from kvtier.vllm.logs import route_to_vllm_logging
 from kvtier.vllm.metadata import KVTierConnectorStats, KVTierMetadata, KVTierWorkerMetadata
 from kvtier.vllm.observability import Observability
+from kvtier.vllm.releases import skips_external_kv
 from kvtier.vllm.schedule import rewritten_early, step_requests
 from kvtier.worker.connector import WorkerConnector
 
@@ -101,14 +102,14 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        if getattr(request, "skip_reading_prefix_cache", False):
+        if skips_external_kv(request):  # vLLM would discard what kvtier found
             return 0, False
         hashes = block_hashes(request, self._hashes_per_block)
         pull = self._kv_role.lookup(request, hashes, num_computed_tokens)
         if pull is not None:  # a decode engine's prompt, from its prefill engine
             return pull
         req_id = request.request_id
-        named = _tokens_name_kv(request)
+        named = tokens_name_kv(request)
         full = len(hashes) * self._engine_block  # its tokens after its last full block: its tail
         hit = self.scheduler.lookup(
             req_id, hashes, num_computed_tokens, request.num_tokens,
@@ -180,6 +181,9 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         assert self._worker_side is not None
         self._worker_side.register(kv_caches)
 
+    def unregister_kv_caches(self) -> None:  # vLLM 0.33+, before it unmaps the KV memory (sleep,
+        self.worker.drain()  # a weight update); its addresses come back the same: no restore
+
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         # called before every forward (and on steps without one): take the plan, flush stores
         assert isinstance(kv_connector_metadata, KVTierMetadata)
@@ -237,7 +241,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         self._kv_role.set_handshake(metadata)
 
     def on_new_request(self, request: Request) -> None:
-        self._kv_role.on_new_request(request)
+        self._kv_role.on_new_request(request, self._engine_block // self._hashes_per_block)
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -291,9 +295,3 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
 def _external(block_hash: bytes) -> ExternalBlockHash:
     """A block hash as vLLM publishes its own (an int: ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``)."""
     return maybe_convert_block_hash(BlockHash(block_hash))
-
-
-def _tokens_name_kv(request: Request) -> bool:
-    """Whether the request's token ids alone name its KV (not so with images or prompt
-    embeddings: their KV depends on more than the token ids)."""
-    return not request.mm_features and request.prompt_embeds is None

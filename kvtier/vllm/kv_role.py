@@ -10,7 +10,7 @@ engine's turns still hit its own tiers.
     scheduler(scheduler)                 the scheduler half's planner (the peer tier's source)
     registered(tiers, rank)              a worker rank's listener or puller, once built
     handshake() / set_handshake(m)       a prefill rank's listener, as the scheduler learns it
-    on_new_request(request)              a prefill engine backs a decode's prompt off
+    on_new_request(request, hash_size)   a prefill engine backs a decode's prompt off
     lookup(request, computed)            a decode request's pull: (tokens, True) or None
     allocated(request)                   its pull is planned: never again
     finished(request, block_ids)         a prefill request's offer: the params for the decode
@@ -31,6 +31,7 @@ from kvtier.config import KVTierConfig
 from kvtier.tiers.peer import SPEC as PEER
 from kvtier.tiers.peer.planner import PeerPlanner
 from kvtier.tiers.peer.worker import PeerWorkerTier
+from kvtier.vllm.releases import skips_external_kv, truncate_block_hashes
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -124,10 +125,10 @@ class KVRole:
 
     # ---- requests ----------------------------------------------------------------------------
 
-    def on_new_request(self, request: Request) -> None:
+    def on_new_request(self, request: Request, hash_block_size: int) -> None:
         """A prefill engine backs off a remote decode's prompt by the tokens the decode engine
         will compute (``PeerProducer.backoff``) the way NixlConnector truncates it, once, before
-        anything is scheduled."""
+        anything is scheduled (``hash_block_size``: tokens per hash of the request's)."""
         params = request.kv_transfer_params
         producer = self.planner.producer if self.planner is not None else None
         if producer is None or not params or not params.get("do_remote_decode"):
@@ -137,12 +138,13 @@ class KVRole:
             return
         if request.num_computed_tokens or request.num_output_tokens:
             return  # not before its first step: leave it whole
-        if request.get_skip_reading_prefix_cache():
+        if skips_external_kv(request):
             return  # prompt logprobs: the decode engine computes the whole prompt anyway
         # a new list: the caller's prompt (an in-process engine's) stays whole
         request.prompt_token_ids = request.prompt_token_ids[:-backoff]
         del request._all_token_ids[-backoff:]  # in place: ``all_token_ids`` wraps this list
         request.num_prompt_tokens -= backoff
+        truncate_block_hashes(request, hash_block_size)  # its last block may be full no more
         request.max_tokens = 1
         params[TRUNCATED] = True
 

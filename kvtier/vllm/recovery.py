@@ -15,12 +15,15 @@ anew from what loaded.
 
 So where vLLM does not recover, no read that can fail runs before the forward: a local disk's
 chunks load asynchronously. Host memory's still load before the forward (a copy within the
-process, which fails only with the device). On the CPU vLLM runs neither configuration.
+process, which fails only with the device). On the CPU vLLM 0.32 runs neither configuration;
+vLLM 0.34 has Model Runner V2 only, and 0.33 and 0.34 still roll back as 0.32 does.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from kvtier.vllm.releases import runs_model_runner_v2
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -29,7 +32,7 @@ if TYPE_CHECKING:
 def recovers_sync_loads(vllm_config: VllmConfig) -> str | None:
     """None where vLLM recomputes a failed synchronous load right; else which setting of
     ``vllm_config`` keeps it from it."""
-    if getattr(vllm_config, "use_v2_model_runner", False):
+    if runs_model_runner_v2(vllm_config):
         return "Model Runner V2"
     if vllm_config.scheduler_config.async_scheduling:
         return "asynchronous scheduling"

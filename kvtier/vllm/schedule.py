@@ -1,10 +1,11 @@
 """vLLM's ``SchedulerOutput`` as the scheduler half's ``StepRequests``: only what changed.
 
 vLLM 0.32 (``vllm/v1/core/sched/output.py``): a request scheduled for the first time
-(``scheduled_new_reqs``; with Model Runner V2 also one resumed after a preemption) carries its
-whole block table. A request scheduled before (``scheduled_cached_reqs``) carries the blocks
-allocated to it this step (``new_block_ids``, None for none), which extend its table, unless it
-is resumed after a preemption (``resumed_req_ids``): then they are its whole table. Every other
+(``scheduled_new_reqs``; with Model Runner V2, and from vLLM 0.34 always, also one resumed after
+a preemption) carries its whole block table. A request scheduled before (``scheduled_cached_reqs``)
+carries the blocks allocated to it this step (``new_block_ids``, None for none), which extend its
+table, unless it is resumed after a preemption (``resumed_req_ids``, gone in 0.34): then they are
+its whole table. Every other
 change to a table happens in place and unannounced: a sliding window replacing the blocks it left
 with the null block (``scheduled.py`` accounts for it).
 
@@ -32,8 +33,8 @@ def step_requests(output: SchedulerOutput) -> StepRequests:
     new = output.scheduled_new_reqs
     cached = output.scheduled_cached_reqs
     whole = set(range(len(new)))
-    if cached.resumed_req_ids:  # whole tables again (rare)
-        resumed = cached.resumed_req_ids
+    resumed = getattr(cached, "resumed_req_ids", None)  # vLLM 0.32 and 0.33 only
+    if resumed:  # whole tables again (rare)
         whole.update(len(new) + i for i, req_id in enumerate(cached.req_ids) if req_id in resumed)
     if not new:  # most steps of a busy engine: vLLM's lists as they are
         return StepRequests(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens,

@@ -7,6 +7,7 @@ Each step, in the engine's order:
     start_stores()       after the forward: submit the plan's tier writes, then its stores
     finished(ids)     -> (finished_sending, finished_recving, failed_recving) request ids
     report()          -> WorkerReport of the jobs this rank finished since the last report
+    drain()              wait for every transfer in flight (before vLLM unmaps the KV memory)
 
 Every rank, pipeline ranks that produce no tokens included, reports every job it ran, also on
 steps without a forward pass, so the scheduler can count a job done on all ranks.
@@ -239,6 +240,10 @@ class WorkerConnector:
 
     def take_failed_blocks(self) -> set[int]:
         return self.jobs.take_failed_blocks()
+
+    def drain(self) -> None:
+        """Wait for every transfer in flight: the engine's KV memory is about to be unmapped."""
+        self.transfers.wait(list(self.jobs.in_flight))
 
     def report(self) -> WorkerReport:
         outcomes = self.jobs.take_outcomes()

@@ -174,6 +174,20 @@ def test_a_decode_request_that_pulls_nothing_frees_the_offer_at_once(own_hit: in
     assert "peer" not in decode.build_plan([]).messages
 
 
+def test_a_pull_the_engine_takes_none_of_is_no_load_and_frees_the_offer() -> None:
+    # vLLM 0.34 discards a connector's hit for a request with prompt logprobs, after the lookup:
+    # the request runs at once, computing its whole prompt; a load of nothing would report it
+    # received, and the scheduler asserts a received request is waiting for it
+    _, params = _prefilled()
+    decode = _connector(producer=False)
+    assert decode.source_lookup("peer", "d1", HASHES, params, 14, 0) == 14
+    decode.on_alloc("d1", [[40, 41, 42, 43]], 0)
+    plan = decode.build_plan([ScheduledRequest("d1", [[40, 41, 42, 43]], 0)])
+    assert plan.loads == []
+    (release,) = plan.messages["peer"]
+    assert release.req_id == "p1"
+
+
 def _sliding_params(window_group: list[int]) -> dict[str, Any]:
     """A 14-token prompt (blocks of 4) offered in two groups: full attention, then a sliding
     window of 8 tokens whose leading blocks the prefill engine freed (``NULL_BLOCK``, 0)."""

@@ -96,16 +96,22 @@ class _Copy(TransferHandler):
         self.waited.append(time.monotonic() - started)
 
 
-def test_a_step_without_forward_waits_for_a_load_from_host_memory() -> None:
-    """The request waits for its load from host memory (a GPU's copy, on its stream): a step
-    with nothing to compute blocks on it, the GIL released, instead of returning at once and
-    spinning the engine's loop against the thread that queues the copy."""
+def _loading() -> tuple[WorkerConnector, _Copy]:
+    """A worker whose load of request "a" from host memory runs until ``copy.done`` is set."""
     worker = WorkerConnector(cpu_bytes_to_use=1 << 20, block_size_factor=1, world_size=1)
     copy = _Copy()
     worker.transfers.register_handler(Medium.CPU, Medium.ENGINE, copy)
     load = LoadJob(3, "a", HostChunks(np.array([0])), EngineBlocks(np.array([5]), (1,), (0,)))
     worker.begin_step(StepPlan(loads=[load], num_chunks=64))
     worker.start_loads()
+    return worker, copy
+
+
+def test_a_step_without_forward_waits_for_a_load_from_host_memory() -> None:
+    """The request waits for its load from host memory (a GPU's copy, on its stream): a step
+    with nothing to compute blocks on it, the GIL released, instead of returning at once and
+    spinning the engine's loop against the thread that queues the copy."""
+    worker, copy = _loading()
     worker.begin_step(StepPlan(num_chunks=64, forward=False))  # "a" waits: nothing to compute
     assert worker.finished(set()) == (set(), set(), set())
     assert len(copy.waited) == 1 and copy.waited[0] >= IDLE_WAIT_S * 0.9  # it waited it out
@@ -113,3 +119,17 @@ def test_a_step_without_forward_waits_for_a_load_from_host_memory() -> None:
     worker.begin_step(StepPlan(num_chunks=64, forward=False))
     assert worker.finished(set()) == (set(), {"a"}, set())
     assert copy.waited[1] < copy.waited[0]  # the copy was done: returned at once
+
+
+def test_a_drain_returns_once_every_transfer_in_flight_is_done() -> None:
+    """Before vLLM unmaps the engine's KV memory (``unregister_kv_caches``: sleep, a weight
+    update), no copy may still run into it."""
+    worker, copy = _loading()
+    drain = threading.Thread(target=worker.drain)
+    drain.start()
+    drain.join(timeout=0.2)
+    assert drain.is_alive()  # the copy still runs
+    copy.done.set()
+    drain.join(timeout=10)
+    assert not drain.is_alive()
+    worker.drain()  # nothing in flight: returns at once

@@ -13,8 +13,9 @@ batches are replayed; if the buffer no longer has them, what the engine told is 
 the buffer replayed from its start, so the index never keeps a block the engine removed in a
 batch it lost. No answer from the replay socket within ``timeout_s``: the stream says why, is
 down, and tries again. vLLM's replay socket (a ZMQ ROUTER) drops what passes its high-water mark
-(1,000 batches; its buffer keeps 10,000), so a replay counts only as far as its batches follow
-one another: placed up to a missing one (or a lost end marker), then asked again from there.
+(vLLM 0.32: 1,000 batches; from 0.33 twice what its buffer keeps, 10,000), so a replay counts
+only as far as its batches follow one another: placed up to a missing one (or a lost end
+marker), then asked again from there.
 A stream quiet for ``check_s`` asks the replay socket what followed its last batch, so events
 that stopped (a publisher gone while the engine still answers /health) show as down, and batches
 the subscription missed are placed. An engine whose blocks hold another number of tokens than

