@@ -3,7 +3,10 @@ steps them, with a stand-in forward. Run as a script, in a process of its own, u
 vLLM ``sys.path`` finds first: the installed one, or a newer release's source (no compiled part
 of vLLM runs: the scheduler and the connector interface are Python).
 
-    python scheduler_loop.py MODEL_DIR WORK_DIR     last line of stdout: a JSON summary
+    python scheduler_loop.py MODEL_DIR WORK_DIR [hybrid]     last line of stdout: JSON
+
+``hybrid``: the second layer a sliding window's (its own KV cache group), else both full
+attention in one group.
 
 The stand-in forward writes each position's K and V as a function of the tokens up to it, and
 first checks every position the request reads (those computed before this step: the engine's
@@ -31,6 +34,7 @@ from typing import Any
 import torch
 
 BLOCK, HEADS, DIM, LAYERS, NUM_BLOCKS = 32, 2, 32, ("model.layers.0", "model.layers.1"), 40
+WINDOW = 64  # the hybrid model's second layer: sliding-window attention
 MAX_TOKENS, ROUND_S = 48, 120.0
 
 
@@ -55,7 +59,7 @@ def expected(prompt: list[int]) -> list[int]:
 
 
 class Loop:
-    def __init__(self, model: str, work: Path) -> None:
+    def __init__(self, model: str, work: Path, hybrid: bool) -> None:
         from vllm.config import (
             CacheConfig,
             DeviceConfig,
@@ -72,6 +76,7 @@ class Loop:
             KVCacheConfig,
             KVCacheGroupSpec,
             KVCacheTensor,
+            SlidingWindowSpec,
         )
         from vllm.v1.structured_output import StructuredOutputManager
 
@@ -93,16 +98,25 @@ class Loop:
         )  # fmt: skip
         config.cache_config.num_gpu_blocks = NUM_BLOCKS
         shape = (2, NUM_BLOCKS, BLOCK, HEADS, DIM)  # FlashAttention's, one allocation for all
-        backing = torch.zeros(len(LAYERS), *shape)
-        self.caches = {name: backing[i] for i, name in enumerate(LAYERS)}
-        layer_bytes = backing[0].nbytes
-        page = BLOCK * HEADS * DIM * 4
-        placement = KVCacheTensor(backing.nbytes, list(LAYERS), layer_bytes, page)
+        page, full = BLOCK * HEADS * DIM * 4, dict(block_size=BLOCK, num_kv_heads=HEADS,
+                                                   head_size=DIM, dtype=torch.float32)  # fmt: skip
+        if hybrid:  # a group per layer; their blocks come from one pool, so they share memory
+            backing = torch.zeros(1, *shape)
+            self.caches = {name: backing[0] for name in LAYERS}
+            placement = KVCacheTensor(backing.nbytes, list(LAYERS), 0, page)
+            specs = [FullAttentionSpec(**full), SlidingWindowSpec(**full, sliding_window=WINDOW)]
+            groups = [KVCacheGroupSpec([name], spec) for name, spec in zip(LAYERS, specs)]
+            self.windows: list[int | None] = [None, WINDOW]
+        else:
+            backing = torch.zeros(len(LAYERS), *shape)
+            self.caches = {name: backing[i] for i, name in enumerate(LAYERS)}
+            placement = KVCacheTensor(backing.nbytes, list(LAYERS), backing[0].nbytes, page)
+            groups = [KVCacheGroupSpec(list(LAYERS), FullAttentionSpec(**full))]
+            self.windows = [None]
         kv_config = KVCacheConfig(
-            num_blocks=NUM_BLOCKS, kv_cache_tensors=[placement],
-            kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), FullAttentionSpec(
-                block_size=BLOCK, num_kv_heads=HEADS, head_size=DIM, dtype=torch.float32))],
-        )  # fmt: skip
+            num_blocks=NUM_BLOCKS, kv_cache_tensors=[placement], kv_cache_groups=groups
+        )
+        self.group_layers = [list(g.layer_names) for g in groups]
         from vllm.utils.hashing import sha256
 
         init_none_hash(sha256)
@@ -197,19 +211,23 @@ class Loop:
         starts.update(zip(cached.req_ids, cached.num_computed_tokens))
         sampled = {}
         for req_id, count in out.num_scheduled_tokens.items():
-            request = self.scheduler.requests[req_id]
-            tokens = list(request.all_token_ids)
-            start, blocks = starts[req_id], self.scheduler.kv_cache_manager.get_block_ids(req_id)[0]
-            values = torch.tensor(_values(tokens[: start + count]), dtype=torch.float32)
-            rows = torch.tensor([blocks[p // BLOCK] for p in range(start + count)])
-            offsets = torch.arange(start + count) % BLOCK
-            for layer, cache in enumerate(self.caches.values()):
-                want = (values + layer).view(-1, 1, 1)
-                read = cache[:, rows[:start], offsets[:start]]
-                self.wrong += int((read != want[:start]).flatten(1).any(0).any(-1).any(-1).sum())
-                cache[0, rows[start:], offsets[start:]] = want[start:]
-                cache[1, rows[start:], offsets[start:]] = want[start:]
-            reaches_end = start + count >= len(tokens)
+            tokens = list(self.scheduler.requests[req_id].all_token_ids)
+            start, end = starts[req_id], starts[req_id] + count
+            tables = self.scheduler.kv_cache_manager.get_block_ids(req_id)
+            values = torch.tensor(_values(tokens[:end]), dtype=torch.float32)
+            for layers, window, blocks in zip(self.group_layers, self.windows, tables):
+                first = 0 if window is None else max(0, start - window + 1)  # what it attends to
+                rows = torch.tensor([blocks[p // BLOCK] for p in range(first, end)])
+                offsets = torch.arange(first, end) % BLOCK
+                read = start - first
+                for name in layers:
+                    cache = self.caches[name]
+                    want = (values[first:] + LAYERS.index(name)).view(-1, 1, 1)
+                    seen = cache[:, rows[:read], offsets[:read]]
+                    self.wrong += int((seen != want[:read]).flatten(1).any(0).any(-1).any(-1).sum())
+                    cache[0, rows[read:], offsets[read:]] = want[read:]
+                    cache[1, rows[read:], offsets[read:]] = want[read:]
+            reaches_end = end >= len(tokens)
             sampled[req_id] = [_next_token(tokens)] if reaches_end else []
         time.sleep(2e-5 * sum(out.num_scheduled_tokens.values()))  # what computing costs
         return sampled
@@ -250,8 +268,8 @@ def _output(sampled: dict[str, list[int]], kv_output: Any) -> Any:
 def main() -> None:
     import vllm
 
-    model, work = sys.argv[1], Path(sys.argv[2])
-    loop = Loop(model, work)
+    model, work, hybrid = sys.argv[1], Path(sys.argv[2]), sys.argv[3:] == ["hybrid"]
+    loop = Loop(model, work, hybrid)
     rng = random.Random(0)
 
     def prompt(length: int) -> list[int]:

@@ -3,8 +3,9 @@ PyPI, which GPU users install: every hit served right, every output as without k
 
 Each runs ``scheduler_loop.py`` in a process of its own: the release's own ``Scheduler`` and
 kvtier's two halves, stepped as vLLM's model runner steps them, with a stand-in forward that
-checks every position's KV a request reads. The newest release runs from its source (only its
-Python runs on the CPU), ahead of the installed vLLM on ``PYTHONPATH``.
+checks every position's KV a request reads (in the hybrid model, a sliding window's only within
+it). The newest release runs from its source (only its Python runs on the CPU), ahead of the
+installed vLLM on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ LOOP = Path(__file__).with_name("scheduler_loop.py")
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.parametrize("model", ["full attention", "hybrid"])
 @pytest.mark.parametrize("release", ["installed", "newest"])
 def test_every_hit_is_served_right_in_the_scheduler_of_the(
-    release: str, tiny_model: Path, tmp_path: Path
+    release: str, model: str, tiny_model: Path, hybrid_model: Path, tmp_path: Path
 ) -> None:
     import vllm
 
@@ -34,7 +36,8 @@ def test_every_hit_is_served_right_in_the_scheduler_of_the(
         path.insert(0, root)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path)), "HF_HUB_OFFLINE": "1"}
     run = subprocess.run(
-        [sys.executable, str(LOOP), str(tiny_model), str(tmp_path)],
+        [sys.executable, str(LOOP), str(hybrid_model if model == "hybrid" else tiny_model),
+         str(tmp_path), *(["hybrid"] if model == "hybrid" else [])],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, f"vLLM {version}:\n{run.stderr[-6000:]}"
