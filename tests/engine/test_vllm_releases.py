@@ -23,11 +23,8 @@ LOOP = Path(__file__).with_name("scheduler_loop.py")
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("model", ["full attention", "hybrid"])
-@pytest.mark.parametrize("release", ["installed", "newest"])
-def test_every_hit_is_served_right_in_the_scheduler_of_the(
-    release: str, model: str, tiny_model: Path, hybrid_model: Path, tmp_path: Path
-) -> None:
+def _run(release: str, args: list[str], cwd: Path) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """``args`` run by this Python under the installed vLLM or the newest: (its version, run)."""
     import vllm
 
     version, path = vllm.__version__, [REPO]
@@ -36,11 +33,20 @@ def test_every_hit_is_served_right_in_the_scheduler_of_the(
         path.insert(0, root)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path)), "HF_HUB_OFFLINE": "1"}
     run = subprocess.run(
-        [sys.executable, str(LOOP), str(hybrid_model if model == "hybrid" else tiny_model),
-         str(tmp_path), *(["hybrid"] if model == "hybrid" else [])],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, f"vLLM {version}:\n{run.stderr[-6000:]}"
+    return version, run
+
+
+@pytest.mark.parametrize("model", ["full attention", "hybrid"])
+@pytest.mark.parametrize("release", ["installed", "newest"])
+def test_every_hit_is_served_right_in_the_scheduler_of_the(
+    release: str, model: str, tiny_model: Path, hybrid_model: Path, tmp_path: Path
+) -> None:
+    hybrid = model == "hybrid"
+    args = [str(LOOP), str(hybrid_model if hybrid else tiny_model), str(tmp_path)]
+    version, run = _run(release, [*args, *(["hybrid"] if hybrid else [])], tmp_path)
     summary = json.loads(run.stdout.strip().splitlines()[-1])
     assert summary["vllm"] == version
     assert summary["wrong_positions"] == 0
@@ -54,3 +60,15 @@ def test_every_hit_is_served_right_in_the_scheduler_of_the(
         "skips_prompt_logprobs": True, "skips_plain": False,
         "hashes_before_and_after_a_cut": [2, 1],
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("release", ["installed", "newest"])
+def test_the_scheduler_bench_builds_the_releases_own_scheduler_output(
+    release: str, tmp_path: Path
+) -> None:
+    cli = "import sys; from kvtier.apps.cli import main; sys.exit(main())"
+    bench = ["-c", cli, "bench", "scheduler", "--adapter", "--running", "8", "--steps", "5",
+             "--warmup", "2", "--no-compare", "--out", str(tmp_path)]  # fmt: skip
+    _run(release, bench, tmp_path)
+    modes = {row["mode"] for row in json.loads((tmp_path / "scheduler.json").read_text())["rows"]}
+    assert "vllm-adapter" in modes

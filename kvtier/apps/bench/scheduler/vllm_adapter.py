@@ -1,14 +1,16 @@
 """``kvtier bench scheduler --adapter``: the simulated steps as vLLM's own ``SchedulerOutput``.
 
-Built as vLLM 0.32's scheduler builds it (fresh lists per request: new requests with their whole
+Built as vLLM's scheduler builds it (fresh lists per request: new requests with their whole
 tables, running ones with the blocks allocated this step or None, resumed ones with their whole
-tables in ``resumed_req_ids``), then read by the adapter's own ``kvtier.vllm.schedule
-.step_requests``. Imports vLLM.
+tables in ``resumed_req_ids``, or from vLLM 0.34 as new ones), then read by the adapter's own
+``kvtier.vllm.schedule.step_requests``. Imports vLLM.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from kvtier.apps.bench.scheduler.sim import Adapter, Scheduled
 from kvtier.scheduler.scheduled import StepRequests
@@ -19,9 +21,12 @@ def vllm_adapter() -> Adapter:
 
     from kvtier.vllm.schedule import step_requests
 
+    # vLLM 0.34 sends a resumed request as a new one, and its cached requests no token ids
+    resumed_apart = "resumed_req_ids" in {f.name for f in dataclasses.fields(CachedRequestData)}
+
     def make(scheduled: list[Scheduled]) -> Callable[[], StepRequests]:
-        first = [s for s in scheduled if s.whole and not s.resumed]
-        cached = [s for s in scheduled if not (s.whole and not s.resumed)]
+        first = [s for s in scheduled if s.whole and not (s.resumed and resumed_apart)]
+        cached = [s for s in scheduled if not (s.whole and not (s.resumed and resumed_apart))]
         new_reqs = [
             NewRequestData(
                 req_id=s.req_id,
@@ -32,17 +37,19 @@ def vllm_adapter() -> Adapter:
                 block_ids=tuple(list(t) for t in s.tables),
                 num_computed_tokens=s.computed,
                 lora_request=None,
+                prefill_token_ids=[],
             )
             for s in first
         ]
+        resumed = {s.req_id for s in cached if s.resumed}
+        apart: dict[str, Any] = {"resumed_req_ids": resumed, "all_token_ids": {}}
         cached_reqs = CachedRequestData(
             req_ids=[s.req_id for s in cached],
-            resumed_req_ids={s.req_id for s in cached if s.resumed},
             new_token_ids=[],
-            all_token_ids={},
             new_block_ids=[_new_block_ids(s) for s in cached],
             num_computed_tokens=[s.computed for s in cached],
             num_output_tokens=[1 for _ in cached],
+            **(apart if resumed_apart else {}),
         )
         tokens = {s.req_id: s.tokens for s in scheduled}
         output = SchedulerOutput(
