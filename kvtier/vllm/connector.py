@@ -181,8 +181,10 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         assert self._worker_side is not None
         self._worker_side.register(kv_caches)
 
-    def unregister_kv_caches(self) -> None:  # vLLM 0.33+, before it unmaps the KV memory (sleep,
-        self.worker.drain()  # a weight update); its addresses come back the same: no restore
+    def unregister_kv_caches(self) -> None:
+        # vLLM 0.33+: next it unmaps the KV memory (sleep, a weight update), later maps it back
+        # at the same addresses: only the copies in flight into it must be done first
+        self.worker.drain()
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         # called before every forward (and on steps without one): take the plan, flush stores

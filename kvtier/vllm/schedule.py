@@ -2,12 +2,12 @@
 
 vLLM 0.32 (``vllm/v1/core/sched/output.py``): a request scheduled for the first time
 (``scheduled_new_reqs``; with Model Runner V2, and from vLLM 0.34 always, also one resumed after
-a preemption) carries its whole block table. A request scheduled before (``scheduled_cached_reqs``)
-carries the blocks allocated to it this step (``new_block_ids``, None for none), which extend its
-table, unless it is resumed after a preemption (``resumed_req_ids``, gone in 0.34): then they are
-its whole table. Every other
-change to a table happens in place and unannounced: a sliding window replacing the blocks it left
-with the null block (``scheduled.py`` accounts for it).
+a preemption) carries its whole block table. A request scheduled before
+(``scheduled_cached_reqs``) carries the blocks allocated to it this step (``new_block_ids``, None
+for none), which extend its table, unless it is resumed after a preemption (``resumed_req_ids``,
+gone in 0.34): then they are its whole table. Every other change to a table happens in place and
+unannounced: a sliding window replacing the blocks it left with the null block (``scheduled.py``
+accounts for it).
 
 The running requests stay vLLM's own columns (``CachedRequestData`` is one list per field): at
 512 concurrent requests, a Python object per request and step cost more than all kvtier's
