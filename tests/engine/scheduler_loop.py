@@ -1,32 +1,17 @@
-"""kvtier's two halves inside a vLLM release's own ``Scheduler``, stepped as its model runner
-steps them, with a stand-in forward. Run as a script, in a process of its own, under whichever
-vLLM ``sys.path`` finds first: the installed one, or a newer release's source (no compiled part
-of vLLM runs: the scheduler and the connector interface are Python).
-
-    python scheduler_loop.py MODEL_DIR WORK_DIR [hybrid]     last line of stdout: JSON
-
-``hybrid``: the second layer a sliding window's (its own KV cache group), else both full
-attention in one group.
+"""One engine's vLLM ``Scheduler`` (a release's own) and kvtier's two halves, stepped as vLLM's
+model runner steps them, with a stand-in forward (``Loop``); the scenarios: ``release_run.py``.
 
 The stand-in forward writes each position's K and V as a function of the tokens up to it, and
 first checks every position the request reads (those computed before this step: the engine's
-prefix cache, kvtier's loads, its own earlier steps). Each request's next token is a function of
-its tokens so far. So any KV served wrong is counted (``wrong_positions``), and the outputs equal
-``expected`` token for token, computed here without an engine.
-
-The engine is small (``NUM_BLOCKS``) so that eight requests at once preempt each other, and a
-second round of prompts sharing the first round's prefixes is served from kvtier's host memory
-and, past its 1 MiB, from its disk tier: synchronous and asynchronous loads, resumed requests,
-stores of finished requests that hold their blocks until stored.
+prefix cache, kvtier's loads, its own earlier steps; in a sliding window's group only those the
+window holds). Each request's next token is a function of its tokens so far. So any KV served
+wrong is counted (``wrong``), and the outputs equal ``expected`` token for token, computed here
+without an engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +20,7 @@ import torch
 
 BLOCK, HEADS, DIM, LAYERS, NUM_BLOCKS = 32, 2, 32, ("model.layers.0", "model.layers.1"), 40
 WINDOW = 64  # the hybrid model's second layer: sliding-window attention
-MAX_TOKENS, ROUND_S = 48, 120.0
+MAX_TOKENS = 48
 
 
 def _values(tokens: list[int]) -> list[int]:
@@ -59,7 +44,7 @@ def expected(prompt: list[int]) -> list[int]:
 
 
 class Loop:
-    def __init__(self, model: str, work: Path, hybrid: bool) -> None:
+    def __init__(self, model: str, work: Path, hybrid: bool, role: str = "kv_both") -> None:
         from vllm.config import (
             CacheConfig,
             DeviceConfig,
@@ -82,7 +67,11 @@ class Loop:
 
         from kvtier.vllm import KVTierConnector
 
-        extra = {"cpu_bytes_to_use": "3MiB", "disk": {"path": str(work / "disk"), "bytes": "64MiB"}}
+        extra: dict[str, Any] = {"cpu_bytes_to_use": "3MiB"}
+        if role == "kv_both":
+            extra["disk"] = {"path": str(work / "disk"), "bytes": "64MiB"}
+        else:  # prefill→decode over TCP on 127.0.0.1
+            extra["transfer"] = {"secret": "kvtier-scheduler-loop-secret"}
         config = VllmConfig(
             model_config=ModelConfig(model=model, dtype="float32", seed=0, max_model_len=512),
             scheduler_config=SchedulerConfig(
@@ -92,7 +81,7 @@ class Loop:
             cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
             kv_transfer_config=KVTransferConfig(
                 kv_connector="KVTierConnector", kv_connector_module_path="kvtier.vllm",
-                kv_role="kv_both", kv_connector_extra_config=extra,
+                kv_role=role, kv_connector_extra_config=extra,
             ),
             device_config=DeviceConfig("cpu"),
         )  # fmt: skip
@@ -130,19 +119,25 @@ class Loop:
         self.worker.register_kv_caches(self.caches)
         self.steps = self.wrong = self.preempted = 0
         self.outputs: dict[str, list[int]] = {}
+        self.transfer_params: dict[str, dict[str, Any]] = {}  # a prefill's, per finished request
 
-    def add(self, req_id: str, prompt: list[int], prompt_logprobs: bool = False) -> None:
-        self.scheduler.add_request(self.request(req_id, prompt, prompt_logprobs))
+    def add(self, req_id: str, prompt: list[int], prompt_logprobs: bool = False,
+            transfer: dict[str, Any] | None = None) -> None:  # fmt: skip
+        self.scheduler.add_request(self.request(req_id, prompt, prompt_logprobs, transfer))
         self.outputs[req_id] = []
 
-    def request(self, req_id: str, prompt: list[int], prompt_logprobs: bool = False) -> Any:
+    def request(self, req_id: str, prompt: list[int], prompt_logprobs: bool = False,
+                transfer: dict[str, Any] | None = None) -> Any:  # fmt: skip
+        """``transfer``: its kv_transfer_params (a prefill's request makes one token)."""
         from vllm import SamplingParams
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher
         from vllm.v1.request import Request
 
+        prefill = transfer is not None and transfer.get("do_remote_decode")
         params = SamplingParams(
-            max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0,
+            max_tokens=1 if prefill else MAX_TOKENS, ignore_eos=True, temperature=0.0,
             prompt_logprobs=1 if prompt_logprobs else None,
+            extra_args=None if transfer is None else {"kv_transfer_params": transfer},
         )  # fmt: skip
         return Request(
             request_id=req_id, prompt_token_ids=prompt, sampling_params=params,
@@ -164,15 +159,6 @@ class Loop:
             "skips_plain": skips_external_kv(self.request("p", [1] * 40)),
             "hashes_before_and_after_a_cut": [hashes, len(cut.block_hashes)],
         }  # fmt: skip
-
-    def run(self) -> None:
-        """Steps until every request finished and freed its blocks (bounded in time)."""
-        deadline = time.monotonic() + ROUND_S
-        while self.scheduler.requests:
-            if time.monotonic() > deadline:
-                left = list(self.scheduler.requests)
-                raise TimeoutError(f"requests left after {ROUND_S} s: {left}")
-            self.step()
 
     def step(self) -> None:
         from vllm.v1.outputs import KVConnectorOutput
@@ -200,6 +186,8 @@ class Loop:
         for outputs in self.scheduler.update_from_output(out, _output(sampled, kv_output)).values():
             for output in outputs.outputs:
                 self.outputs[output.request_id] += output.new_token_ids
+                if output.kv_transfer_params:
+                    self.transfer_params[output.request_id] = output.kv_transfer_params
         self.steps += 1
 
     def forward(self, out: Any) -> dict[str, list[int]]:
@@ -246,8 +234,11 @@ def _one_rank(config: Any, work: Path) -> None:
     from vllm.distributed.parallel_state import (
         ensure_model_parallel_initialized,
         init_distributed_environment,
+        model_parallel_is_initialized,
     )
 
+    if model_parallel_is_initialized():  # a prefill and a decode engine in one process
+        return
     with set_current_vllm_config(config):
         init_distributed_environment(1, 0, f"file://{work / 'rendezvous'}", 0, backend="gloo")
         ensure_model_parallel_initialized(1, 1)
@@ -263,36 +254,3 @@ def _output(sampled: dict[str, list[int]], kv_output: Any) -> Any:
         req_ids=req_ids, sampled_token_ids=[sampled[r] for r in req_ids],
         kv_connector_output=kv_output, **{k: v for k, v in extra.items() if k in fields},
     )  # fmt: skip
-
-
-def main() -> None:
-    import vllm
-
-    model, work, hybrid = sys.argv[1], Path(sys.argv[2]), sys.argv[3:] == ["hybrid"]
-    loop = Loop(model, work, hybrid)
-    rng = random.Random(0)
-
-    def prompt(length: int) -> list[int]:
-        return [rng.randrange(10, 490) for _ in range(length)]
-
-    # twelve at once: they preempt each other; then prompts sharing their first 256 tokens, the
-    # last round's first: the newest in host memory, the oldest evicted to disk
-    first = {f"a{i}": prompt(300 + 20 * (i % 8)) for i in range(12)}
-    second = {f"b{i}": p[:256] + prompt(40) for i, p in reversed(list(enumerate(first.values())))}
-    # and one asking for prompt logprobs: it reads no KV from outside the engine
-    second["c0"] = first["a0"][:256] + prompt(40)
-    for prompts in (first, second):
-        for req_id, tokens in prompts.items():
-            loop.add(req_id, tokens, prompt_logprobs=req_id == "c0")
-        loop.run()
-    prompts = {**first, **second}
-    summary = loop.summary() | {"releases": loop.releases()}
-    summary["vllm"] = vllm.__version__
-    summary["outputs_match"] = all(loop.outputs[r] == expected(p) for r, p in prompts.items())
-    loop.worker.shutdown()
-    print(json.dumps(summary))
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    main()

