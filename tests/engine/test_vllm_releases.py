@@ -67,6 +67,7 @@ def test_a_decode_engine_pulls_every_prompt_right_in_the_scheduler_of_the(
 ) -> None:
     summary = _loop(release, model, tiny_model, hybrid_model, tmp_path, "pd")
     assert summary["wrong_positions"] == summary["prefill_wrong_positions"] == 0
+    assert summary["backed_off"] == (3 if model == "hybrid" else 0)
     assert summary["outputs_match"]
     peer = summary["tiers"]["peer"]
     assert peer["hit_chunks"] > 0 and peer["failed_loads"] == 0
