@@ -9,6 +9,7 @@ put ``root`` first on ``sys.path`` (``PYTHONPATH``) in a process of its own.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import shutil
@@ -22,6 +23,7 @@ PYPI = "https://pypi.org/pypi/vllm/json"
 CACHE = Path.home() / ".cache" / "kvtier" / "vllm-src"
 
 
+@functools.cache  # one answer per test process
 def newest_source() -> tuple[str, Path]:
     with urllib.request.urlopen(PYPI, timeout=60) as answer:
         release = json.load(answer)

@@ -54,7 +54,7 @@ class Sources:
         state.source = state.source_params = None  # one load per request
         request = SourceRequest(state.req_id, params, state.block_ids, state.num_computed_tokens)
         load = self.by_name[name].plan_load(request, num_external_tokens)
-        if load is None:
+        if load is None or num_external_tokens == 0:  # the engine took none of it: no load
             return None
         job_id = self.jobs.add(Job(state.req_id, [], JobKind.SOURCE_LOAD, tier=name))
         state.load_jobs.add(job_id)

@@ -31,13 +31,15 @@ from scheduler_loop import Loop, expected
 ROUND_S = 120.0  # the longest a round may take: past it, requests are stuck
 
 
-def run_together(loops: list[Loop]) -> None:
-    """Steps each engine in turn until none holds a request (bounded in time)."""
+def run_together(loops: list[Loop], before: Callable[[], None] = lambda: None) -> None:
+    """Steps each engine in turn (``before`` each round) until none holds a request (bounded in
+    time)."""
     deadline = time.monotonic() + ROUND_S
     while any(loop.scheduler.requests for loop in loops):
         if time.monotonic() > deadline:
             left = [list(loop.scheduler.requests) for loop in loops]
             raise TimeoutError(f"requests left after {ROUND_S} s: {left}")
+        before()
         for loop in loops:
             if loop.scheduler.requests:
                 loop.step()
@@ -84,14 +86,12 @@ def prefill_decode(model: str, work: Path, hybrid: bool) -> dict[str, Any]:
     for req_id, tokens in prompts.items():
         prefill.add(req_id, tokens, transfer={"do_remote_decode": True, "do_remote_prefill": False})
         backed_off += prefill.scheduler.requests[req_id].num_prompt_tokens < len(tokens)
-    deadline = time.monotonic() + ROUND_S
-    while any(loop.scheduler.requests for loop in (prefill, decode)):
-        assert time.monotonic() < deadline, f"requests left after {ROUND_S} s"
-        for req_id in prefill.transfer_params.keys() - decode.outputs.keys():  # as a proxy does
+
+    def send_offered() -> None:  # to the decode engine, as a proxy does
+        for req_id in prefill.transfer_params.keys() - decode.outputs.keys():
             decode.add(req_id, prompts[req_id], transfer=prefill.transfer_params[req_id])
-        for loop in (prefill, decode):
-            if loop.scheduler.requests:
-                loop.step()
+
+    run_together([prefill, decode], send_offered)
     summary = decode.summary()
     summary["prefill_wrong_positions"], summary["backed_off"] = prefill.wrong, backed_off
     summary["outputs_match"] = all(decode.outputs[r] == expected(p) for r, p in prompts.items())

@@ -10,6 +10,8 @@ counts (``scheduler/sources.py``); a source only answers for its own requests:
     lookup(params, prompt_tokens, computed) -> int   tokens it loads for a request with these
                                                params beyond ``computed`` (0: not its request)
     plan_load(request, tokens) -> SourceLoad | None  the load into the blocks the engine gave
+                                               (tokens 0: the engine took none, e.g. vLLM 0.34
+                                               for prompt logprobs: free what was kept; no load)
     holds(req_id)            -> bool           a finished request's blocks are kept for it
     pending                  -> bool           work that keeps the engine stepping
     take_messages()          -> [object]       this step's messages to its worker side

@@ -51,8 +51,8 @@ class PeerPlanner:
     def plan_load(self, request: SourceRequest, num_external_tokens: int) -> SourceLoad | None:
         if self.consumer is None:
             return None
-        if num_external_tokens == 0:  # the engine took none of the pull (vLLM 0.34 discards a
-            self.release(request.params)  # hit for a request with prompt logprobs): no load
+        if num_external_tokens == 0:  # the engine took none of the pull: free the offer now
+            self.release(request.params)
             return None
         load = self.consumer.pair(
             request.params, request.block_ids, request.num_computed_tokens, num_external_tokens
