@@ -6,6 +6,7 @@ hands its work to a part: ``lookups.py`` (a request's hit), ``load_planner.py`` 
 ``tail_store.py``, and writes to the chain, ``tier_writes.py``), ``completions.py`` (jobs done).
 
     lookup(req, block_hashes, num_computed_tokens) -> int | None   tokens loadable beyond the hit
+    loads_async(req) / may_load_async(hashes, num_tokens) -> bool   it waits for its load / may
     on_alloc(req, block_ids, num_external_tokens)                  pin the hit, plan its load
     build_plan(scheduled, preempted, ...)       -> StepPlan         this step's loads and stores
     on_report(report)                                               count ranks; finish jobs
@@ -49,7 +50,7 @@ from kvtier.scheduler.step_plans import StepPlans
 from kvtier.scheduler.step_visits import StepVisits
 from kvtier.scheduler.store_planner import StorePlanner
 from kvtier.scheduler.tail_store import TailStore
-from kvtier.scheduler.tier_writes import TierWrites
+from kvtier.scheduler.tier_writes import TierWrites, drop_host_chunks
 from kvtier.step_plan import StepPlan, WorkerReport
 from kvtier.tiers.base.index import TierIndex
 from kvtier.tiers.base.source import RequestSource
@@ -198,6 +199,10 @@ class SchedulerConnector:
         state = self.requests.get(req_id)
         return state is not None and state.load_async
 
+    def may_load_async(self, block_hashes: Sequence[bytes], num_tokens: int) -> bool:
+        """Whether a request may wait for its load, before its lookup (``lookups.py``)."""
+        return self._lookups.may_wait(block_hashes, num_tokens)
+
     def on_alloc(
         self, req_id: str, block_ids: Sequence[Sequence[int]], num_external_tokens: int
     ) -> None:
@@ -266,15 +271,8 @@ class SchedulerConnector:
         return provenance(state, self.job_log.loads(req_id), prompt_tokens, tuple(self.stats.tiers))
 
     def drop_host_chunks(self) -> bool:
-        """Forget every host-tier chunk no transfer uses (the engine's connector-cache reset).
-        Chunks pinned by a load or a tier write, and stores in flight, stay. The chain's tiers are
-        kept: they persist across restarts and may be shared by other engines. Chunks not yet
-        written to them are lost. True when no loadable host chunk is left.
-        """
-        removed = self.manager.remove(list(self.manager.stored()))
-        for writes in self._writes.values():
-            writes.removed(removed, reset=True)  # type: ignore[arg-type]
-        return not self.manager.stored()
+        """The engine's connector-cache reset (``tier_writes.drop_host_chunks``)."""
+        return drop_host_chunks(self.manager, self._writes.values())
 
     @property
     def has_jobs_in_flight(self) -> bool:
@@ -287,8 +285,7 @@ class SchedulerConnector:
         return bool(self.jobs) or writes or self.sources.pending
 
     def take_events(self) -> list[PrefixEvent]:
-        """The prefixes each tier started or stopped holding since the last call, in the
-        engine's block hashes (``prefix_events.py``; none unless ``prefix_events``)."""
+        """What each tier started or stopped holding since the last call (``prefix_events.py``)."""
         tell_tier_events(self.prefixes, self.manager, self.lower)
         return self.prefixes.take() if self.prefixes is not None else []
 

@@ -4,6 +4,8 @@ much of it is worth loading (``hit_policy.py``), with the prompt's tail.
     Lookups(...).lookup(state, computed, num_tokens, tail_tokens) -> int | None
         tokens worth loading beyond ``computed``; None: ask again next step (a store in flight,
         a remote tier's lookup, worth waiting for); ``state.load_async``: the request waits
+    Lookups(...).may_wait(block_hashes, num_tokens) -> bool
+        before its first lookup: whether a request may get a hit it waits for
 """
 
 from __future__ import annotations
@@ -33,6 +35,23 @@ class Lookups:
         """``counted``: every lookup counts towards the host tier's store threshold."""
         self.manager, self.loads, self.tails, self.policy = manager, loads, tails, policy
         self.costs, self.groups, self.counted = costs, groups, counted
+
+    def may_wait(self, block_hashes: Sequence[bytes], num_tokens: int) -> bool:
+        """Before its first lookup: whether a request may get a hit it waits for. Its full
+        chunks before its last token are walked from the first (the engine's own hit is not
+        known yet) while the host tier holds them: True at the first a tier below holds, or at
+        the first held at all in a model of several KV cache groups (every load makes the
+        request wait there). Only what this engine knows is read: a chunk another engine put in
+        Redis or on a shared disk counts once this engine looked it up."""
+        factor, keys = self.loads.factor, self.loads.keys
+        full = min(len(block_hashes) // factor, (num_tokens - 1) // self.policy.chunk_tokens)
+        for start in range(0, full * factor, factor):
+            (key,) = keys.keys(block_hashes[: start + factor], 0, start)
+            if not self.manager.holds(key):
+                return any(tier.holds(key) for tier in self.loads.lower)
+            if self.groups > 1:
+                return True
+        return False
 
     def lookup(
         self,

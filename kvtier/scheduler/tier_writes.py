@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 
 import numpy as np
@@ -268,3 +268,14 @@ class TierWrites:
                 continue
             self._failures[key] = attempts
             self._dirty[key] = None
+
+
+def drop_host_chunks(host: ChunkManager, chain: Iterable[TierWrites]) -> bool:
+    """Forget every host-tier chunk no transfer uses (the engine's connector-cache reset). Chunks
+    pinned by a load or a tier write, and stores in flight, stay. The chain's tiers are kept: they
+    persist across restarts and may be shared by other engines. Chunks not yet written to them
+    are lost (``reset``). True when no loadable host chunk is left."""
+    removed = host.remove(list(host.stored()))
+    for writes in chain:
+        writes.removed(removed, reset=True)  # type: ignore[arg-type]
+    return not host.stored()

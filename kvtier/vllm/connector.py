@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import vllm
-from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+from vllm.distributed.kv_events import KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorHandshakeMetadata,
@@ -34,13 +34,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     PromMetric,
     PromMetricT,
 )
-from vllm.v1.core.kv_cache_utils import BlockHash, ExternalBlockHash, maybe_convert_block_hash
 
 from kvtier.config import KVTierConfig
 from kvtier.scheduler.connector import SchedulerConnector
 from kvtier.vllm import versions
 from kvtier.vllm.assembly import SchedulerSide, WorkerSide
 from kvtier.vllm.block_hashes import block_hashes, hashes_per_block, tokens_name_kv
+from kvtier.vllm.kv_events import kv_events
 from kvtier.vllm.kv_role import KVRole
 from kvtier.vllm.logs import route_to_vllm_logging
 from kvtier.vllm.metadata import KVTierConnectorStats, KVTierMetadata, KVTierWorkerMetadata
@@ -121,6 +121,17 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         # a hit in host memory loads before this step's forward (no step spent waiting for it)
         return hit, hit > 0 and self.scheduler.loads_async(req_id)
 
+    def may_load_async(self, request: Request) -> bool:
+        # vLLM 0.34+, --max-num-inflight-kv-loads, as the request is queued: True queues it with
+        # the loads vLLM starts while the batch is full, where one held at the cap holds up no
+        # request that loads nothing; a request wrongly there may wait behind such a one
+        if skips_external_kv(request):
+            return False
+        if self._kv_role.may_pull(request):
+            return True
+        hashes = block_hashes(request, self._hashes_per_block)
+        return self.scheduler.may_load_async(hashes, request.num_tokens)
+
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
@@ -154,21 +165,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def take_events(self) -> Iterable[KVCacheEvent]:
         # each tier's chunks in the engine's block hashes, beside the engine's own ("GPU") blocks
-        block_size = self.scheduler.block_tokens
-        for event in self.scheduler.take_events():
-            hashes = [_external(h) for h in event.block_hashes]
-            if event.stored:
-                parent = event.parent
-                yield BlockStored(
-                    block_hashes=hashes,
-                    parent_block_hash=None if parent is None else _external(parent),
-                    token_ids=list(event.token_ids), block_size=block_size, lora_id=None,
-                    medium=event.tier.upper(), lora_name=None, group_idx=event.group,
-                )  # fmt: skip
-            else:
-                yield BlockRemoved(
-                    block_hashes=hashes, medium=event.tier.upper(), group_idx=event.group
-                )
+        return kv_events(self.scheduler.take_events(), self.scheduler.block_tokens)
 
     # ---- worker side -----------------------------------------------------------------------
 
@@ -292,8 +289,3 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def reset_cache(self) -> bool | None:
         return self._observe.reset() if self._observe is not None else None
-
-
-def _external(block_hash: bytes) -> ExternalBlockHash:
-    """A block hash as vLLM publishes its own (an int: ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``)."""
-    return maybe_convert_block_hash(BlockHash(block_hash))

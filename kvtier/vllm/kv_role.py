@@ -11,6 +11,7 @@ engine's turns still hit its own tiers.
     registered(tiers, rank)              a worker rank's listener or puller, once built
     handshake() / set_handshake(m)       a prefill rank's listener, as the scheduler learns it
     on_new_request(request, hash_size)   a prefill engine backs a decode's prompt off
+    may_pull(request)                    a decode request's, to pull (vLLM asks: may it wait)
     lookup(request, computed)            a decode request's pull: (tokens, True) or None
     allocated(request)                   its pull is planned: never again
     finished(request, block_ids)         a prefill request's offer: the params for the decode
@@ -154,14 +155,11 @@ class KVRole:
         """A decode request's pull from its prefill engine (``hashes``: one per full engine
         block); None: not one."""
         params = request.kv_transfer_params
-        planner = self.planner
-        if planner is None or planner.consumer is None or not params:
-            return None
-        if not params.get("do_remote_prefill"):
+        if self.planner is None or params is None or not self.may_pull(request):
             return None
         assert self._scheduler is not None
         tokens = self._scheduler.source_lookup(
-            planner.name, request.request_id, hashes, params,
+            self.planner.name, request.request_id, hashes, params,
             request.num_prompt_tokens, num_computed_tokens,
         )  # fmt: skip
         if tokens > 0:
@@ -169,11 +167,16 @@ class KVRole:
         self._release_unpulled(params)  # its own prefix cache holds the whole prompt
         return None
 
+    def may_pull(self, request: Request) -> bool:
+        """Whether ``request`` is a decode engine's, to pull from its prefill engine."""
+        params = request.kv_transfer_params
+        consumer = self.planner is not None and self.planner.consumer is not None
+        return consumer and bool(params and params.get("do_remote_prefill"))
+
     def allocated(self, request: Request) -> None:
         """The pull is planned: never again for this request (a preempted one recomputes)."""
         params = request.kv_transfer_params
-        consumer = self.planner is not None and self.planner.consumer is not None
-        if consumer and params and params.get("do_remote_prefill"):
+        if params is not None and self.may_pull(request):
             params["do_remote_prefill"] = False
 
     def _release_unpulled(self, params: dict[str, Any] | None) -> None:

@@ -2,11 +2,12 @@
 script, in a process of its own, under whichever vLLM ``sys.path`` finds first: the installed
 one, or a newer release's source (no compiled part of vLLM runs).
 
-    python release_run.py MODEL_DIR WORK_DIR [hybrid] [pd]    last line of stdout: JSON
+    python release_run.py MODEL_DIR WORK_DIR [hybrid] [pd | inflight]    last line: JSON
 
 ``hybrid``: the second layer a sliding window's (its own KV cache group), else both full
 attention in one group. ``pd``: a prefill engine and a decode engine pulling from it over TCP
-(kv_producer, kv_consumer), else one engine with host memory and a disk tier.
+(kv_producer, kv_consumer), else one engine with host memory and a disk tier; ``inflight``:
+that engine with vLLM 0.34's cap on asynchronous loads (``inflight_loads``).
 
 One engine is small (``NUM_BLOCKS``) so that twelve requests at once preempt each other, and a
 second round of prompts sharing the first round's prefixes is served from kvtier's host memory
@@ -70,6 +71,38 @@ def one_engine(model: str, work: Path, hybrid: bool) -> dict[str, Any]:
     return summary
 
 
+def inflight_loads(model: str, work: Path, hybrid: bool) -> dict[str, Any]:
+    """vLLM 0.34's ``--max-num-inflight-kv-loads 1``, two requests running at most: a prompt
+    whose prefix is on disk starts its load while the batch is full, and a load held at the cap
+    holds up no other new request. Each status is read after the step that added it."""
+    loop = Loop(model, work, hybrid, max_num_seqs=2, max_num_inflight_kv_loads=1,
+                min_async_load_tokens=64)  # fmt: skip
+    prompt = prompts_of(2)
+    first = {f"a{i}": prompt(300 + 20 * (i % 8)) for i in range(12)}  # a0-a3: on disk only
+    for req_id, tokens in first.items():
+        loop.add(req_id, tokens)
+    loop.settle()
+    shares = {f"b{i}": first[f"a{i}"][:256] + prompt(40) for i in range(3)}
+    prompts = {**first, **shares, "f0": prompt(100), "f1": prompt(100), "c": prompt(100)}
+    loop.add("f0", prompts["f0"])
+    loop.add("f1", prompts["f1"])
+    while len(loop.scheduler.running) < 2:
+        loop.step()
+    loop.add("b0", prompts["b0"])
+    loop.step()
+    full = {"running": len(loop.scheduler.running), "b0": loop.status("b0")}
+    loop.settle()
+    for req_id in ("b1", "b2", "c"):
+        loop.add(req_id, prompts[req_id])
+    loop.step()
+    at_cap = {req_id: loop.status(req_id) for req_id in ("b1", "b2", "c")}
+    loop.settle()
+    summary = loop.summary() | {"batch_full": full, "at_cap": at_cap}
+    summary["outputs_match"] = all(loop.outputs[r] == expected(p) for r, p in prompts.items())
+    loop.worker.shutdown()
+    return summary
+
+
 def prefill_decode(model: str, work: Path, hybrid: bool) -> dict[str, Any]:
     """A prefill engine computes six prompts; a decode engine pulls each one's KV over TCP once
     it is offered, then decodes: both stepped in turn, as two engines run at once."""
@@ -104,7 +137,7 @@ def main() -> None:
     import vllm
 
     model, work, flags = sys.argv[1], Path(sys.argv[2]), set(sys.argv[3:])
-    run = prefill_decode if "pd" in flags else one_engine
+    run = prefill_decode if "pd" in flags else inflight_loads if "inflight" in flags else one_engine
     summary = run(model, work, "hybrid" in flags)
     print(json.dumps(summary | {"vllm": vllm.__version__}))
 

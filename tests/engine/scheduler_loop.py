@@ -44,7 +44,11 @@ def expected(prompt: list[int]) -> list[int]:
 
 
 class Loop:
-    def __init__(self, model: str, work: Path, hybrid: bool, role: str = "kv_both") -> None:
+    def __init__(
+        self, model: str, work: Path, hybrid: bool, role: str = "kv_both", **settings: Any
+    ) -> None:
+        """``settings``: the scheduler's besides (``SchedulerConfig``'s), or kvtier's (its
+        ``kv_connector_extra_config``'s) where they name one of kvtier's."""
         from vllm.config import (
             CacheConfig,
             DeviceConfig,
@@ -65,6 +69,7 @@ class Loop:
         )
         from vllm.v1.structured_output import StructuredOutputManager
 
+        from kvtier.config import KVTierConfig
         from kvtier.vllm import KVTierConnector
 
         extra: dict[str, Any] = {"cpu_bytes_to_use": "3MiB"}
@@ -72,12 +77,14 @@ class Loop:
             extra["disk"] = {"path": str(work / "disk"), "bytes": "64MiB"}
         else:  # prefill→decode over TCP on 127.0.0.1
             extra["transfer"] = {"secret": "kvtier-scheduler-loop-secret"}
+        kvtier = {f.name for f in dataclasses.fields(KVTierConfig)}
+        extra |= {k: v for k, v in settings.items() if k in kvtier}
+        scheduler = dict(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512,
+                         enable_chunked_prefill=True, is_encoder_decoder=False)  # fmt: skip
+        scheduler |= {k: v for k, v in settings.items() if k not in kvtier}
         config = VllmConfig(
             model_config=ModelConfig(model=model, dtype="float32", seed=0, max_model_len=512),
-            scheduler_config=SchedulerConfig(
-                max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512,
-                enable_chunked_prefill=True, is_encoder_decoder=False,
-            ),
+            scheduler_config=SchedulerConfig(**scheduler),
             cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
             kv_transfer_config=KVTransferConfig(
                 kv_connector="KVTierConnector", kv_connector_module_path="kvtier.vllm",
@@ -189,6 +196,18 @@ class Loop:
                 if output.kv_transfer_params:
                     self.transfer_params[output.request_id] = output.kv_transfer_params
         self.steps += 1
+
+    def settle(self, limit_s: float = 60.0) -> None:
+        """Steps the engine while it has requests or kvtier has work (its writes to its tiers),
+        as vLLM's engine does (bounded in time)."""
+        deadline = time.monotonic() + limit_s
+        while self.scheduler.has_requests():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"kvtier's work still pending after {limit_s} s")
+            self.step()
+
+    def status(self, req_id: str) -> str:
+        return str(self.scheduler.requests[req_id].status.name)
 
     def forward(self, out: Any) -> dict[str, list[int]]:
         """Checks what each scheduled request reads, writes what it computes: its next token

@@ -5,7 +5,8 @@ Each runs ``release_run.py`` in a process of its own: the release's own ``Schedu
 kvtier's two halves, stepped as vLLM's model runner steps them, with a stand-in forward that
 checks every position's KV a request reads (in the hybrid model, a sliding window's only within
 it): one engine with host memory and disk, and a prefill engine with a decode engine pulling
-from it over TCP. The newest release runs from its source (only its Python runs on the CPU),
+from it over TCP; and, on the newest release only, the engine with vLLM 0.34's cap on
+asynchronous loads. The newest release runs from its source (only its Python runs on the CPU),
 ahead of the installed vLLM on ``PYTHONPATH``.
 """
 
@@ -71,6 +72,21 @@ def test_a_decode_engine_pulls_every_prompt_right_in_the_scheduler_of_the(
     assert summary["outputs_match"]
     peer = summary["tiers"]["peer"]
     assert peer["hit_chunks"] > 0 and peer["failed_loads"] == 0
+
+
+@pytest.mark.parametrize("model", ["full attention", "hybrid"])
+def test_under_a_cap_on_loads_a_disk_hit_loads_while_the_batch_is_full_and_holds_no_one_up(
+    model: str, tiny_model: Path, hybrid_model: Path, tmp_path: Path
+) -> None:
+    # vLLM 0.34's --max-num-inflight-kv-loads (the newest release's; 0.32 has no such cap)
+    summary = _loop("newest", model, tiny_model, hybrid_model, tmp_path, "inflight")
+    assert summary["wrong_positions"] == 0
+    assert summary["outputs_match"]
+    assert summary["tiers"]["disk"]["hit_chunks"] > 0
+    # two requests run, the most there may be: the prompt sharing a prefix on disk loads it
+    assert summary["batch_full"] == {"running": 2, "b0": "WAITING_FOR_REMOTE_KVS"}
+    # one load at a time: the second waits for it, the prompt that loads nothing runs at once
+    assert summary["at_cap"] == {"b1": "WAITING_FOR_REMOTE_KVS", "b2": "WAITING", "c": "RUNNING"}
 
 
 def _loop(release: str, model: str, tiny: Path, hybrid: Path, work: Path, *flags: str) -> Any:

@@ -123,6 +123,31 @@ def test_a_short_disk_run_is_read_before_the_forward_a_long_one_makes_the_reques
     assert connector.requests["b"].loaded_tokens == {"cpu": 8, "disk": 7}
 
 
+def test_before_its_lookup_a_request_may_load_async_where_a_tier_makes_it_wait(
+    tmp_path: Path,
+) -> None:
+    # vLLM 0.34's --max-num-inflight-kv-loads asks as it queues a request (``may_load_async``)
+    host = _connector(min_async=4)
+    assert not host.may_load_async(HASHES, 16)  # nothing held
+    _store(host, HASHES)
+    assert not host.may_load_async(HASHES, 16)  # one group: host hits load in their own step
+    assert host.lookup("b", HASHES, 0, 16) == 15 and not host.loads_async("b")
+    several = _connector(min_async=4, groups=2)  # every load makes the request wait
+    assert not several.may_load_async(HASHES, 16)
+    _store(several, HASHES[:1])
+    assert several.may_load_async(HASHES, 16) and several.may_load_async(HASHES[:1], 5)
+    assert not several.may_load_async(HASHES[:1], 4)  # no chunk before its last token
+    for key in ChunkKeyMaker(FINGERPRINT, 1).keys(HASHES, 0, 1):  # chunks 1-3: on disk
+        path = chunk_path(tmp_path, key, 0)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(bytes(FILE))
+    disk = _connector(min_async=4, disk=tmp_path)
+    assert not disk.may_load_async(HASHES, 16)  # chunk 0 is nowhere: no hit
+    _store(disk, HASHES[:1])  # chunk 0 in the host tier, then the disk's
+    assert disk.may_load_async(HASHES, 16) and not disk.may_load_async(HASHES, 8)
+    assert disk.lookup("b", HASHES, 0, 16) == 15 and disk.loads_async("b")
+
+
 def test_a_synchronous_loads_chunks_may_be_evicted_by_the_same_steps_stores() -> None:
     """A worker reads a synchronous load's slots before the step's forward, and writes the
     step's stores after it: the stores may take those slots, so a tiny tier still turns over."""
