@@ -46,7 +46,7 @@ class Lookups:
         factor, keys = self.loads.factor, self.loads.keys
         full = min(len(block_hashes) // factor, (num_tokens - 1) // self.policy.chunk_tokens)
         for start in range(0, full * factor, factor):
-            (key,) = keys.keys(block_hashes[: start + factor], 0, start)
+            (key,) = keys.keys(block_hashes[start : start + factor], 0)  # by its last hash
             if not self.manager.holds(key):
                 return any(tier.holds(key) for tier in self.loads.lower)
             if self.groups > 1:
