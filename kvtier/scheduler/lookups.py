@@ -38,15 +38,16 @@ class Lookups:
 
     def may_wait(self, block_hashes: Sequence[bytes], num_tokens: int) -> bool:
         """Before its first lookup: whether a request may get a hit it waits for. Its full
-        chunks before its last token are walked from the first (the engine's own hit is not
-        known yet) while the host tier holds them: True at the first a tier below holds, or at
-        the first held at all in a model of several KV cache groups (every load makes the
-        request wait there). Only what this engine knows is read: a chunk another engine put in
-        Redis or on a shared disk counts once this engine looked it up."""
-        factor, keys = self.loads.factor, self.loads.keys
+        chunks before its last token (a full-attention group's) are walked from the first (the
+        engine's own hit is not known yet) while the host tier holds them: True at the first a
+        tier below holds, or at the first held at all in a model of several KV cache groups
+        (every load makes the request wait there). Only what this engine knows is read: a chunk
+        another engine put in Redis or on a shared disk counts once this engine looked it up."""
+        factor, keys, specs = self.loads.factor, self.loads.keys, self.loads.groups
+        group = next((g for g, spec in enumerate(specs) if spec.sliding_window is None), 0)
         full = min(len(block_hashes) // factor, (num_tokens - 1) // self.policy.chunk_tokens)
         for start in range(0, full * factor, factor):
-            (key,) = keys.keys(block_hashes[start : start + factor], 0)  # by its last hash
+            (key,) = keys.keys(block_hashes[start : start + factor], group)  # by its last hash
             if not self.manager.holds(key):
                 return any(tier.holds(key) for tier in self.loads.lower)
             if self.groups > 1:
