@@ -86,7 +86,9 @@ def inflight_loads(model: str, work: Path, hybrid: bool) -> dict[str, Any]:
     prompts = {**first, **shares, "f0": prompt(100), "f1": prompt(100), "c": prompt(100)}
     loop.add("f0", prompts["f0"])
     loop.add("f1", prompts["f1"])
-    while len(loop.scheduler.running) < 2:
+    for _ in range(8):  # both prefills take two steps at most (256 tokens a step)
+        if len(loop.scheduler.running) == 2:
+            break
         loop.step()
     loop.add("b0", prompts["b0"])
     loop.step()

@@ -203,7 +203,7 @@ class Loop:
         deadline = time.monotonic() + limit_s
         while self.scheduler.has_requests():
             if time.monotonic() > deadline:
-                raise TimeoutError(f"kvtier's work still pending after {limit_s} s")
+                raise TimeoutError(f"requests or kvtier's work left after {limit_s} s")
             self.step()
 
     def status(self, req_id: str) -> str:

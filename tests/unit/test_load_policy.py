@@ -143,7 +143,7 @@ def test_before_its_lookup_a_request_may_load_async_where_a_tier_makes_it_wait(
         path.write_bytes(bytes(FILE))
     disk = _connector(min_async=4, disk=tmp_path)
     assert not disk.may_load_async(HASHES, 16)  # chunk 0 is nowhere: no hit
-    _store(disk, HASHES[:1])  # chunk 0 in the host tier, then the disk's
+    _store(disk, HASHES[:1])  # chunk 0 in the host tier: the walk goes on to chunk 1, on disk
     assert disk.may_load_async(HASHES, 16) and not disk.may_load_async(HASHES, 8)
     assert disk.lookup("b", HASHES, 0, 16) == 15 and disk.loads_async("b")
 
