@@ -103,6 +103,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         if skips_external_kv(request):  # vLLM would discard what kvtier found
+            self._kv_role.skipped(request)
             return 0, False
         hashes = block_hashes(request, self._hashes_per_block)
         pull = self._kv_role.lookup(request, hashes, num_computed_tokens)

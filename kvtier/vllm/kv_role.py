@@ -13,6 +13,7 @@ engine's turns still hit its own tiers.
     on_new_request(request, hash_size)   a prefill engine backs a decode's prompt off
     may_pull(request)                    a decode request's, to pull (vLLM asks: may it wait)
     lookup(request, computed)            a decode request's pull: (tokens, True) or None
+    skipped(request)                     one that reads no outside KV frees its offer at once
     allocated(request)                   its pull is planned: never again
     finished(request, block_ids)         a prefill request's offer: the params for the decode
     released(req_ids)                    vLLM's finished_sending
@@ -166,6 +167,12 @@ class KVRole:
             return tokens, True
         self._release_unpulled(params)  # its own prefix cache holds the whole prompt
         return None
+
+    def skipped(self, request: Request) -> None:
+        """A decode request that reads no KV from outside the engine (prompt logprobs) computes
+        its whole prompt: it frees its prefill engine's offer now, not once it has finished."""
+        if self.may_pull(request):
+            self._release_unpulled(request.kv_transfer_params)
 
     def may_pull(self, request: Request) -> bool:
         """Whether ``request`` is a decode engine's, to pull from its prefill engine."""

@@ -106,8 +106,10 @@ def inflight_loads(model: str, work: Path, hybrid: bool) -> dict[str, Any]:
 
 
 def prefill_decode(model: str, work: Path, hybrid: bool) -> dict[str, Any]:
-    """A prefill engine computes six prompts; a decode engine pulls each one's KV over TCP once
-    it is offered, then decodes: both stepped in turn, as two engines run at once."""
+    """A prefill engine computes seven prompts; a decode engine pulls each one's KV over TCP once
+    it is offered, then decodes: both stepped in turn, as two engines run at once. The seventh's
+    decode request asks for prompt logprobs: it pulls nothing, and computes its whole prompt
+    (``held_rounds``: the rounds it ran while the prefill engine still held its blocks)."""
     prefill = Loop(model, work, hybrid, "kv_producer")
     decode = Loop(model, work, hybrid, "kv_consumer")
     address = prefill.worker.get_handshake_metadata()
@@ -117,17 +119,24 @@ def prefill_decode(model: str, work: Path, hybrid: bool) -> dict[str, Any]:
     # 255, 319 and 383 tokens: the hybrid's prefill leaves the last one to the decode engine
     # (computed whole, its window would free the block that token attends to first)
     prompts = {f"p{i}": prompt(n) for i, n in enumerate((200, 255, 280, 319, 360, 383))}
+    prompts["q"] = prompt(296)  # as 200 tokens: not backed off in the hybrid
     backed_off = 0
     for req_id, tokens in prompts.items():
         prefill.add(req_id, tokens, transfer={"do_remote_decode": True, "do_remote_prefill": False})
         backed_off += prefill.scheduler.requests[req_id].num_prompt_tokens < len(tokens)
 
+    held_rounds = 0
+
     def send_offered() -> None:  # to the decode engine, as a proxy does
+        nonlocal held_rounds
         for req_id in prefill.transfer_params.keys() - decode.outputs.keys():
-            decode.add(req_id, prompts[req_id], transfer=prefill.transfer_params[req_id])
+            decode.add(req_id, prompts[req_id], prompt_logprobs=req_id == "q",
+                       transfer=prefill.transfer_params[req_id])  # fmt: skip
+        running = "q" in decode.scheduler.requests and decode.status("q") == "RUNNING"
+        held_rounds += running and "q" in prefill.scheduler.requests
 
     run_together([prefill, decode], send_offered)
-    summary = decode.summary()
+    summary = decode.summary() | {"held_rounds": held_rounds}
     summary["prefill_wrong_positions"], summary["backed_off"] = prefill.wrong, backed_off
     summary["outputs_match"] = all(decode.outputs[r] == expected(p) for r, p in prompts.items())
     decode.worker.shutdown()
