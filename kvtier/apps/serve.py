@@ -79,26 +79,38 @@ def vllm_serve_args(
         out += ["--host", DEFAULT_HOST]
     if "--kv-events-config" not in given:
         host = _value(args, "--host") or DEFAULT_HOST
-        out += ["--kv-events-config", json.dumps(kv_events_config(host, free_port_on, sockets))]
+        ranks = data_parallel_size(args)
+        events = kv_events_config(host, free_ports_on, sockets, ranks)
+        out += ["--kv-events-config", json.dumps(events)]
     if cpu_only and "--gpu-memory-utilization" not in given:
         out += ["--gpu-memory-utilization", CPU_MEMORY_UTILIZATION]
     return out
 
 
-def kv_events_config(host: str, port: Callable[[str], int], sockets: Path) -> dict[str, object]:
-    """vLLM's ``kv_events_config`` for a server listening on ``host``; ports, when needed, from
-    ``port(host)``, Unix sockets in the directory ``sockets``.
+def kv_events_config(
+    host: str, ports: Callable[[str, int], int], sockets: Path, ranks: int = 1
+) -> dict[str, object]:
+    """vLLM's ``kv_events_config`` for a server listening on ``host`` with ``ranks``
+    data-parallel engines; ports, when needed, from ``ports(host, count)`` (the first of
+    ``count`` free in a row), Unix sockets in the directory ``sockets``.
 
     vLLM binds its PUB socket only to a wildcard address (it connects to any other), so on every
     interface when the server listens on all (``0.0.0.0``, ``::``), the replay socket too; else
     both on Unix sockets, which only this machine reaches, and which no other process can take
     between now and vLLM's bind (a TCP port picked now could be: an engine failed to start so,
-    once, beside a busy test suite)."""
+    once, beside a busy test suite). Each data-parallel engine publishes on its own: vLLM adds
+    its rank to a TCP port, and ``_dp<rank>`` to an endpoint that names ``inproc`` (anywhere:
+    its test is a substring's, and it refuses any other Unix socket past rank 0), so the
+    sockets' names say ``inproc``."""
     if host in ("0.0.0.0", "::", ""):
-        events, replay = f"tcp://*:{port(host)}", f"tcp://*:{port(host)}"
-        return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": events,
-                "replay_endpoint": replay}  # fmt: skip
-    name = sockets / "kv-events"
+        first = ports(host, 2 * ranks)  # rank r: events at first + r, replay at first + ranks + r
+        return {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{first}",
+            "replay_endpoint": f"tcp://*:{first + ranks}",
+        }
+    name = sockets / "inproc-kv-events"
     return {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
@@ -107,13 +119,42 @@ def kv_events_config(host: str, port: Callable[[str], int], sockets: Path) -> di
     }
 
 
-def free_port_on(host: str) -> int:
-    """A TCP port free on ``host`` now."""
+def free_ports_on(host: str, count: int = 1, attempts: int = 64) -> int:
+    """The first of ``count`` TCP ports in a row free on ``host`` now; ``OSError`` when
+    ``attempts`` tries found none."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(attempts):
+        with socket.socket(family) as probe:
+            probe.bind((host, 0))
+            first: int = probe.getsockname()[1]
+        if first + count <= 65536 and all(
+            _free(family, host, p) for p in range(first + 1, first + count)
+        ):
+            return first
+    raise OSError(f"kvtier serve: no {count} TCP ports in a row free on {host!r}")
+
+
+def _free(family: socket.AddressFamily, host: str, port: int) -> bool:
     with socket.socket(family) as probe:
-        probe.bind((host, 0))
-        port: int = probe.getsockname()[1]
-    return port
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def data_parallel_size(args: Sequence[str]) -> int:
+    """The data-parallel engines ``vllm serve args`` starts (``--data-parallel-size``, ``-dp``);
+    1 when not given. ``ValueError`` when it is not a positive integer."""
+    given = _value(args, "--data-parallel-size") or _value(args, "--data_parallel_size")
+    given = given or _value(args, "-dp")
+    if given is None:
+        return 1
+    if not given.isdigit() or int(given) < 1:
+        raise ValueError(
+            f"kvtier serve: --data-parallel-size must be a positive integer, got {given!r}"
+        )
+    return int(given)
 
 
 def _value(args: Sequence[str], option: str) -> str | None:

@@ -158,8 +158,9 @@ class WorkerSide:
         from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
 
         tp_rank, pp_rank = get_tensor_model_parallel_rank(), get_pp_group().rank_in_group
-        tp_size = self._vllm_config.parallel_config.tensor_parallel_size
-        rank = pp_rank * tp_size + tp_rank  # among all ranks: names its share of a chunk
+        parallel = self._vllm_config.parallel_config
+        rank = pp_rank * parallel.tensor_parallel_size + tp_rank  # names its share of a chunk
+        server_rank = parallel.data_parallel_index * parallel.world_size + rank
         base = fingerprint(self._vllm_config, "", tp_rank, pp_rank, self._factor)
         config = self._config
 
@@ -168,8 +169,9 @@ class WorkerSide:
                 assert spec.worker is not None
                 mine = dataclasses.replace(base, layout=description)
                 context = WorkerContext(
-                    config.section(spec), layout, host, rank, mine, self._factor, self._role.role
-                )
+                    config.section(spec), layout, host, rank, mine, self._factor, self._role.role,
+                    server_rank,
+                )  # fmt: skip
                 return spec.worker(context)
 
             return build

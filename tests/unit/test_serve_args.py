@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.apps.serve import split_kvtier_option, vllm_serve_args
+from kvtier.apps.serve import data_parallel_size, split_kvtier_option, vllm_serve_args
 
 SOCKETS = Path("/tmp/kvtier-sockets")  # named only: nothing is created
 _serve_args = partial(vllm_serve_args, sockets=SOCKETS)
@@ -109,10 +109,44 @@ def test_kv_events_are_published_where_the_server_listens_unless_given() -> None
 
     local = events(_serve_args("m", [], None, cpu_only=False))
     assert local["enable_kv_cache_events"] is True and local["publisher"] == "zmq"
-    assert local["endpoint"] == f"ipc://{SOCKETS}/kv-events"  # this machine only: a Unix socket
-    assert local["replay_endpoint"] == f"ipc://{SOCKETS}/kv-events-replay"  # no port to take
+    # this machine only: a Unix socket, no port to take
+    assert local["endpoint"] == f"ipc://{SOCKETS}/inproc-kv-events"
+    assert local["replay_endpoint"] == f"ipc://{SOCKETS}/inproc-kv-events-replay"
     everywhere = events(_serve_args("m", ["--host", "0.0.0.0"], None, cpu_only=False))
     assert str(everywhere["endpoint"]).startswith("tcp://*:")
     assert str(everywhere["replay_endpoint"]).startswith("tcp://*:")
     own = ["--kv-events-config", '{"enable_kv_cache_events": false}']
     assert _serve_args("m", own, None, cpu_only=False).count("--kv-events-config") == 1
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_each_data_parallel_engine_publishes_its_events_on_sockets_of_its_own(host: str) -> None:
+    # vLLM offsets the endpoints by the engine's data-parallel rank: a TCP port by the rank, an
+    # endpoint naming "inproc" by a suffix; any other Unix socket it refuses past rank 0
+    from vllm.distributed.kv_events import ZmqEventPublisher
+
+    args = _serve_args("m", ["--host", host, "--data-parallel-size", "3"], None, cpu_only=False)
+    config = json.loads(args[args.index("--kv-events-config") + 1])
+    sockets = {
+        ZmqEventPublisher.offset_endpoint_port(config[key], rank)
+        for key in ("endpoint", "replay_endpoint")
+        for rank in range(3)
+    }
+    assert len(sockets) == 6
+    if host == "0.0.0.0":  # six ports in a row, free when picked
+        ports = sorted(int(str(s).rsplit(":", 1)[1]) for s in sockets)
+        assert ports == list(range(ports[0], ports[0] + 6))
+
+
+@pytest.mark.parametrize(
+    ("args", "size"),
+    [([], 1), (["--data-parallel-size", "4"], 4), (["-dp", "2"], 2),
+     (["--data-parallel-size=3"], 3)],
+)  # fmt: skip
+def test_the_data_parallel_size_is_read_as_vllm_takes_it(args: list[str], size: int) -> None:
+    assert data_parallel_size(args) == size
+
+
+def test_a_bad_data_parallel_size_is_refused_named() -> None:
+    with pytest.raises(ValueError, match=r"--data-parallel-size.*'two'"):
+        _serve_args("m", ["--data-parallel-size", "two"], None, cpu_only=False)

@@ -14,12 +14,16 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 import torch
+from tier_setup import peer_tier
 
 from kvtier.addresses import EngineBlocks
+from kvtier.apps.serve import free_ports_on
+from kvtier.keys import LayoutFingerprint
 from kvtier.step_plan import LoadJob, StepPlan
+from kvtier.tiers.peer.config import TransferConfig
 from kvtier.tiers.peer.messages import PeerBlocks, PeerOffer
 from kvtier.tiers.peer.net import PeerIdentity
-from kvtier.tiers.peer.worker import PeerSettings, peer_worker_tier
+from kvtier.tiers.peer.worker import PeerSettings, PeerWorkerTier, peer_worker_tier
 from kvtier.worker.connector import WorkerConnector
 
 SECRET = b"worker-peer-test-secret"
@@ -157,3 +161,37 @@ def test_a_release_frees_the_offer_without_a_pull(pair: tuple[Rank, Rank]) -> No
     )
     assert _until(lambda: prefill.finished(set())[0]) == {"p1"}  # long before its 30 s hold
     assert decode.report().jobs == {}  # a release is no job: nothing for vLLM to wait on
+
+
+def test_data_parallel_engines_listen_apart_on_a_port_they_share(unused_ports: int) -> None:
+    """vLLM's data-parallel engines of one server share its config: with a port given, engine
+    d's rank i listens on port + d × ranks + i, not all of them on port + i."""
+    config = TransferConfig(secret=SECRET.decode(), port=unused_ports)
+    fingerprint = LayoutFingerprint("m", "float32", "", 0, 1, 0, 16)
+    engines = []
+    try:
+        for server_rank in (0, 1):  # rank 0 of engines 0 and 1, one rank each
+            worker = WorkerConnector(cpu_bytes_to_use=1 << 20, block_size_factor=1, world_size=1)
+            engines.append(worker)
+            cache = torch.zeros(16, 2, 32, 64)
+            builder = peer_tier(config, "kv_producer", fingerprint, server_rank)
+            worker.register({"layer.0": cache}, [["layer.0"]], 16, [builder])
+        ports = [_listening_port(worker) for worker in engines]
+        assert ports == [unused_ports, unused_ports + 1]
+    finally:
+        for worker in engines:
+            worker.shutdown()
+
+
+@pytest.fixture
+def unused_ports() -> int:
+    """The first of two TCP ports in a row free on 127.0.0.1 now."""
+    return free_ports_on("127.0.0.1", 2)
+
+
+def _listening_port(worker: WorkerConnector) -> int:
+    (tier,) = [t for t in worker.tiers.values() if isinstance(t, PeerWorkerTier)]
+    assert tier.address is not None
+    with socket.create_connection(tier.address, timeout=5):  # it accepts
+        pass
+    return tier.address[1]

@@ -13,16 +13,23 @@ from kvtier.tiers.base.spec import TierSpec, WorkerContext, WorkerTier
 from kvtier.tiers.disk import SPEC as DISK
 from kvtier.tiers.disk.config import DiskConfig
 from kvtier.tiers.host.buffers import HostTier
+from kvtier.tiers.peer import SPEC as PEER
+from kvtier.tiers.peer.config import TransferConfig
 from kvtier.tiers.redis import SPEC as REDIS
 from kvtier.tiers.redis.config import RedisConfig
 from kvtier.worker.connector import TierBuilder
 
 
-def _builder(spec: TierSpec, config: Any, rank: int, fingerprint: LayoutFingerprint) -> TierBuilder:
+def _builder(
+    spec: TierSpec, config: Any, rank: int, fingerprint: LayoutFingerprint, **context: Any
+) -> TierBuilder:
+    """``context``: ``WorkerContext``'s other fields (``role``, ``server_rank``)."""
+
     def build(layout: KVLayout, host: HostTier, description: str) -> WorkerTier | None:
         assert spec.worker is not None
         mine = dataclasses.replace(fingerprint, layout=description)
-        return spec.worker(WorkerContext(config, layout, host, rank, mine, host.block_size_factor))
+        factor = host.block_size_factor
+        return spec.worker(WorkerContext(config, layout, host, rank, mine, factor, **context))
 
     return build
 
@@ -34,3 +41,11 @@ def disk_tier(root: Path, rank: int, fingerprint: LayoutFingerprint) -> TierBuil
 
 def redis_tier(config: RedisConfig, rank: int, fingerprint: LayoutFingerprint) -> TierBuilder:
     return _builder(REDIS, config, rank, fingerprint)
+
+
+def peer_tier(
+    config: TransferConfig, role: str, fingerprint: LayoutFingerprint, server_rank: int = 0
+) -> TierBuilder:
+    """Rank 0's side of prefill→decode (``role``: kv_producer or kv_consumer) in the engine whose
+    ranks start at ``server_rank`` among a server's data-parallel engines."""
+    return _builder(PEER, config, 0, fingerprint, role=role, server_rank=server_rank)

@@ -66,6 +66,9 @@ class WorkerContext(Generic[C]):
     fingerprint: LayoutFingerprint  # this rank's: records are checked against it
     factor: int  # engine blocks per chunk
     role: str = "kv_both"  # the engine's kv_role
+    # this rank among every rank of the server's data-parallel engines (rank 0 of engine d is
+    # d × its ranks): what sets a listener's port apart from every other rank's
+    server_rank: int = 0
 
 
 @dataclass

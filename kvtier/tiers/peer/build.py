@@ -57,7 +57,7 @@ def worker_tier(ctx: WorkerContext[TransferConfig]) -> PeerWorkerTier | None:
         rank=ctx.rank,
         host=config.host,
         reach_host=config.reach_host,
-        port=config.port + ctx.rank if config.port else 0,
+        port=config.port + ctx.server_rank if config.port else 0,
         timeout_s=config.timeout_s,
         connections=config.connections,
     )

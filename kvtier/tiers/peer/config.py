@@ -26,7 +26,8 @@ class TransferConfig:
     """Prefill→decode over TCP (extra-config key ``transfer``), for kv_producer/kv_consumer.
 
     A prefill engine's worker rank i listens on ``host``:``port`` + i (``port`` 0: an ephemeral
-    port each) and is reached at ``advertise_host`` (default ``host``); a decode engine's rank i
+    port each; of a server's data-parallel engines, engine d's rank i on ``port`` + d × its
+    ranks + i) and is reached at ``advertise_host`` (default ``host``); a decode engine's rank i
     pulls from it. ``secret`` authenticates every connection (HMAC challenge-response); absent,
     it is read from the environment variable KVTIER_TRANSFER_SECRET. ``timeout_s`` bounds every
     pull's socket operations; ``hold_s`` is how long a prefill engine keeps a finished request's
