@@ -2,7 +2,8 @@
 processes, loopback). vLLM's data-parallel engines share the server's config: each publishes its
 KV events on sockets of its own, and as prefill engines with a ``transfer.port`` given, each rank
 listens on a port of its own (engine d's rank i on port + d × its ranks + i), which a decode
-engine pulls from.
+engine pulls from. ``kvtier proxy`` given each engine (``URL#dp<rank>``) sends a prompt to the
+one that holds its prefix.
 
 One prefill server (two engines, ~45 s or more to start) and one decode server serve the module.
 """
@@ -15,11 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import httpx
 import pytest
 from harness import PARALLEL_ENV, SERVED_BLOCKS
 
 from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.bench.common.servers import (
+    KVTIER,
     WAIT_S,
     WORKER_IN_CORE,
     Server,
@@ -27,8 +30,11 @@ from kvtier.apps.bench.common.servers import (
     post,
     serve_command,
     stop,
+    wait,
     wait_healthy,
 )
+from kvtier.apps.bench.fleet.real.chat import Answer, ask
+from kvtier.apps.bench.fleet.real.fleet import index_modes
 from kvtier.apps.prompts import make_prompt
 from kvtier.apps.proxy.event_sources import sources
 from kvtier.apps.serve import free_ports_on
@@ -45,6 +51,7 @@ class Fleet(NamedTuple):
     decode: Server
     transfer_port: int  # the prefill server's transfer.port
     model: Path
+    work: Path
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +70,7 @@ def fleet(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                     {"KVTIER_TRANSFER_SECRET": SECRET, **WORKER_IN_CORE})  # fmt: skip
     try:
         wait_healthy(prefill, decode)
-        yield Fleet(prefill, decode, transfer_port, tiny_model)
+        yield Fleet(prefill, decode, transfer_port, tiny_model, work)
     finally:
         stop(prefill)
         stop(decode)
@@ -95,6 +102,39 @@ def test_a_prompt_prefilled_by_either_engine_is_pulled_from_its_own_listener(
         assert answer["choices"][0]["token_ids"] == want
         kv = answer["kv_transfer_params"]["kvtier"]
         assert kv["peer"] >= len(prompt) - 32 and kv["failed_tokens"] == 0, kv
+
+
+def test_a_proxy_given_each_engine_sends_a_prompt_to_the_one_that_holds_its_prefix(
+    fleet: Fleet, reference: Any
+) -> None:
+    """``kvtier proxy --engine URL#dp0 URL#dp1``: two documents spread over the two engines
+    (none holds either: by load), then each document's follow-up goes to the engine that
+    computed it, which finds its prefix in its own cache."""
+    engines = [f"{fleet.prefill.url}#dp{rank}" for rank in range(ENGINES)]
+    port = free_port()
+    command = [KVTIER, "proxy", "--engine", *engines, "--port", str(port),
+               "--health-interval-s", "0.5", "--health-timeout-s", str(WAIT_S)]  # fmt: skip
+    proxy = launch(command, port, fleet.work / "proxy.log")
+    try:
+        wait(lambda: index_modes(proxy) == ["exact"] * ENGINES, WAIT_S, "an exact index")
+        documents = [make_prompt(fleet.model, 300, seed=950 + d) for d in range(2)]
+        with httpx.Client(base_url=proxy.url, timeout=WAIT_S, trust_env=False) as client:
+            placed = [_ask(client, doc).engine for doc in documents]
+            assert sorted(placed) == engines  # spread: one each
+            more = [doc + make_prompt(fleet.model, 20, seed=960 + d, bos=False)
+                    for d, doc in enumerate(documents)]  # fmt: skip
+            again = [_ask(client, prompt) for prompt in more]
+        assert [a.engine for a in again] == placed
+        assert all(a.reason == "prefix" and a.predicted == 288 for a in again), again
+        assert all(len(a.prompt) - a.computed >= 288 for a in again), again  # it held them
+        assert [a.tokens for a in again] == reference(fleet.model, more, MAX_TOKENS,
+                                                      max_model_len=1024)  # fmt: skip
+    finally:
+        stop(proxy)
+
+
+def _ask(client: httpx.Client, prompt: list[int]) -> Answer:
+    return ask(client, "tiny", {"prompt": prompt}, 0, 0, MAX_TOKENS)[0]
 
 
 def _prefill(url: str, prompt: list[int], rank: int) -> dict[str, Any]:

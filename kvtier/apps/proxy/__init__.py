@@ -6,6 +6,7 @@ client's. Without a prefill engine up, or when it fails, the decode engine alone
 prompt (degraded, said in ``x-kvtier-prefill`` and on ``/metrics``). One file per part:
 
     config.py    ProxyConfig: engine URLs per side, time limits
+    engine_url.py  a server's URL, or one of its data-parallel engines' (``#dp<rank>``)
     balancer.py  Engine, Pool: least requests in flight, round-robin ties, down engines skipped
     bodies.py    the request bodies each side gets
     upstream.py  Exchange: one request on one side, retried on another engine if it cannot connect

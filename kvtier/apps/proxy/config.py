@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+
+from kvtier.apps.proxy.engine_url import engine_url
 
 LIMITS = ("timeout_s", "connect_timeout_s", "backoff_s", "prefill_timeout_s", "health_interval_s",
           "health_timeout_s", "first_byte_timeout_s")  # fmt: skip
@@ -14,8 +15,9 @@ FLEET_LIMITS = tuple(key for key in LIMITS if key != "prefill_timeout_s")
 class ProxyConfig:
     """Which engines serve each side, and how long the proxy waits for them.
 
-    URLs are normalized at construction (``host:port`` gains ``http://``, a trailing ``/`` goes);
-    a bad one raises ``ValueError`` naming its side.
+    URLs are normalized at construction (``host:port`` gains ``http://``, a trailing ``/`` goes;
+    ``#dp<rank>``: one engine of a data-parallel server, ``engine_url.py``); a bad one raises
+    ``ValueError`` naming its side.
     """
 
     prefill: tuple[str, ...]
@@ -87,25 +89,8 @@ def _check_policy(policy: str) -> None:
 def _engine_urls(side: str, urls: tuple[str, ...]) -> tuple[str, ...]:
     if not urls:
         raise ValueError(f"{side}: give at least one engine URL")
-    normalized = tuple(_engine_url(side, url) for url in urls)
+    normalized = tuple(engine_url(url, side) for url in urls)
     for url in normalized:
         if normalized.count(url) > 1:
             raise ValueError(f"{side}: {url} is given twice")
     return normalized
-
-
-def _engine_url(side: str, url: str) -> str:
-    """``http://host:port`` for ``url``, which may lack the scheme; nothing after the port."""
-    full = url if "://" in url else f"http://{url}"
-    parts = urlsplit(full.rstrip("/"))
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{side}: {url!r} is not an http(s)://host:port URL")
-    if parts.path or parts.query or parts.fragment:
-        raise ValueError(
-            f"{side}: {url!r} has a path; give the engine's root, e.g. http://host:8100"
-        )
-    try:
-        parts.port  # noqa: B018 (raises for a port that is not a number)
-    except ValueError:
-        raise ValueError(f"{side}: {url!r} has a bad port") from None
-    return f"{parts.scheme}://{parts.netloc}"

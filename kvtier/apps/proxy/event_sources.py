@@ -13,6 +13,8 @@ import urllib.request
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
+from kvtier.apps.proxy.engine_url import split
+
 
 class Source(NamedTuple):
     """Where one data-parallel rank of an engine publishes its events."""
@@ -23,12 +25,20 @@ class Source(NamedTuple):
 
 
 def sources(url: str, timeout_s: float) -> list[Source]:
-    """The event sources ``url``'s engine publishes on (empty: it publishes none). A wildcard
-    host (``tcp://*:5557``, ``0.0.0.0``) is the engine's own, as reached at ``url``.
+    """The event sources ``url``'s engine publishes on (empty: it publishes none): each of the
+    server's data-parallel engines', or one's (``http://host:port#dp1``). A wildcard host
+    (``tcp://*:5557``, ``0.0.0.0``) is the engine's own, as reached at ``url``.
 
-    Raises ``OSError`` when the engine cannot be asked."""
-    with urllib.request.urlopen(url + "/kv_event_sources", timeout=timeout_s) as answer:
+    Raises ``OSError`` when the engine cannot be asked, ``ValueError`` when the server has no
+    engine of the rank named."""
+    root, rank = split(url)
+    with urllib.request.urlopen(root + "/kv_event_sources", timeout=timeout_s) as answer:
         found = json.loads(answer.read())
+    if rank is not None:
+        if str(rank) not in found:
+            ranks = ", ".join(sorted(found, key=int)) or "none"
+            raise ValueError(f"the server has no data-parallel engine {rank} (its: {ranks})")
+        found = {str(rank): found[str(rank)]}
     host = urlsplit(url).hostname or "127.0.0.1"
     out = []
     for rank in sorted(found, key=int):

@@ -40,6 +40,7 @@ from starlette.responses import Response
 from kvtier.apps.proxy.balancer import Engine, Pool
 from kvtier.apps.proxy.bodies import decode_body
 from kvtier.apps.proxy.config import ProxyConfig
+from kvtier.apps.proxy.engine_url import rank_headers, split
 from kvtier.apps.proxy.errors import BadRequest, EnginesDown, ProxyError
 from kvtier.apps.proxy.health import check_health, watch
 from kvtier.apps.proxy.hedge import HEDGE_FLOOR_S, Hedge
@@ -153,12 +154,14 @@ async def models_of(pool: Pool, authorization: str | None, timeout_s: float) -> 
 
 
 def engine_at(url: str, timeout_s: float, connect_timeout_s: float) -> Engine:
-    """The engine at ``url``, with a keep-alive connection pool of its own."""
+    """The engine at ``url``, with a keep-alive connection pool of its own (one engine of a
+    data-parallel server: every request names its rank)."""
     timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None,
                           keepalive_expiry=KEEPALIVE_S)  # fmt: skip
     # trust_env=False: engines are reached directly, never through an HTTP(S)_PROXY
-    client = httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits, trust_env=False)
+    client = httpx.AsyncClient(base_url=split(url)[0], headers=rank_headers(url),
+                               timeout=timeout, limits=limits, trust_env=False)  # fmt: skip
     return Engine(url, client)
 
 
