@@ -172,7 +172,7 @@ def test_a_stopped_server_leaves_no_socket_behind(server: Server) -> None:
     directory = Path(events.endpoint.removeprefix("ipc://")).parent
     assert directory.parent == server.temp, events
     named = {path.name for path in directory.iterdir() if path.is_socket()}
-    assert {"kv-events", "kv-events-replay"} <= named, named
+    assert {"inproc-kv-events", "inproc-kv-events-replay"} <= named, named
     assert any(VLLM_SOCKET.fullmatch(name) for name in named), named
     stop(server.running)
     assert server.running.process.returncode == 0, server.log.read_text()[-3000:]
