@@ -171,8 +171,7 @@ class KVRole:
     def skipped(self, request: Request) -> None:
         """A decode request that reads no KV from outside the engine (prompt logprobs) computes
         its whole prompt: it frees its prefill engine's offer now, not once it has finished."""
-        if self.may_pull(request):
-            self._release_unpulled(request.kv_transfer_params)
+        self._release_unpulled(request.kv_transfer_params)
 
     def may_pull(self, request: Request) -> bool:
         """Whether ``request`` is a decode engine's, to pull from its prefill engine."""
