@@ -169,14 +169,16 @@ class SchedulerConnector:
         num_tokens: int | None = None,
         tail_tokens: Sequence[int] | None = None,
         token_ids: Sequence[int] = (),
+        block_tags: Callable[[int, int], object] | None = None,
     ) -> int | None:
         """Tokens beyond ``num_computed_tokens`` worth loading from kvtier; None asks the engine
         to try again next step (the next chunk's store is in flight, and worth waiting for).
         ``num_tokens`` is the request's length and ``tail_tokens`` its tokens after its last full
-        block (None: the tokens do not name the KV, e.g. multimodal input: no tail). Which hit
-        is worth loading, and whether synchronously (``loads_async``): ``hit_policy.py``.
-        """
+        block (None: the tokens do not name the KV, e.g. multimodal input: no tail); ``block_tags``
+        as ``RequestState``'s. Which hit is worth loading, and whether synchronously
+        (``loads_async``): ``hit_policy.py``."""
         state = self.state(req_id, block_hashes, token_ids)
+        state.block_tags = block_tags
         state.due = 0  # its tail may be new: looked at in its next step
         self._steps.look_again()
         return self._lookups.lookup(state, num_computed_tokens, num_tokens, tail_tokens)

@@ -2,10 +2,11 @@
 
 A chunk key (``keys.py``) is a digest no router can match to a prompt. So when a chunk's store into
 the host tier completes, while its request is at hand, the chunk is *described*: the engine's own
-hashes of its blocks, the hash of the block before it (its parent), its token ids and its KV cache
-group. A described chunk is *advertised* in each tier that holds it: a ``PrefixEvent`` stored when
-a tier starts holding it, removed when it stops (evicted, found bad or gone, a reset, a store that
-forgot what it held). The vLLM adapter turns them into vLLM's ``BlockStored``/``BlockRemoved``.
+hashes of its blocks, the hash of the block before it (its parent), its token ids, its KV cache
+group and what else names its KV (its request's ``block_tags``: an adapter, a salt). A described
+chunk is *advertised* in each tier that holds it: a ``PrefixEvent`` stored when a tier starts
+holding it, removed when it stops (evicted, found bad or gone, a reset, a store that forgot what
+it held). The vLLM adapter turns them into vLLM's ``BlockStored``/``BlockRemoved``.
 
     describe(state, runs)        a store job's chunks ((group, first, end) runs) just stored
     stored(tier, keys)           ``tier`` holds ``keys`` now (the host tier: its own events)
@@ -46,6 +47,7 @@ class PrefixEvent(NamedTuple):
     block_hashes: tuple[bytes, ...]
     parent: bytes | None  # the hash of the block before the chunk's first (None: the first)
     token_ids: tuple[int, ...]  # empty in a removal
+    tags: object = None  # what else names the blocks' KV (``RequestState.block_tags``'s)
 
 
 @dataclass(slots=True)
@@ -54,6 +56,7 @@ class _Description:
     block_hashes: tuple[bytes, ...]
     parent: bytes | None
     token_ids: tuple[int, ...]
+    tags: object
     tiers: list[str] = field(default_factory=list)  # where it is advertised, in order
 
 
@@ -80,7 +83,7 @@ class PrefixEvents:
     def describe(self, state: RequestState, runs: Sequence[tuple[int, int, int]]) -> None:
         """Describe the chunks ``first..end`` of group ``g`` for each run ``(g, first, end)`` of a
         store job of ``state`` that just completed (those described already are kept)."""
-        hashes, tokens = state.block_hashes, state.token_ids
+        hashes, tokens, tags = state.block_hashes, state.token_ids, state.block_tags
         chunk_tokens = self.block_tokens * self.factor
         for group, first, end in runs:
             keys = state.keys[group]
@@ -94,6 +97,7 @@ class PrefixEvents:
                     tuple(hashes[start : start + self.factor]),
                     hashes[start - 1] if start else None,
                     tuple(tokens[chunk * chunk_tokens : (chunk + 1) * chunk_tokens]),
+                    None if tags is None else tags(start, start + self.factor),
                 )
                 self._fresh.append(key)
 
@@ -153,7 +157,7 @@ class PrefixEvents:
         description.tiers.append(tier)
         self._events.append(
             PrefixEvent(True, tier, description.group, description.block_hashes,
-                        description.parent, description.token_ids)
+                        description.parent, description.token_ids, description.tags)
         )  # fmt: skip
 
     def _withdraw(self, key: ChunkKey, description: _Description, tier: str) -> None:

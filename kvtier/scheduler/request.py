@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,9 @@ class RequestState:
     # the engine's own list of the request's token ids, growing as ``block_hashes`` does (empty:
     # not given; its chunks are then never described to a router, ``prefix_events.py``)
     token_ids: Sequence[int] = ()
+    # what else names the KV of its engine blocks ``[first, end)`` (an adapter, a salt): told
+    # to a router with its chunks as it is (None: nothing; opaque here, the adapter's)
+    block_tags: Callable[[int, int], object] | None = None
     keys: list[list[ChunkKey]] = field(init=False)
     stored_upto: list[int] = field(init=False)
     block_ids: list[list[int]] = field(init=False)  # per group, as the engine allocated them

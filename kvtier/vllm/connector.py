@@ -40,7 +40,7 @@ from kvtier.scheduler.connector import SchedulerConnector
 from kvtier.vllm import versions
 from kvtier.vllm.assembly import SchedulerSide, WorkerSide
 from kvtier.vllm.block_hashes import block_hashes, hashes_per_block, tokens_name_kv
-from kvtier.vllm.kv_events import kv_events
+from kvtier.vllm.kv_events import block_tags, kv_events
 from kvtier.vllm.kv_role import KVRole
 from kvtier.vllm.logs import route_to_vllm_logging
 from kvtier.vllm.metadata import KVTierConnectorStats, KVTierMetadata, KVTierWorkerMetadata
@@ -116,6 +116,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             req_id, hashes, num_computed_tokens, request.num_tokens,
             list(request.all_token_ids[full : request.num_tokens]) if named else None,
             token_ids=request.all_token_ids if named else (),
+            block_tags=block_tags(request, self._engine_block) if named else None,
         )  # fmt: skip
         if hit is None:
             return None, False

@@ -3,46 +3,15 @@ chunks in the engine's block hashes, with their token ids and parent, as a route
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
-import msgspec
-import zmq
 from disk_helpers import CHUNK, disk_extra
+from event_replay import Replay
 from harness import connector, engine, generate, kvtier_transfer, prompts, settle
-from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
+from vllm.distributed.kv_events import BlockRemoved, BlockStored
 
 BLOCK = 32  # the engine's block: a chunk is two blocks
-WAIT_S = 30.0  # the publisher thread sends a step's batch after the step
-
-
-class _Replay:
-    """Every batch the engine published, asked from its replay socket (no slow-joiner race)."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.socket = zmq.Context.instance().socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.connect(endpoint)
-        self.decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
-
-    def events(self) -> list[Any]:
-        self.socket.send_multipart([b"", (0).to_bytes(8, "big")])
-        events: list[Any] = []
-        while True:
-            assert self.socket.poll(10_000), "no answer from the replay socket in 10 s"
-            _, _, seq, payload = self.socket.recv_multipart()
-            if int.from_bytes(seq, "big", signed=True) < 0:
-                return events
-            events += self.decoder.decode(payload).events
-
-    def wait(self, done: Any) -> list[Any]:
-        """The events, once ``done(events)`` holds (bounded)."""
-        deadline = time.monotonic() + WAIT_S
-        while not done(events := self.events()):
-            assert time.monotonic() < deadline, f"events not as expected in {WAIT_S} s: {events}"
-            time.sleep(0.05)
-        return events
 
 
 def _tiers(events: list[Any], medium: str) -> tuple[list[BlockStored], list[BlockRemoved]]:
@@ -66,7 +35,7 @@ def test_each_tiers_chunks_are_told_in_the_engines_block_hashes(
         assert connector(llm).scheduler.manager.capacity == 4
         generate(llm, token_prompts)
         settle(llm)  # idle: the host tier's chunks are written back to disk
-        reader = _Replay(replay)
+        reader = Replay(replay)
         events = reader.wait(lambda ev: len(_tiers(ev, "DISK")[0]) == 9)
 
         # the engine's own blocks: hash -> its tokens, and the hash before it

@@ -1,0 +1,86 @@
+"""kvtier in a real engine serving LoRA adapters (made here: random low-rank updates of the key,
+value and query projections, so each adapter computes KV of its own). An adapter's KV is reused
+by that adapter only, and kvtier tells a router each chunk's adapter as vLLM tells its blocks'."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from event_replay import Replay
+from harness import engine, greedy, kvtier_transfer, prompts, settle
+from safetensors.torch import save_file
+from vllm.distributed.kv_events import BlockStored
+from vllm.lora.request import LoRARequest
+
+RANK = 8
+BLOCK = 32  # the engine's block and kvtier's chunk
+PROMPT_TOKENS = 300  # nine full chunks and a tail
+
+
+def _adapter(out: Path, seed: int) -> str:
+    """A PEFT LoRA adapter of the tiny model (2 layers, hidden 128, 2 KV heads of 32)."""
+    out.mkdir(parents=True)
+    generator = torch.Generator().manual_seed(seed)
+    shapes = {"q_proj": (128, 128), "k_proj": (128, 64), "v_proj": (128, 64)}
+    tensors = {}
+    for layer in range(2):
+        for proj, (fan_in, fan_out) in shapes.items():
+            name = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
+            tensors[f"{name}.lora_A.weight"] = torch.randn(RANK, fan_in, generator=generator) / 2
+            tensors[f"{name}.lora_B.weight"] = torch.randn(fan_out, RANK, generator=generator) / 2
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": RANK, "lora_alpha": 2 * RANK,
+              "lora_dropout": 0.0, "bias": "none", "target_modules": list(shapes),
+              "fan_in_fan_out": False, "base_model_name_or_path": "tiny"}  # fmt: skip
+    (out / "adapter_config.json").write_text(json.dumps(config))
+    return str(out)
+
+
+def _run(llm: Any, prompt: list[int], lora: LoRARequest | None) -> tuple[list[int], int]:
+    """Its output's token ids, and the prompt tokens kvtier's host tier served."""
+    (output,) = llm.generate([{"prompt_token_ids": prompt}], greedy(8), use_tqdm=False,
+                             lora_request=lora)  # fmt: skip
+    return list(output.outputs[0].token_ids), output.kv_transfer_params["kvtier"]["cpu"]
+
+
+def test_an_adapters_kv_is_reused_by_that_adapter_alone_and_told_with_its_name(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    adapters = {name: LoRARequest(name, i + 1, _adapter(tmp_path / name, seed=i))
+                for i, name in enumerate(("a", "b"))}  # fmt: skip
+    prompt = prompts(tiny_model, [PROMPT_TOKENS], seed=41)[0]
+    replay = f"ipc://{tmp_path}/replay"
+    events_config = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv",
+                     "endpoint": f"ipc://{tmp_path}/events", "replay_endpoint": replay}  # fmt: skip
+    with engine(
+        tiny_model, enable_lora=True, max_lora_rank=RANK, max_loras=2,
+        kv_transfer_config=kvtier_transfer(), kv_events_config=events_config,
+    ) as llm:  # fmt: skip
+        first = {}
+        for name in ("base", "a", "b"):  # each computes its own: nothing of another's is reused
+            first[name], served = _run(llm, prompt, adapters.get(name))
+            settle(llm)
+            assert served == 0, f"{name} was served {served} tokens of another's KV"
+        assert len({tuple(tokens) for tokens in first.values()}) == 3  # each KV its own
+        llm.reset_prefix_cache()  # the engine's own cache emptied: a hit is kvtier's
+        for name in ("b", "base", "a"):
+            again, served = _run(llm, prompt, adapters.get(name))
+            assert served == PROMPT_TOKENS - 1 and again == first[name], name
+
+        # the chunks kvtier holds, told with their adapter as vLLM tells the same blocks
+        events = Replay(replay).wait(
+            lambda told: sum(isinstance(e, BlockStored) and e.medium == "CPU" for e in told) >= 27
+        )
+    engines = {h: e for e in events if isinstance(e, BlockStored) and e.medium == "GPU"
+               for h in e.block_hashes}  # fmt: skip
+    told = [e for e in events if isinstance(e, BlockStored) and e.medium == "CPU"]
+    assert {e.lora_name for e in told} == {None, "a", "b"}
+    for event in told:
+        (block,) = event.block_hashes
+        theirs = engines[block]
+        assert (event.lora_id, event.lora_name) == (theirs.lora_id, theirs.lora_name)
+        keys = theirs.extra_keys[theirs.block_hashes.index(block)] if theirs.extra_keys else None
+        assert (event.extra_keys or [None]) == [keys]  # none told: as vLLM's [None]
