@@ -145,9 +145,11 @@ def _proxy(fleet: Fleet, name: str, health_timeout_s: float = 2.0) -> Iterator[S
         stop(proxy)
 
 
-def _ask(proxy: Server, prompt: list[int], tokens: int = 8, stream: bool = False) -> Answer:
+def _ask(
+    proxy: Server, prompt: list[int], tokens: int = 8, stream: bool = False, **extra: Any
+) -> Answer:
     with httpx.Client(base_url=proxy.url, timeout=WAIT_S, trust_env=False) as client:
-        return ask(client, "tiny", {"prompt": prompt}, 0, 0, tokens, stream)[0]
+        return ask(client, "tiny", {"prompt": prompt, **extra}, 0, 0, tokens, stream)[0]
 
 
 def _documents(fleet: Fleet, count: int, tokens: int = 300) -> list[list[int]]:
@@ -183,6 +185,25 @@ def test_a_restarted_proxy_rebuilds_its_index_and_an_engine_reset_behind_it_cost
         assert missed.engine == behind.url and missed.predicted == 288
         assert missed.computed == len(missed.prompt)  # a miss, not an error
         assert reference(fleet.model, [missed.prompt], 8) == [missed.tokens]
+
+
+def test_a_cached_prefix_is_met_only_under_its_cache_salt(fleet: Fleet, reference: Any) -> None:
+    """A tenant's prompt (vLLM's ``cache_salt``) is predicted cached only for that tenant, as
+    the engine's block hashes have it: another tenant's, or none, is routed by load and
+    computed, and no prediction is wrong."""
+    reset_caches(fleet.engines)
+    (document,) = _documents(fleet, 1, tokens=300)
+    with _proxy(fleet, "salts", WAIT_S) as proxy:
+        first = _ask(proxy, document, cache_salt="tenant-1")
+        assert first.predicted == 0 and first.computed == len(document)
+        again = _ask(proxy, _more(fleet, document, 3), cache_salt="tenant-1")
+        assert (again.engine, again.reason, again.predicted) == (first.engine, "prefix", 288)
+        assert len(again.prompt) - again.computed == 288
+        for salt in ("tenant-2", None):  # the same tokens: nothing of theirs is cached
+            other = _ask(proxy, _more(fleet, document, 4), **({"cache_salt": salt} if salt else {}))
+            assert (other.reason, other.predicted) == ("load", 0), other
+            assert other.computed == len(other.prompt), other
+        assert reference(fleet.model, [other.prompt], 8) == [other.tokens]
 
 
 def _in_flight_on(

@@ -4,65 +4,22 @@ publisher over real ZMQ; each request goes where its prefix is, and by load with
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fleet_fakes import BS, PROMPT, FleetEngine, fleet
 from proxy_fakes import WAIT_S, FakeEngine, metric, run, serving, until
-from vllm.distributed.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
 
-from kvtier.apps.bench.common.ports import free_port
-from kvtier.apps.proxy.app import build_app, build_fleet_app
+from kvtier.apps.proxy.app import build_app
 from kvtier.apps.proxy.balancer import Engine, Pool
 from kvtier.apps.proxy.config import FleetConfig
 from kvtier.apps.proxy.event_sources import Source
 from kvtier.apps.proxy.event_stream import Mode
 from kvtier.apps.proxy.kv_events import Event, Kind
 from kvtier.apps.proxy.placement import Placement
-
-BS = 16
-PROMPT = list(range(1000, 1100))  # six full blocks and four tokens
-
-
-class FleetEngine(FakeEngine):
-    """A fake engine that publishes KV events (vLLM's publisher) and tokenizes chat requests."""
-
-    def __init__(self, name: str, work: Path) -> None:
-        self.events = {"enable_kv_cache_events": True, "publisher": "zmq",
-                       "endpoint": f"ipc://{work}/{name}", "topic": "kv",
-                       "replay_endpoint": f"tcp://127.0.0.1:{free_port()}"}  # fmt: skip
-        self.publisher = ZmqEventPublisher(0, self.events["endpoint"],
-                                           self.events["replay_endpoint"], topic="kv")  # fmt: skip
-        self.tokenized: list[dict[str, Any]] = []
-        super().__init__(name)
-
-    def _app(self) -> FastAPI:
-        app = super()._app()
-        app.get("/kv_event_sources")(self._sources)
-        app.post("/tokenize")(self._tokenize)
-        return app
-
-    async def _sources(self) -> Any:
-        return {"0": self.events}
-
-    async def _tokenize(self, request: Request) -> Any:
-        body = await request.json()
-        self.tokenized.append(body)
-        return JSONResponse({"tokens": PROMPT if "messages" in body else [1, 2, 3]})
-
-    def holds(self, tokens: list[int], medium: str = "GPU") -> None:
-        """Tell that its memory holds ``tokens``' full blocks (engine hashes of its own)."""
-        hashes = [hash((self.name, i)) & 0xFFFF_FFFF for i in range(len(tokens) // BS)]
-        event = BlockStored(block_hashes=hashes, parent_block_hash=None, block_size=BS,
-                            token_ids=tokens[: len(hashes) * BS], lora_id=None, medium=medium,
-                            lora_name=None)  # fmt: skip
-        self.publisher.publish(KVEventBatch(ts=time.time(), events=[event]))
 
 
 @pytest.fixture
@@ -71,18 +28,6 @@ def engines(tmp_path: Path) -> Iterator[list[FleetEngine]]:
     yield fleet
     for engine in fleet:
         engine.publisher.shutdown()
-
-
-@contextlib.asynccontextmanager
-async def fleet(
-    engines: list[FleetEngine], policy: str = "kv-aware", health_timeout_s: float = 3.0
-) -> AsyncIterator[tuple[httpx.AsyncClient, Placement, list[str]]]:
-    async with serving(*(e.app for e in engines)) as urls:
-        config = FleetConfig(tuple(urls), policy, health_interval_s=0.05,
-                             health_timeout_s=health_timeout_s)  # fmt: skip
-        app = build_fleet_app(config)
-        async with serving(app) as [url], httpx.AsyncClient(base_url=url, timeout=WAIT_S) as c:
-            yield c, app.state.router.placement, urls
 
 
 async def _route(client: httpx.AsyncClient, body: dict[str, Any], chat: bool = False) -> str:

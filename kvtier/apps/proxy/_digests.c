@@ -4,7 +4,7 @@
                                                  chained from digest
     DigestMap()                                  digest -> holder (a mapping: get, [], del, in,
                                                  len, values), its keys inline in one table
-    DigestMap.stretches(tokens, size)            the prompt's leading blocks held in the map, as
+    DigestMap.stretches(tokens, size, root=0)    the prompt's leading blocks held in the map, as
                      -> list[(holder, int)]      stretches held alike (the same holder object)
 
 Each digest is exactly what prefix_index._chained makes in Python (this module is optional: the
@@ -622,12 +622,17 @@ append_stretch(PyObject *out, PyObject *holder, Py_ssize_t count)
 static PyObject *
 map_stretches(DigestMap *map, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "stretches(tokens, size)");
+    if (nargs != 2 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "stretches(tokens, size, root=0)");
         return NULL;
     }
     Py_ssize_t size;
-    if (parse_size(args[1], &size) < 0) {
+    digest_t digest = 0;
+    if (parse_size(args[1], &size) < 0 || (nargs == 3 && int_to_digest(args[2], &digest) < 0)) {
+        return NULL;
+    }
+    if ((digest + ((digest_t)1 << (BLOCK_SHIFT - 1))) >> BLOCK_SHIFT != 0) {
+        PyErr_SetString(PyExc_ValueError, "root must be the digest of no block");
         return NULL;
     }
     PyObject *seq = PySequence_Fast(args[0], "tokens must be a sequence");
@@ -641,7 +646,6 @@ map_stretches(DigestMap *map, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t blocks = PySequence_Fast_GET_SIZE(seq) / size;
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    digest_t digest = 0;
     digest_t digests[BATCH];
     Py_hash_t hashes[BATCH];
     PyObject *current = NULL; /* borrowed from the map: nothing runs here that changes it */
@@ -697,7 +701,8 @@ static PyMethodDef map_methods[] = {
      "get(digest, default=None) -> its holder, else default"},
     {"values", (PyCFunction)map_values, METH_NOARGS, "values() -> a list of the holders"},
     {"stretches", (PyCFunction)(void (*)(void))map_stretches, METH_FASTCALL,
-     "stretches(tokens, size) -> the prompt's leading blocks held here, as (holder, blocks) "
+     "stretches(tokens, size, root=0) -> the prompt's leading blocks held here, chained from "
+     "root, as (holder, blocks) "
      "stretches held alike (the same holder object)"},
     {"__sizeof__", (PyCFunction)map_sizeof, METH_NOARGS, "bytes, with the table"},
     {"__class_getitem__", Py_GenericAlias, METH_O | METH_CLASS, "DigestMap[H]: for typing"},

@@ -2,6 +2,7 @@
 
     sources(url, timeout_s)    -> [Source]  where an engine publishes (vLLM's /kv_event_sources)
     unreachable(url, sources)  -> str       why they cannot be followed from here ("": they can)
+    adapters(url, timeout_s)   -> {str}     the LoRA adapters it serves (none where it cannot say)
 
 Each source found is followed by an ``EventStream`` (``event_stream.py``).
 """
@@ -9,11 +10,14 @@ Each source found is followed by an ``EventStream`` (``event_stream.py``).
 from __future__ import annotations
 
 import json
+import logging
 import urllib.request
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from kvtier.apps.proxy.engine_url import split
+
+logger = logging.getLogger(__name__)
 
 
 class Source(NamedTuple):
@@ -70,3 +74,22 @@ def _reachable(endpoint: str, host: str) -> str:
     for wildcard in ("://*:", "://0.0.0.0:", "://[::]:"):
         endpoint = endpoint.replace(wildcard, f"://{host}:")
     return endpoint
+
+
+def adapters(url: str, timeout_s: float) -> set[str]:
+    """The LoRA adapters the engine at ``url`` serves: its ``/v1/models`` entries with a parent
+    (vLLM lists a base model without one). Empty where it cannot be asked: the adapters are
+    then learned from the events that name them."""
+    try:
+        with urllib.request.urlopen(split(url)[0] + "/v1/models", timeout=timeout_s) as answer:
+            models = json.loads(answer.read()).get("data")
+    except (OSError, ValueError, AttributeError) as exc:
+        logger.debug("kvtier proxy: %s/v1/models: %s", url, exc)
+        return set()
+    if not isinstance(models, list):
+        return set()
+    return {
+        m["id"]
+        for m in models
+        if isinstance(m, dict) and m.get("parent") and isinstance(m.get("id"), str)
+    }

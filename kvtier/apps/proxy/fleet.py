@@ -90,7 +90,7 @@ class FleetRouter:
         the request goes by load to it."""
         tokens = await self.placement.tokens(path, request, headers)
         try:
-            return self.placement.choose(tokens)
+            return self.placement.choose(tokens, self.placement.root(request))
         except EnginesDown:
             if not self.pool.any_up():
                 raise

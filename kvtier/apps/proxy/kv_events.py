@@ -5,6 +5,12 @@ map tagged ``type`` (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``); b
 #42892 an event was a positional array led by its tag. Both are read here without importing
 vLLM (the proxy never does), and a field vLLM adds later is ignored, never an error.
 
+What names a block's KV besides its tokens is read too: the LoRA adapter (``lora_name``) and,
+from ``extra_keys`` (untagged, one entry per block), the cache salt of a prompt's first block.
+A block whose extra keys hold anything else (an image's ``(identifier, offset)``, a prompt
+embedding's digest, a key vLLM adds later) cannot be named by token ids: it and the event's
+blocks after it are marked ``opaque_from``, never indexed.
+
     decode_batch(payload) -> list[Event]   ValueError for what is not a batch of events
 """
 
@@ -17,7 +23,7 @@ import msgspec
 
 # the fields of the positional (pre-#42892) encoding, in order
 _STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-                  "medium")  # fmt: skip
+                  "medium", "lora_name")  # fmt: skip
 _REMOVED_FIELDS = ("block_hashes", "medium")
 
 
@@ -35,6 +41,9 @@ class Event(NamedTuple):
     block_size: int = 0
     medium: str = "GPU"  # None in an event means the engine's own memory
     group: int = 0
+    lora: str | None = None  # the LoRA adapter the blocks were computed with
+    salt: str | None = None  # the cache salt of the prompt's first block (an event without parent)
+    opaque_from: int | None = None  # the first block its tokens do not name (None: none)
 
 
 _decoder = msgspec.msgpack.Decoder()
@@ -82,4 +91,26 @@ def _event(item: Any) -> Event | None:
     if not isinstance(size, int) or not isinstance(tokens, list):
         raise ValueError("BlockStored: block_size or token_ids missing")
     parent = item.get("parent_block_hash")
-    return Event(kind, tuple(hashes), parent, tuple(tokens), size, str(medium), int(group))
+    lora = item.get("lora_name")
+    lora = lora if isinstance(lora, str) and lora else None
+    salt, opaque = _extra(item.get("extra_keys"), lora, parent is None)
+    return Event(kind, tuple(hashes), parent, tuple(tokens), size, str(medium), int(group),
+                 lora, salt, opaque)  # fmt: skip
+
+
+def _extra(keys: Any, lora: str | None, first: bool) -> tuple[str | None, int | None]:
+    """The salt in ``keys`` (an event's ``extra_keys``: per block, the adapter's name first
+    where it has one, then images' pairs, the salt, prompt embeddings' digests), and the first
+    block whose keys hold more than the adapter and, on a prompt's ``first`` block, a salt."""
+    if not isinstance(keys, list):
+        return None, None
+    salt = None
+    for block, entry in enumerate(keys):
+        rest = list(entry) if isinstance(entry, list | tuple) else [] if entry is None else [entry]
+        if lora is not None and rest[:1] == [lora]:
+            rest = rest[1:]
+        if block == 0 and first and len(rest) == 1 and isinstance(rest[0], str) and rest[0]:
+            salt, rest = rest[0], []
+        if rest:
+            return salt, block
+    return salt, None

@@ -2,7 +2,8 @@
 
     Placement(pool, policy, connect_timeout_s)
     await tokens(path, request, headers) -> [int] | None   the prompt as the engines see it
-    choose(tokens)                       -> Choice          the engine, why, what it holds
+    root(request)                        -> int             where its blocks' digests start
+    choose(tokens, root)                 -> Choice          the engine, why, what it holds
     sending(choice)                                         its tokens queued while sent
     await track(engine, up)                                 follow its events, or forget them
     mode(url) -> Mode;  index, lock (for /metrics);  await aclose()
@@ -11,7 +12,10 @@ Every engine's KV events (``event_stream.py``, found from the engine's URL: vLLM
 ``/kv_event_sources``) go into one index (``prefix_index.py``). A prompt is tokenized as the
 engine will, by the engine's own ``/tokenize`` (its tokenizer and, for a chat request, its chat
 template): never a silent miss from a tokenizer or template that differs; a request that cannot
-be tokenized is routed by load. ``choose`` scores the engines up with ``scoring.choose``: the
+be tokenized is routed by load. A request's LoRA adapter (its ``model``, where an engine lists
+it as an adapter or an event named it) and ``cache_salt`` name its KV as much as its tokens do:
+they pick the *root* its blocks' digests chain from, as they change the engines' block hashes
+(``prefix_index.py``). ``choose`` scores the engines up with ``scoring.choose``: the
 runs the index finds (the run of most engines, the others with the engines that have them) and
 each engine's counts, with no object per engine and no look at every engine's streams per
 request (which engines' indexes are not exact is kept, worked out again only when a stream's
@@ -39,10 +43,10 @@ import httpx
 
 from kvtier.apps.proxy.balancer import Engine, Pool
 from kvtier.apps.proxy.errors import EnginesDown
-from kvtier.apps.proxy.event_sources import Source, sources, unreachable
+from kvtier.apps.proxy.event_sources import Source, adapters, sources, unreachable
 from kvtier.apps.proxy.event_stream import EventStream, Mode
 from kvtier.apps.proxy.positions import Positions
-from kvtier.apps.proxy.prefix_index import PrefixIndex
+from kvtier.apps.proxy.prefix_index import PrefixIndex, root_of
 from kvtier.apps.proxy.scoring import Held, Loads, choose
 
 logger = logging.getLogger(__name__)
@@ -99,9 +103,16 @@ class Placement:
             return Mode.DOWN
         return Mode.DEGRADED if any(s.mode is Mode.DEGRADED for s in streams) else Mode.EXACT
 
-    def choose(self, tokens: list[int] | None) -> Choice:
-        """The engine up that takes a prompt of ``tokens`` (None: not known); raises
-        ``EnginesDown`` (from the pool) when none is up."""
+    def root(self, request: dict[str, Any]) -> int:
+        """Where the digests of ``request``'s blocks start: from its LoRA adapter (its
+        ``model``, if an adapter) and its ``cache_salt``."""
+        model, salt = request.get("model"), request.get("cache_salt")
+        lora = model if isinstance(model, str) and model in self.index.adapters else None
+        return root_of(lora, salt if isinstance(salt, str) else None)
+
+    def choose(self, tokens: list[int] | None, root: int = 0) -> Choice:
+        """The engine up that takes a prompt of ``tokens`` (None: not known) whose blocks'
+        digests start at ``root``; raises ``EnginesDown`` (from the pool) when none is up."""
         up = self.pool.up()
         if not up:
             raise EnginesDown(self.pool.side, self.pool.down_reasons())
@@ -112,7 +123,7 @@ class Placement:
         with self.lock:
             block_size = self.index.block_size
             stretches = (
-                self.index.prompt_stretches(tokens, self.positions)
+                self.index.prompt_stretches(tokens, self.positions, root)
                 if tokens is not None and block_size and self.policy == "kv-aware"
                 else None
             )
@@ -209,6 +220,9 @@ class Placement:
                 logger.warning("kvtier proxy: %s: %s; routed by load", url, why)
             self.no_events[url] = why
             return
+        served = adapters(url, self.connect_timeout_s)
+        with self.lock:
+            self.index.adapters |= served
         self.streams[url] = [self._stream(url, source) for source in found]
         self._changed()
         for stream in self.streams[url]:

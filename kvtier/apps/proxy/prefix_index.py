@@ -5,14 +5,20 @@ the index is keyed by the tokens themselves: a block's *digest* chains its paren
 token ids (``_chained``), and a request's blocks are digested the same way from its tokens. An
 event's block hashes are mapped to digests per engine, through the hash of the block before
 (``parent_block_hash``): a block whose parent the engine never told is not placed (counted).
+What else names a block's KV starts the chain: a prompt's first block chains from the *root* of
+its LoRA adapter and cache salt (``root_of``; 0 for neither), so a prompt met under another
+adapter or salt shares no block with it, as in the engines' own hashes. A block its tokens do
+not name (an image's, prompt embeddings') is not placed.
 
     apply(engine, events) -> int         place the engine's events; how many blocks could not be
     drop(engine)                         forget what the engine holds (it died, or is rebuilt)
-    digests(tokens)       -> [int]       a request's full blocks
-    prompt_stretches(tokens, fleet)      the prompt's leading blocks some engine holds, as
+    digests(tokens, root) -> [int]       a request's full blocks
+    root_of(lora, salt)   -> int         where the digests of a prompt of that adapter and salt
+                                         start (``adapters``: the adapters events named)
+    prompt_stretches(tokens, fleet, root)  the prompt's leading blocks some engine holds, as
               -> [(Holders, int)]        stretches held alike, digesting only as far as that
                                          (what ``scoring.Held`` decides from over ``fleet``)
-    prompt_runs(tokens, engines) -> Runs runs(digests(tokens), engines), from the stretches
+    prompt_runs(tokens, engines, root)   runs(digests(tokens, root), engines), from the stretches
     runs(digests, engines) -> Runs       per engine, the leading blocks it can load, by tier: in
                                          groups of engines alike (the most: one run)
 
@@ -33,6 +39,8 @@ compiled (``DigestMap``: no Python step per block either).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from itertools import accumulate, count, groupby, repeat
@@ -65,6 +73,7 @@ class PrefixIndex:
         )
         self._interned: dict[frozenset[tuple[str, str]], Holders] = {}  # each in use, once
         self.unplaced = 0  # blocks whose parent was never told
+        self.adapters: set[str] = set()  # the LoRA adapters events named (and engines listed)
         # the fleet last decided over: each holder the index makes has its masks made for it
         # then, as events come, not when a request is routed (``prompt_stretches``)
         self._fleet: Positions | None = None
@@ -103,11 +112,17 @@ class PrefixIndex:
             self.block_size = size
         if size != self.block_size or len(event.token_ids) != size * len(event.block_hashes):
             return len(event.block_hashes)  # another block size, or no token ids: unusable
-        digest = _ROOT if event.parent is None else known.get(event.parent)
+        if event.parent is None:
+            digest: int | None = root_of(event.lora, event.salt)
+        else:
+            digest = known.get(event.parent)
         if digest is None:
             return len(event.block_hashes)
-        digests = chained(digest, event.token_ids, size)
-        for block_hash, digest in zip(event.block_hashes, digests):
+        if event.lora is not None:
+            self.adapters.add(event.lora)
+        hashes = event.block_hashes[: event.opaque_from]  # those its tokens name
+        digests = chained(digest, event.token_ids[: len(hashes) * size], size)
+        for block_hash, digest in zip(hashes, digests):
             known[block_hash] = digest
             known.move_to_end(block_hash)
             self._hold(engine, digest, event.medium)
@@ -168,19 +183,22 @@ class PrefixIndex:
         for digest in self._digest.pop(engine, {}).values():
             self._unhold(engine, digest, None)
 
-    def digests(self, tokens: Sequence[int]) -> list[int]:
-        """The digests of ``tokens``' full blocks (none before a block size is known)."""
+    def digests(self, tokens: Sequence[int], root: int = _ROOT) -> list[int]:
+        """The digests of ``tokens``' full blocks from ``root`` (none before a block size is
+        known)."""
         size = self.block_size
         if not size:
             return []
-        return list(chained(_ROOT, tokens, size))
+        return list(chained(root, tokens, size))
 
-    def prompt_runs(self, tokens: Sequence[int], engines: Collection[str]) -> Runs:
-        """``runs(digests(tokens), engines)``, from ``prompt_stretches``."""
-        return runs_of(self.prompt_stretches(tokens), _fleet(engines))
+    def prompt_runs(
+        self, tokens: Sequence[int], engines: Collection[str], root: int = _ROOT
+    ) -> Runs:
+        """``runs(digests(tokens, root), engines)``, from ``prompt_stretches``."""
+        return runs_of(self.prompt_stretches(tokens, root=root), _fleet(engines))
 
     def prompt_stretches(
-        self, tokens: Sequence[int], fleet: Positions | None = None
+        self, tokens: Sequence[int], fleet: Positions | None = None, root: int = _ROOT
     ) -> list[tuple[Holders, int]]:
         """The prompt's leading blocks some engine holds, as stretches held alike: (who, how
         many blocks). Its digests are made only as far as some engine holds it, each looked
@@ -193,8 +211,8 @@ class PrefixIndex:
         if not size:
             return []
         if isinstance(holders, dict):
-            return self._stretches(_chained(_ROOT, tokens, size))
-        return holders.stretches(tokens, size)
+            return self._stretches(_chained(root, tokens, size))
+        return holders.stretches(tokens, size, root)
 
     def runs(self, digests: Iterable[int], engines: Collection[str]) -> Runs:
         """The runs of ``engines`` (the fleet): per engine, its leading blocks of ``digests``
@@ -211,6 +229,15 @@ class PrefixIndex:
                 break
             stretches.append((holders, len(list(blocks))))
         return stretches
+
+
+def root_of(lora: str | None, salt: str | None) -> int:
+    """Where the digests of a prompt computed with LoRA adapter ``lora`` and cache salt ``salt``
+    start: ``_ROOT`` for neither, else 64 bits of a hash of both (a digest of no block)."""
+    if lora is None and not salt:
+        return _ROOT
+    named = json.dumps([lora, salt or None]).encode()
+    return int.from_bytes(hashlib.blake2b(named, digest_size=8).digest(), "big")
 
 
 def _fleet(engines: Collection[str]) -> frozenset[str]:

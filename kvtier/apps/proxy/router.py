@@ -119,7 +119,7 @@ class Router:
             return None
         tokens = await self.placement.tokens(path, request, headers)
         try:
-            return self.placement.choose(tokens)
+            return self.placement.choose(tokens, self.placement.root(request))
         except EnginesDown:  # gone down while the prompt was tokenized
             return None
 

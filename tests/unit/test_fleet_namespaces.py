@@ -1,0 +1,56 @@
+"""``kvtier proxy --engine``: a request meets a cached prefix only under the LoRA adapter and
+cache salt it was computed with, as the engines' own block hashes do; fake engines publishing
+through vLLM's own publisher over real ZMQ."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fleet_fakes import PROMPT, FleetEngine, fleet
+from proxy_fakes import run, until
+
+
+@pytest.fixture
+def engines(tmp_path: Path) -> Iterator[list[FleetEngine]]:
+    fleet = [FleetEngine(name, tmp_path) for name in ("base", "salted", "adapter")]
+    yield fleet
+    for engine in fleet:
+        engine.publisher.shutdown()
+
+
+async def _route(client: httpx.AsyncClient, **body: Any) -> str:
+    answer = await client.post("/v1/completions", json={"max_tokens": 2, "prompt": PROMPT, **body})
+    assert answer.status_code == 200, answer.text
+    return answer.headers["x-kvtier-route"]
+
+
+def test_a_request_goes_where_its_prefix_is_under_its_adapter_and_salt(
+    engines: list[FleetEngine],
+) -> None:
+    base, salted, adapter = engines
+    adapter.adapters = ["listed"]  # an adapter no event named yet
+
+    async def scenario() -> None:
+        async with fleet(engines) as (client, placement, urls):
+            await until(lambda: all(placement.streams[u] for u in urls), "engines followed")
+            base.holds(PROMPT)
+            salted.holds(PROMPT, salt="tenant-1")
+            adapter.holds(PROMPT, lora="ad")
+            await until(lambda: len(placement.index) == 18, "every engine's blocks indexed")
+            for body, where in (({"model": "m"}, 0), ({"model": "m", "cache_salt": "tenant-1"}, 1),
+                                ({"model": "ad"}, 2)):  # fmt: skip
+                route = await _route(client, **body)
+                assert route.startswith(f"{urls[where]}; prefix; predicted_cached_tokens=96"), (
+                    body, route,
+                )  # fmt: skip
+            # another tenant, an adapter /v1/models lists: nothing cached, wherever it goes
+            for body in ({"model": "m", "cache_salt": "tenant-2"}, {"model": "listed"}):
+                route = await _route(client, **body)
+                assert route.endswith("; load; predicted_cached_tokens=0"), (body, route)
+            assert placement.index.adapters == {"ad", "listed"}
+
+    run(scenario())
