@@ -53,7 +53,9 @@ def _hash_function(hash_algo: str) -> Callable[[bytes], bytes]:
 class LayoutFingerprint:
     """What a chunk's bytes mean: two chunks are interchangeable only if their fingerprints match.
 
-    ``layout`` describes the engine block layout, e.g. ``"cpu:(kv_heads=2,block=32,2*head=64)"``.
+    ``layout`` describes the engine block layout, e.g. ``"cpu:(kv_heads=2,block=32,2*head=64)"``;
+    ``weights`` names the weights and config that computed the KV (``kvtier.vllm.model_identity``):
+    ``model`` alone is a path or a name, which other weights may have.
     """
 
     model: str
@@ -63,6 +65,7 @@ class LayoutFingerprint:
     tp_size: int
     pp_rank: int
     chunk_tokens: int
+    weights: str = ""
 
     def __post_init__(self) -> None:
         if self.tp_size < 1:
@@ -85,7 +88,8 @@ class LayoutFingerprint:
         return (
             f"model={self.model} dtype={self.dtype} layout={self.layout} "
             f"tp={self.tp_rank}/{self.tp_size} pp_rank={self.pp_rank} "
-            f"chunk_tokens={self.chunk_tokens} digest={self.digest().hex()}"
+            f"chunk_tokens={self.chunk_tokens} weights={self.weights or '-'} "
+            f"digest={self.digest().hex()}"
         )
 
 

@@ -28,6 +28,7 @@ from kvtier.tiers.base.chunk_format import HEADER_BYTES
 from kvtier.tiers.base.spec import SchedulerContext, TierSpec, WorkerContext, WorkerTier
 from kvtier.tiers.host.buffers import HostTier
 from kvtier.vllm.kv_role import KVRole
+from kvtier.vllm.model_identity import model_identity
 from kvtier.vllm.observability import Observability
 from kvtier.vllm.recovery import recovers_sync_loads
 from kvtier.worker.connector import TierBuilder, WorkerConnector
@@ -59,6 +60,7 @@ def fingerprint(
         tp_size=vllm_config.parallel_config.tensor_parallel_size,
         pp_rank=pp_rank,
         chunk_tokens=vllm_config.cache_config.block_size * factor,
+        weights=model_identity(vllm_config),
     )
 
 
@@ -129,8 +131,9 @@ class SchedulerSide:
                 scheduler.add_source(source)
         role.scheduler(scheduler)
         logger.info(
-            "kvtier: host tier of %d chunks of %d tokens, %d KV cache group(s), %d rank(s)%s",
-            num_chunks, engine_block * factor, len(groups), world_size,
+            "kvtier: host tier of %d chunks of %d tokens, %d KV cache group(s), %d rank(s), "
+            "weights %s%s", num_chunks, engine_block * factor, len(groups), world_size,
+            keys.weights,
             "".join(f", then {tier.name}" for tier in lower),
         )  # fmt: skip
         return cls(scheduler, Observability(scheduler, chunk_bytes, config.tiers))

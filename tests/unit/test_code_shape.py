@@ -100,6 +100,7 @@ LAYERS = (
         "base",
         (
             "kvtier.addresses",
+            "kvtier.checkpoint",
             "kvtier.config_parse",
             "kvtier.connect",
             "kvtier.counters",

@@ -195,3 +195,31 @@ def _listening_port(worker: WorkerConnector) -> int:
     with socket.create_connection(tier.address, timeout=5):  # it accepts
         pass
     return tier.address[1]
+
+
+def test_a_decode_engine_with_other_weights_pulls_nothing(unused_ports: int) -> None:
+    """Engines serving one model path with other weights (``LayoutFingerprint.weights``) are
+    refused by each other, as the connector builds them: the pull fails, the blocks are
+    recomputed, nothing is written into them."""
+    config = TransferConfig(secret=SECRET.decode(), port=unused_ports)
+    ranks = []
+    for role, weights, seed in (("kv_producer", "a" * 32, 1), ("kv_consumer", "b" * 32, 2)):
+        fingerprint = LayoutFingerprint("m", "float32", "", 0, 1, 0, 16, weights=weights)
+        worker = WorkerConnector(cpu_bytes_to_use=1 << 20, block_size_factor=1, world_size=1)
+        cache = torch.randn(16, 2, 32, 64, generator=torch.Generator().manual_seed(seed))
+        builder = peer_tier(config, role, fingerprint)
+        worker.register({"layer.0": cache}, [["layer.0"]], 16, [builder])
+        ranks.append((worker, cache))
+    (prefill, _), (decode, destination) = ranks
+    try:
+        before = destination.clone()
+        prefill.begin_step(StepPlan(messages={"peer": [PeerOffer("p1", ((3,),), 30.0)]}))
+        address = ("127.0.0.1", _listening_port(prefill))
+        decode.begin_step(StepPlan(loads=[_pull(address, [3], [10], 9)], forward=False))
+        decode.start_loads()
+        assert _until(lambda: decode.finished(set())[2]) == {"d1"}  # failed: recomputed
+        assert decode.take_failed_blocks() == {10}
+        assert torch.equal(destination, before)
+    finally:
+        prefill.shutdown()
+        decode.shutdown()

@@ -45,6 +45,7 @@ def worker_tier(ctx: WorkerContext[TransferConfig]) -> PeerWorkerTier | None:
     fingerprint, config = ctx.fingerprint, ctx.config
     identity = PeerIdentity((
         ("model", fingerprint.model),
+        ("weights", fingerprint.weights),
         ("dtype", fingerprint.dtype),
         ("block_tokens", str(fingerprint.chunk_tokens // ctx.factor)),
         ("tp_size", str(fingerprint.tp_size)),

@@ -1,0 +1,101 @@
+"""What a token's KV depends on besides the tokens before it: which weights, read how.
+
+    model_identity(vllm_config) -> str   32 hex digits, the same on every engine of one model
+
+Chunk keys and records are namespaced by it (``LayoutFingerprint.weights``), so that KV computed
+by other weights is never loaded, wherever it is kept: two models served from one path (a
+container's ``/mnt/models``), a fine-tune re-exported in place, another revision of a Hugging Face
+model, the same weights quantized or with a config overridden (``--hf-overrides``, RoPE scaling).
+It is made of:
+
+- the model's config as vLLM uses it (overrides applied; its path, transformers' version and
+  private fields left out),
+- the quantization and the load format,
+- the weights' digest (``kvtier.checkpoint``) where the weights are local files (a directory, a
+  file, or Hugging Face's cache); otherwise the name, weights URI and revision, logged once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvtier.checkpoint import weights_digest
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = logging.getLogger(__name__)
+
+_VOLATILE_CONFIG_KEYS = frozenset({"transformers_version"})  # and every key starting with "_"
+_SLOW_S = 2.0  # about 1 MiB read per weight file: milliseconds from the page cache
+
+
+def model_identity(vllm_config: VllmConfig) -> str:
+    model, load = vllm_config.model_config, vllm_config.load_config
+    load_format = str(getattr(load.load_format, "value", load.load_format))
+    if load_format == "dummy":
+        weights = "dummy"  # vLLM's random weights, drawn from a fixed seed
+    else:
+        started = time.perf_counter()
+        folder = _local_checkpoint(model.model, model.revision, load.download_dir)
+        digest = weights_digest(folder) if folder is not None else None
+        if (spent := time.perf_counter() - started) > _SLOW_S:
+            logger.warning("kvtier: sampling %s's weight files to name its KV took %.1f s (they "
+                           "are not in the page cache)", model.model, spent)  # fmt: skip
+        if digest is None:
+            weights = f"unread:{model.model_weights or model.model}@{model.revision}"
+            logger.info("kvtier: %s's weights are not local files: its KV is named by %s and "
+                        "revision %s, not by the weights themselves", model.model,
+                        model.model_weights or model.model, model.revision)  # fmt: skip
+        else:
+            weights = digest
+    parts = {
+        "config": _plain(model.hf_config.to_dict()),
+        "quantization": str(model.quantization),
+        "load_format": load_format,
+        "weights": weights,
+    }
+    canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+def _local_checkpoint(name: str, revision: str | None, download_dir: str | None) -> Path | None:
+    """The model's files on this machine: ``name`` itself, or its Hugging Face cache snapshot."""
+    if Path(name).exists():
+        return Path(name)
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(
+            name, revision=revision, cache_dir=download_dir, local_files_only=True
+        )
+    except Exception:  # noqa: BLE001 - not a cached Hugging Face model: named, not read
+        return None
+    return Path(folder)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with only JSON's own types kept: a field holding anything else (an object, a
+    dtype) is left out rather than written as a ``repr`` that may differ between processes."""
+    if isinstance(value, dict):
+        return {
+            str(key): _plain(item)
+            for key, item in value.items()
+            if not str(key).startswith("_")
+            and str(key) not in _VOLATILE_CONFIG_KEYS
+            and _is_plain(item)
+        }
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value if _is_plain(item)]
+    return value
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, dict | list | tuple):
+        return True
+    return value is None or isinstance(value, bool | int | float | str)

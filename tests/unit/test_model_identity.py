@@ -1,0 +1,108 @@
+"""The identity of what computed a KV (``model_identity``), from vLLM's own config of a model:
+the same weights and config on any path share it; other weights, config or quantization do not."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+from vllm.config import LoadConfig, ModelConfig, VllmConfig
+
+from kvtier.apps.models import model_path
+from kvtier.vllm.model_identity import model_identity
+
+
+def _config(model: Path | str, **overrides: object) -> VllmConfig:
+    return VllmConfig(model_config=ModelConfig(model=str(model), dtype="float32", **overrides))
+
+
+def _copy(tmp_path: Path, name: str) -> Path:
+    return Path(shutil.copytree(model_path("tiny"), tmp_path / name))
+
+
+def _retrain(model: Path) -> None:
+    """Other values in every tensor, the same names, shapes and file size: another training."""
+    weights = model / "model.safetensors"
+    tensors = load_file(weights)
+    save_file({name: t * 1.01 for name, t in tensors.items()}, weights, {"format": "pt"})
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    model = _copy(tmp_path_factory.mktemp("tiny"), "tiny")
+    return model, model_identity(_config(model))
+
+
+def test_the_same_model_on_another_path_is_the_same(tiny: tuple[Path, str], tmp_path: Path) -> None:
+    model, identity = tiny
+    assert len(identity) == 32
+    assert model_identity(_config(_copy(tmp_path, "elsewhere"))) == identity
+    assert model_identity(_config(model)) == identity  # again, in the same process
+
+
+def test_weights_rewritten_in_place_are_another_model(
+    tiny: tuple[Path, str], tmp_path: Path
+) -> None:
+    model = _copy(tmp_path, "tiny")
+    before = (model / "model.safetensors").stat().st_size
+    _retrain(model)
+    assert (model / "model.safetensors").stat().st_size == before
+    assert model_identity(_config(model)) != tiny[1]
+
+
+def test_an_overridden_config_or_a_quantization_is_another_model(tiny: tuple[Path, str]) -> None:
+    model, identity = tiny
+    assert model_identity(_config(model, hf_overrides={"rope_theta": 20000.0})) != identity
+    quantized = _config(model)
+    quantized.model_config.quantization = "fp8"  # vLLM checks it against CUDA: set it after
+    assert model_identity(quantized) != identity
+
+
+def test_vllms_dummy_weights_are_named_by_their_seed_not_the_files(
+    tiny: tuple[Path, str], tmp_path: Path
+) -> None:
+    model = _copy(tmp_path, "tiny")
+    dummy = _config(model)
+    dummy.load_config = LoadConfig(load_format="dummy")
+    before = model_identity(dummy)
+    assert before != tiny[1]
+    _retrain(model)
+    assert model_identity(dummy) == before
+
+
+def test_a_hugging_face_model_is_read_from_the_cache_vllm_downloaded_it_to(
+    tiny: tuple[Path, str], tmp_path: Path
+) -> None:
+    """A name, not a path: the snapshot of its revision in ``download_dir`` is what counts."""
+    cache = tmp_path / "hub"
+    repo = cache / "models--acme--tiny"
+    for revision, commit in (("main", "a" * 40), ("v2", "b" * 40)):
+        snapshot = Path(shutil.copytree(tiny[0], repo / "snapshots" / commit))
+        if revision == "v2":
+            _retrain(snapshot)
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / revision).write_text(commit)
+    config = _config(tiny[0])
+    config.load_config = LoadConfig(download_dir=str(cache))
+    config.model_config.model = "acme/tiny"
+    assert model_identity(config) == tiny[1]
+    config.model_config.revision = "v2"
+    assert model_identity(config) != tiny[1]
+    config.model_config.revision = "v3"  # not downloaded here: named, not read
+    unread = model_identity(config)
+    config.model_config.revision = "v4"
+    assert model_identity(config) not in (tiny[1], unread)
+
+
+def test_a_model_whose_weights_are_not_local_is_named_by_name_and_revision(
+    tiny: tuple[Path, str],
+) -> None:
+    config = _config(tiny[0])
+    config.model_config.model = "acme/not-downloaded"
+    first = model_identity(config)
+    assert first != tiny[1]
+    assert model_identity(config) == first
+    config.model_config.revision = "v2"
+    assert model_identity(config) != first
