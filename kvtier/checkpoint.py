@@ -35,7 +35,7 @@ def weights_files(path: str | os.PathLike[str]) -> list[Path]:
         return [where] if where.name.endswith(_SINGLE_FILE) else []
     if not where.is_dir():
         return []
-    names = sorted(entry.name for entry in os.scandir(where) if entry.is_file())
+    names = sorted(e.name for e in os.scandir(where) if e.is_file() or e.is_symlink())
     for suffixes in _PREFERENCE:
         chosen = [where / name for name in names if name.endswith(suffixes)]
         if chosen:

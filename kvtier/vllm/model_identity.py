@@ -43,7 +43,11 @@ def model_identity(vllm_config: VllmConfig) -> str:
     else:
         started = time.perf_counter()
         folder = _local_checkpoint(model.model, model.revision, load.download_dir)
-        digest = weights_digest(folder) if folder is not None else None
+        try:
+            digest = weights_digest(folder) if folder is not None else None
+        except OSError as exc:  # a file replaced or unreadable as the engine starts
+            logger.warning("kvtier: %s's weight files could not be read (%s)", model.model, exc)
+            digest = None
         if (spent := time.perf_counter() - started) > _SLOW_S:
             logger.warning("kvtier: sampling %s's weight files to name its KV took %.1f s (they "
                            "are not in the page cache)", model.model, spent)  # fmt: skip

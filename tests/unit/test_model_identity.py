@@ -3,6 +3,7 @@ the same weights and config on any path share it; other weights, config or quant
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -106,3 +107,18 @@ def test_a_model_whose_weights_are_not_local_is_named_by_name_and_revision(
     assert model_identity(config) == first
     config.model_config.revision = "v2"
     assert model_identity(config) != first
+
+
+def test_weights_that_cannot_be_read_are_named_by_the_path(
+    tiny: tuple[Path, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A weight file that cannot be read (a link to a blob gone from Hugging Face's cache) does
+    not stop the engine: its KV is named as weights that are not local are, with a warning."""
+    model = _copy(tmp_path, "tiny")
+    config = _config(model)
+    (model / "model-00002-of-00002.safetensors").symlink_to(tmp_path / "gone")
+    with caplog.at_level(logging.WARNING, logger="kvtier.vllm.model_identity"):
+        identity = model_identity(config)
+    assert identity != tiny[1]
+    assert "weight files could not be read" in caplog.text
+    assert "model-00002-of-00002.safetensors" in caplog.text
