@@ -41,6 +41,7 @@ class FleetEngine(FakeEngine):
                                            self.events["replay_endpoint"], topic="kv")  # fmt: skip
         self.tokenized: list[dict[str, Any]] = []
         self.adapters: list[str] = []  # the LoRA adapters its /v1/models lists
+        self.models_status = 200  # 401: its /v1/models refuses, as behind --api-key
         super().__init__(name)
 
     def _app(self) -> FastAPI:
@@ -58,6 +59,8 @@ class FleetEngine(FakeEngine):
         return JSONResponse({"tokens": PROMPT if "messages" in body else [1, 2, 3]})
 
     async def _models(self) -> Any:
+        if self.models_status != 200:
+            return JSONResponse({"error": "Unauthorized"}, self.models_status)
         base = {"id": "m", "root": "/models/m", "parent": None}
         cards = [{"id": a, "root": f"/adapters/{a}", "parent": "m"} for a in self.adapters]
         return JSONResponse({"object": "list", "data": [base, *cards]})

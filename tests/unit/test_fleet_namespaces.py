@@ -47,10 +47,33 @@ def test_a_request_goes_where_its_prefix_is_under_its_adapter_and_salt(
                 assert route.startswith(f"{urls[where]}; prefix; predicted_cached_tokens=96"), (
                     body, route,
                 )  # fmt: skip
-            # another tenant, an adapter /v1/models lists: nothing cached, wherever it goes
-            for body in ({"model": "m", "cache_salt": "tenant-2"}, {"model": "listed"}):
+            # another tenant, an adapter /v1/models lists, one loaded since the engines were
+            # asked (not a base model they list): nothing cached, wherever it goes
+            for body in ({"model": "m", "cache_salt": "tenant-2"}, {"model": "listed"},
+                         {"model": "loaded-since"}):  # fmt: skip
                 route = await _route(client, **body)
                 assert route.endswith("; load; predicted_cached_tokens=0"), (body, route)
             assert placement.index.adapters == {"ad", "listed"}
+            assert placement.bases == {"m"}
+
+    run(scenario())
+
+
+def test_engines_that_list_no_models_leave_every_name_a_base_model(
+    engines: list[FleetEngine],
+) -> None:
+    """Engines behind ``--api-key`` answer ``/v1/models`` 401: only events name adapters, and a
+    name no event gave is looked up as the base model's."""
+    for engine in engines:
+        engine.models_status = 401
+
+    async def scenario() -> None:
+        async with fleet(engines) as (client, placement, urls):
+            await until(lambda: all(placement.streams[u] for u in urls), "engines followed")
+            engines[0].holds(PROMPT)
+            await until(lambda: len(placement.index) == 6, "the blocks indexed")
+            route = await _route(client, model="served-name")
+            assert route.startswith(f"{urls[0]}; prefix; predicted_cached_tokens=96"), route
+            assert placement.bases == set()
 
     run(scenario())

@@ -2,7 +2,7 @@
 
     sources(url, timeout_s)    -> [Source]  where an engine publishes (vLLM's /kv_event_sources)
     unreachable(url, sources)  -> str       why they cannot be followed from here ("": they can)
-    adapters(url, timeout_s)   -> {str}     the LoRA adapters it serves (none where it cannot say)
+    served(url, timeout_s)     -> Served    the base models and LoRA adapters it serves
 
 Each source found is followed by an ``EventStream`` (``event_stream.py``).
 """
@@ -76,20 +76,24 @@ def _reachable(endpoint: str, host: str) -> str:
     return endpoint
 
 
-def adapters(url: str, timeout_s: float) -> set[str]:
-    """The LoRA adapters the engine at ``url`` serves: its ``/v1/models`` entries with a parent
-    (vLLM lists a base model without one). Empty where it cannot be asked: the adapters are
-    then learned from the events that name them."""
+class Served(NamedTuple):
+    """What an engine's ``/v1/models`` lists: its base models (by every name it serves them
+    under) and its LoRA adapters (an entry with a parent); both empty where it cannot say."""
+
+    bases: frozenset[str]
+    adapters: frozenset[str]
+
+
+def served(url: str, timeout_s: float) -> Served:
+    """The models the engine at ``url`` serves. Nothing where it cannot be asked (an engine
+    behind ``--api-key``): the adapters are then learned from the events that name them."""
     try:
         with urllib.request.urlopen(split(url)[0] + "/v1/models", timeout=timeout_s) as answer:
             models = json.loads(answer.read()).get("data")
     except (OSError, ValueError, AttributeError) as exc:
         logger.debug("kvtier proxy: %s/v1/models: %s", url, exc)
-        return set()
-    if not isinstance(models, list):
-        return set()
-    return {
-        m["id"]
-        for m in models
-        if isinstance(m, dict) and m.get("parent") and isinstance(m.get("id"), str)
-    }
+        return Served(frozenset(), frozenset())
+    cards = [m for m in models if isinstance(m, dict) and isinstance(m.get("id"), str)] if (
+        isinstance(models, list)) else []  # fmt: skip
+    return Served(frozenset(m["id"] for m in cards if not m.get("parent")),
+                  frozenset(m["id"] for m in cards if m.get("parent")))  # fmt: skip

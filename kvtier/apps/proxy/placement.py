@@ -13,7 +13,8 @@ Every engine's KV events (``event_stream.py``, found from the engine's URL: vLLM
 engine will, by the engine's own ``/tokenize`` (its tokenizer and, for a chat request, its chat
 template): never a silent miss from a tokenizer or template that differs; a request that cannot
 be tokenized is routed by load. A request's LoRA adapter (its ``model``, where an engine lists
-it as an adapter or an event named it) and ``cache_salt`` name its KV as much as its tokens do:
+it as an adapter, an event named it, or it is none of the base models the engines list) and
+``cache_salt`` name its KV as much as its tokens do:
 they pick the *root* its blocks' digests chain from, as they change the engines' block hashes
 (``prefix_index.py``). ``choose`` scores the engines up with ``scoring.choose``: the
 runs the index finds (the run of most engines, the others with the engines that have them) and
@@ -43,7 +44,7 @@ import httpx
 
 from kvtier.apps.proxy.balancer import Engine, Pool
 from kvtier.apps.proxy.errors import EnginesDown
-from kvtier.apps.proxy.event_sources import Source, adapters, sources, unreachable
+from kvtier.apps.proxy.event_sources import Source, served, sources, unreachable
 from kvtier.apps.proxy.event_stream import EventStream, Mode
 from kvtier.apps.proxy.positions import Positions
 from kvtier.apps.proxy.prefix_index import PrefixIndex, root_of
@@ -86,6 +87,7 @@ class Placement:
         self.pool, self.policy, self.connect_timeout_s = pool, policy, connect_timeout_s
         urls = [engine.url for engine in pool.engines]
         self.index = PrefixIndex()
+        self.bases: set[str] = set()  # the base models the engines list, by every name
         self.lock = threading.Lock()  # the index, between the streams' threads and requests
         self.streams: dict[str, list[EventStream]] = {url: [] for url in urls}
         self.no_events: dict[str, str] = dict.fromkeys(urls, "not asked yet")
@@ -107,8 +109,14 @@ class Placement:
         """Where the digests of ``request``'s blocks start: from its LoRA adapter (its
         ``model``, if an adapter) and its ``cache_salt``."""
         model, salt = request.get("model"), request.get("cache_salt")
-        lora = model if isinstance(model, str) and model in self.index.adapters else None
+        lora = model if isinstance(model, str) and self._adapter(model) else None
         return root_of(lora, salt if isinstance(salt, str) else None)
+
+    def _adapter(self, model: str) -> bool:
+        """Whether ``model`` names a LoRA adapter: one an event or an engine named, or, once
+        engines listed their base models, any other name (vLLM serves no other model): an
+        adapter loaded since (``/v1/load_lora_adapter``), none of whose blocks is known."""
+        return model in self.index.adapters or (bool(self.bases) and model not in self.bases)
 
     def choose(self, tokens: list[int] | None, root: int = 0) -> Choice:
         """The engine up that takes a prompt of ``tokens`` (None: not known) whose blocks'
@@ -220,9 +228,10 @@ class Placement:
                 logger.warning("kvtier proxy: %s: %s; routed by load", url, why)
             self.no_events[url] = why
             return
-        served = adapters(url, self.connect_timeout_s)
+        models = served(url, self.connect_timeout_s)
         with self.lock:
-            self.index.adapters |= served
+            self.index.adapters |= models.adapters
+            self.bases |= models.bases
         self.streams[url] = [self._stream(url, source) for source in found]
         self._changed()
         for stream in self.streams[url]:
