@@ -31,6 +31,7 @@ from kvtier.vllm.kv_role import KVRole
 from kvtier.vllm.model_identity import model_identity
 from kvtier.vllm.observability import Observability
 from kvtier.vllm.recovery import recovers_sync_loads
+from kvtier.vllm.spec_text import spec_text
 from kvtier.worker.connector import TierBuilder, WorkerConnector
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ class SchedulerSide:
         groups = kv_cache_config.kv_cache_groups
         per_block = _per_block(kv_cache_config)
         num_chunks = host_num_chunks(per_block, world_size, factor, config.cpu_bytes_to_use)
-        layout = ";".join(repr(g.kv_cache_spec) for g in groups)
+        layout = ";".join(spec_text(g.kv_cache_spec) for g in groups)
         keys = fingerprint(vllm_config, layout, 0, 0, factor)
         chain = config.chain()
         if chain:
