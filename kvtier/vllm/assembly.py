@@ -65,6 +65,15 @@ def fingerprint(
     )
 
 
+def keys_fingerprint(
+    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, factor: int
+) -> LayoutFingerprint:
+    """Rank 0's fingerprint, which namespaces the chunk keys: the same for the same model in
+    every vLLM release kvtier supports (``spec_text``), so that their engines share chunks."""
+    layout = ";".join(spec_text(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups)
+    return fingerprint(vllm_config, layout, 0, 0, factor)
+
+
 def _per_block(kv_cache_config: KVCacheConfig) -> int:
     """Engine bytes per block on one rank, as vLLM placed the KV tensors."""
     placements = [Placement(t.size, tuple(t.layers)) for t in kv_cache_config.kv_cache_tensors]
@@ -93,8 +102,7 @@ class SchedulerSide:
         groups = kv_cache_config.kv_cache_groups
         per_block = _per_block(kv_cache_config)
         num_chunks = host_num_chunks(per_block, world_size, factor, config.cpu_bytes_to_use)
-        layout = ";".join(spec_text(g.kv_cache_spec) for g in groups)
-        keys = fingerprint(vllm_config, layout, 0, 0, factor)
+        keys = keys_fingerprint(vllm_config, kv_cache_config, factor)
         chain = config.chain()
         if chain:
             _warn_if_hashes_differ_per_process(vllm_config)
