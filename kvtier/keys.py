@@ -8,10 +8,11 @@ Primitives:
     key_group / key_fingerprint / key_hex                  read a key back
 
 A key is ``bytes`` (``KEY_BYTES`` long): fingerprint digest (16) + chunk hash (16) + group (2, big
-endian). The chunk hash is the selected hash of (fingerprint digest + the chunk's last block hash +
-group). Block hashes are chained, so the last one covers the whole prefix; the fingerprint keeps KV
-of one model or layout from ever being served to another. Everything is derived with stable hashes
-(never the builtin ``hash()``), so keys agree across processes and runs.
+endian). The chunk hash is the selected hash of (fingerprint digest + the request's salt, if any
++ the chunk's last block hash + group). Block hashes are chained, so the last one covers the
+whole prefix; the fingerprint keeps KV of one model or layout from ever being served to another.
+Everything is derived with stable hashes (never the builtin ``hash()``), so keys agree across
+processes and runs.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ CHUNK_HASH_BYTES = 16
 GROUP_BYTES = 2
 KEY_BYTES = FINGERPRINT_BYTES + CHUNK_HASH_BYTES + GROUP_BYTES  # 34
 MAX_GROUP = (1 << (8 * GROUP_BYTES)) - 1
+SALT_BYTES = 16
 
 _FINGERPRINT_VERSION = "kvtier-layout-v1"
 
@@ -103,6 +105,16 @@ def _block_hash_bytes(block_hash: BlockHash) -> bytes:
     return b"b" + bytes(block_hash)
 
 
+def _salted(salt: bytes) -> bytes:
+    """A request's salt as hashed before its block hash: tagged ``s`` (a block hash is ``i`` or
+    ``b``), so that no salted key is an unsalted one's; nothing for no salt."""
+    if not salt:
+        return b""
+    if len(salt) != SALT_BYTES:
+        raise ValueError(f"a key salt is {SALT_BYTES} bytes; got {len(salt)}")
+    return b"s" + salt
+
+
 def _check_group(group: int) -> None:
     if not 0 <= group <= MAX_GROUP:
         raise ValueError(f"group must be in [0, {MAX_GROUP}]; got {group}")
@@ -120,15 +132,20 @@ def make_key(
 
 
 def _make_key(
-    fingerprint_digest: bytes, block_hash: BlockHash, group: int, hasher: Callable[[bytes], bytes]
+    fingerprint_digest: bytes,
+    block_hash: BlockHash,
+    group: int,
+    hasher: Callable[[bytes], bytes],
+    salted: bytes = b"",
 ) -> ChunkKey:
+    """``salted``: ``_salted(salt)``, made once per request."""
     if len(fingerprint_digest) != FINGERPRINT_BYTES:
         raise ValueError(
             f"fingerprint_digest must be {FINGERPRINT_BYTES} bytes; got {len(fingerprint_digest)}"
         )
     _check_group(group)
     group_bytes = group.to_bytes(GROUP_BYTES, "big")
-    chunk_hash = hasher(fingerprint_digest + _block_hash_bytes(block_hash) + group_bytes)
+    chunk_hash = hasher(fingerprint_digest + salted + _block_hash_bytes(block_hash) + group_bytes)
     return ChunkKey(fingerprint_digest + chunk_hash[:CHUNK_HASH_BYTES] + group_bytes)
 
 
@@ -180,19 +197,20 @@ class ChunkKeyMaker:
         return self._digest
 
     def tail_key(
-        self, last_block_hash: BlockHash, tail_tokens: Sequence[int], group: int
+        self, last_block_hash: BlockHash, tail_tokens: Sequence[int], group: int, salt: bytes = b""
     ) -> ChunkKey:
         """The key of a prompt's tail: its blocks after its last full chunk, up to its end.
 
         Keyed by the chained hash of the prompt's last full engine block (which covers the whole
         prefix, cache salt and adapter included) and the ids of the tokens after it (fewer than a
         block), in a hash domain of its own: a tail never shares a key with a full chunk, nor
-        with the tail of another prompt.
+        with the tail of another prompt. ``salt`` as ``keys``'.
         """
         _check_group(group)
         data = (
             self._digest
             + b"t"
+            + _salted(salt)
             + _block_hash_bytes(last_block_hash)
             + len(tail_tokens).to_bytes(8, "big")
             + np.asarray(tail_tokens, dtype="<i8").tobytes()
@@ -202,12 +220,18 @@ class ChunkKeyMaker:
         return ChunkKey(self._digest + chunk_hash + group.to_bytes(GROUP_BYTES, "big"))
 
     def keys(
-        self, block_hashes: Sequence[BlockHash], group: int, start_block: int = 0
+        self,
+        block_hashes: Sequence[BlockHash],
+        group: int,
+        start_block: int = 0,
+        salt: bytes = b"",
     ) -> list[ChunkKey]:
         """Keys of the full chunks from engine block ``start_block`` on, one per chunk, in order.
 
         ``block_hashes[j]`` is the chained hash of engine block ``j`` of the request.
         ``start_block`` must be a non-negative multiple of ``block_size_factor`` (ValueError).
+        ``salt`` (``SALT_BYTES``, or none) names what else computed the request's KV that its
+        block hashes do not (a LoRA adapter's files): other salts, other keys.
         """
         factor = self.block_size_factor
         if start_block < 0 or start_block % factor:
@@ -217,7 +241,8 @@ class ChunkKeyMaker:
             )
         _check_group(group)
         last_blocks = range(start_block + factor - 1, len(block_hashes), factor)
-        return [_make_key(self._digest, block_hashes[j], group, self._hasher) for j in last_blocks]
+        digest, hasher, salted = self._digest, self._hasher, _salted(salt)
+        return [_make_key(digest, block_hashes[j], group, hasher, salted) for j in last_blocks]
 
 
 def chain_hashes(

@@ -112,11 +112,9 @@ class SchedulerConnector:
             stats = self.stats.tiers[tier.name] = TierStats()
             self._writes[tier.name] = TierWrites(tier, self.manager, self.jobs, stats)
         self._tiers = {tier.name: tier for tier in self.lower}
-        self.prefixes = (
-            PrefixEvents(self.block_tokens, self.factor, [(t.name, t.holds) for t in self.lower])
-            if prefix_events
-            else None
-        )
+        self.prefixes = (PrefixEvents(self.block_tokens, self.factor,
+                                      [(t.name, t.holds) for t in self.lower])
+                         if prefix_events else None)  # fmt: skip
         self._lookups = Lookups(
             self.manager, self._loads, self._tails, self._policy, self.costs, len(self.groups),
             counted=config.store_threshold > 1,
@@ -170,15 +168,16 @@ class SchedulerConnector:
         tail_tokens: Sequence[int] | None = None,
         token_ids: Sequence[int] = (),
         block_tags: Callable[[int, int], object] | None = None,
+        key_salt: bytes = b"",
     ) -> int | None:
         """Tokens beyond ``num_computed_tokens`` worth loading from kvtier; None asks the engine
         to try again next step (the next chunk's store is in flight, and worth waiting for).
         ``num_tokens`` is the request's length and ``tail_tokens`` its tokens after its last full
         block (None: the tokens do not name the KV, e.g. multimodal input: no tail); ``block_tags``
-        as ``RequestState``'s. Which hit is worth loading, and whether synchronously
-        (``loads_async``): ``hit_policy.py``."""
+        and ``key_salt`` as ``RequestState``'s. Which hit is worth loading, and whether
+        synchronously (``loads_async``): ``hit_policy.py``."""
         state = self.state(req_id, block_hashes, token_ids)
-        state.block_tags = block_tags
+        state.block_tags, state.key_salt = block_tags, key_salt
         state.due = 0  # its tail may be new: looked at in its next step
         self._steps.look_again()
         return self._lookups.lookup(state, num_computed_tokens, num_tokens, tail_tokens)
@@ -201,9 +200,11 @@ class SchedulerConnector:
         state = self.requests.get(req_id)
         return state is not None and state.load_async
 
-    def may_load_async(self, block_hashes: Sequence[bytes], num_tokens: int) -> bool:
+    def may_load_async(
+        self, block_hashes: Sequence[bytes], num_tokens: int, key_salt: bytes = b""
+    ) -> bool:
         """Whether a request may wait for its load, before its lookup (``lookups.py``)."""
-        return self._lookups.may_wait(block_hashes, num_tokens)
+        return self._lookups.may_wait(block_hashes, num_tokens, key_salt)
 
     def on_alloc(
         self, req_id: str, block_ids: Sequence[Sequence[int]], num_external_tokens: int

@@ -36,7 +36,7 @@ class Lookups:
         self.manager, self.loads, self.tails, self.policy = manager, loads, tails, policy
         self.costs, self.groups, self.counted = costs, groups, counted
 
-    def may_wait(self, block_hashes: Sequence[bytes], num_tokens: int) -> bool:
+    def may_wait(self, block_hashes: Sequence[bytes], num_tokens: int, salt: bytes = b"") -> bool:
         """Before its first lookup: whether a request may get a hit it waits for. Its full
         chunks before its last token (a full-attention group's) are walked from the first (the
         engine's own hit is not known yet) while the host tier holds them: True at the first a
@@ -47,7 +47,7 @@ class Lookups:
         group = next((g for g, spec in enumerate(specs) if spec.sliding_window is None), 0)
         full = min(len(block_hashes) // factor, (num_tokens - 1) // self.policy.chunk_tokens)
         for start in range(0, full * factor, factor):
-            (key,) = keys.keys(block_hashes[start : start + factor], group)  # by its last hash
+            (key,) = keys.keys(block_hashes[start : start + factor], group, salt=salt)
             if not self.manager.holds(key):
                 return any(tier.holds(key) for tier in self.loads.lower)
             if self.groups > 1:

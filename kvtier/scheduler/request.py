@@ -35,6 +35,9 @@ class RequestState:
     # what else names the KV of its engine blocks ``[first, end)`` (an adapter, a salt): told
     # to a router with its chunks as it is (None: nothing; opaque here, the adapter's)
     block_tags: Callable[[int, int], object] | None = None
+    # what names its KV that its block hashes do not (``ChunkKeyMaker.keys``' salt): set before
+    # its first key is made
+    key_salt: bytes = b""
     keys: list[list[ChunkKey]] = field(init=False)
     stored_upto: list[int] = field(init=False)
     block_ids: list[list[int]] = field(init=False)  # per group, as the engine allocated them
@@ -104,5 +107,5 @@ class RequestState:
         if have < num_chunks:
             start = have * maker.block_size_factor
             end = num_chunks * maker.block_size_factor
-            keys += maker.keys(self.block_hashes[start:end], group)
+            keys += maker.keys(self.block_hashes[start:end], group, salt=self.key_salt)
         return keys

@@ -41,7 +41,7 @@ class TailStore:
         if len(tail_tokens) != num_tokens - len(hashes) * self.block_tokens:
             return None
         if state.tail_key is None or state.tail_end != num_tokens:
-            state.tail_key = self.keys.tail_key(hashes[-1], tail_tokens, 0)
+            state.tail_key = self.keys.tail_key(hashes[-1], tail_tokens, 0, state.key_salt)
             state.tail_end, state.tail_done = num_tokens, False
         return state.tail_key
 

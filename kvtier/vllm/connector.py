@@ -38,6 +38,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 from kvtier.config import KVTierConfig
 from kvtier.scheduler.connector import SchedulerConnector
 from kvtier.vllm import versions
+from kvtier.vllm.adapter_salts import AdapterSalts
 from kvtier.vllm.assembly import SchedulerSide, WorkerSide
 from kvtier.vllm.block_hashes import block_hashes, hashes_per_block, tokens_name_kv
 from kvtier.vllm.kv_events import block_tags, kv_events
@@ -84,6 +85,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         self._observe: Observability | None = None
         self._worker_side: WorkerSide | None = None
         self._hashes_per_block = 1
+        self._adapters = AdapterSalts()  # a request's adapter's files name its chunks too
         if role == KVConnectorRole.SCHEDULER:
             self._hashes_per_block = hashes_per_block(vllm_config, kv_cache_config)
             self._kv_role.set_load_failure_policy()
@@ -117,6 +119,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             list(request.all_token_ids[full : request.num_tokens]) if named else None,
             token_ids=request.all_token_ids if named else (),
             block_tags=block_tags(request, self._engine_block) if named else None,
+            key_salt=self._adapters.salt(request.lora_request),
         )  # fmt: skip
         if hit is None:
             return None, False
@@ -132,7 +135,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         if self._kv_role.may_pull(request):
             return True
         hashes = block_hashes(request, self._hashes_per_block)
-        return self.scheduler.may_load_async(hashes, request.num_tokens)
+        salt = self._adapters.salt(request.lora_request)
+        return self.scheduler.may_load_async(hashes, request.num_tokens, salt)
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int

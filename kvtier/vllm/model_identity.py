@@ -1,6 +1,7 @@
 """What a token's KV depends on besides the tokens before it: which weights, read how.
 
     model_identity(vllm_config) -> str   32 hex digits, the same on every engine of one model
+    local_checkpoint(name, revision, download_dir) -> Path | None   where its files are here
 
 Chunk keys and records are namespaced by it (``LayoutFingerprint.weights``), so that KV computed
 by other weights is never loaded, wherever it is kept: two models served from one path (a
@@ -42,7 +43,7 @@ def model_identity(vllm_config: VllmConfig) -> str:
         weights = "dummy"  # vLLM's random weights, drawn from a fixed seed
     else:
         started = time.perf_counter()
-        folder = _local_checkpoint(model.model, model.revision, load.download_dir)
+        folder = local_checkpoint(model.model, model.revision, load.download_dir)
         try:
             digest = weights_digest(folder) if folder is not None else None
         except OSError as exc:  # a file replaced or unreadable as the engine starts
@@ -68,10 +69,13 @@ def model_identity(vllm_config: VllmConfig) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
 
-def _local_checkpoint(name: str, revision: str | None, download_dir: str | None) -> Path | None:
-    """The model's files on this machine: ``name`` itself, or its Hugging Face cache snapshot."""
-    if Path(name).exists():
-        return Path(name)
+def local_checkpoint(
+    name: str, revision: str | None = None, download_dir: str | None = None
+) -> Path | None:
+    """A model's or adapter's files on this machine: ``name`` itself (``~`` expanded), or its
+    Hugging Face cache snapshot; None: not here."""
+    if (local := Path(name).expanduser()).exists():
+        return local
     try:
         from huggingface_hub import snapshot_download
 

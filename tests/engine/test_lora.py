@@ -1,6 +1,8 @@
 """kvtier in a real engine serving LoRA adapters (made here: random low-rank updates of the key,
 value and query projections, so each adapter computes KV of its own). An adapter's KV is reused
-by that adapter only, and kvtier tells a router each chunk's adapter as vLLM tells its blocks'."""
+by that adapter only, and kvtier tells a router each chunk's adapter as vLLM tells its blocks'.
+An adapter saved again under its name and path (trained again) reuses nothing of the old one's
+from disk, and its old files, back, are served what they computed."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ PROMPT_TOKENS = 300  # nine full chunks and a tail
 
 def _adapter(out: Path, seed: int) -> str:
     """A PEFT LoRA adapter of the tiny model (2 layers, hidden 128, 2 KV heads of 32)."""
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
     shapes = {"q_proj": (128, 128), "k_proj": (128, 64), "v_proj": (128, 64)}
     tensors = {}
@@ -39,11 +41,13 @@ def _adapter(out: Path, seed: int) -> str:
     return str(out)
 
 
-def _run(llm: Any, prompt: list[int], lora: LoRARequest | None) -> tuple[list[int], int]:
-    """Its output's token ids, and the prompt tokens kvtier's host tier served."""
+def _run(
+    llm: Any, prompt: list[int], lora: LoRARequest | None, tier: str = "cpu"
+) -> tuple[list[int], int]:
+    """Its output's token ids, and the prompt tokens kvtier's ``tier`` served."""
     (output,) = llm.generate([{"prompt_token_ids": prompt}], greedy(8), use_tqdm=False,
                              lora_request=lora)  # fmt: skip
-    return list(output.outputs[0].token_ids), output.kv_transfer_params["kvtier"]["cpu"]
+    return list(output.outputs[0].token_ids), output.kv_transfer_params["kvtier"][tier]
 
 
 def test_an_adapters_kv_is_reused_by_that_adapter_alone_and_told_with_its_name(
@@ -84,3 +88,33 @@ def test_an_adapters_kv_is_reused_by_that_adapter_alone_and_told_with_its_name(
         assert (event.lora_id, event.lora_name) == (theirs.lora_id, theirs.lora_name)
         keys = theirs.extra_keys[theirs.block_hashes.index(block)] if theirs.extra_keys else None
         assert (event.extra_keys or [None]) == [keys]  # none told: as vLLM's [None]
+
+
+def test_an_adapter_saved_again_under_its_name_reuses_nothing_of_the_old_ones(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """vLLM's block hashes name an adapter by its name: kvtier's keys also take its files, so a
+    disk tier the old adapter filled serves the new one nothing, then the old one again."""
+    folder = tmp_path / "adapter"
+    lora = LoRARequest("a", 1, _adapter(folder, seed=0))
+    prompt = prompts(tiny_model, [PROMPT_TOKENS], seed=43)[0]
+    disk = {"path": str(tmp_path / "disk"), "bytes": "64MiB"}
+
+    def run(*, settled: bool = False) -> tuple[list[int], int]:
+        with engine(
+            tiny_model, enable_lora=True, max_lora_rank=RANK, max_loras=1,
+            kv_transfer_config=kvtier_transfer(disk=disk),
+        ) as llm:  # fmt: skip
+            outputs, served = _run(llm, prompt, lora, tier="disk")
+            settle(llm)  # written to disk (idle), for the next engine
+            return outputs, served
+
+    old, served = run()
+    assert served == 0
+    _adapter(folder, seed=1)  # trained again, saved over the old one: same names and sizes
+    new, served = run()
+    assert served == 0, f"the new adapter was served {served} tokens of the old one's KV"
+    assert new != old
+    _adapter(folder, seed=0)  # the old one back
+    again, served = run()
+    assert served >= PROMPT_TOKENS // BLOCK * BLOCK and again == old

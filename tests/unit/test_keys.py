@@ -228,3 +228,19 @@ def test_one_key_per_full_chunk(hashes: list[bytes | int], factor: int, group: i
     keys = ChunkKeyMaker(FP, factor).keys(hashes, group)
     assert len(keys) == len(hashes) // factor
     assert all(key_group(k) == group for k in keys)
+
+
+def test_a_salt_names_other_chunks_and_other_tails() -> None:
+    """A request's salt (its LoRA adapter's files) keys its chunks and tail apart from the same
+    hashes unsalted or otherwise salted; in the same layout namespace (the fingerprint)."""
+    maker = ChunkKeyMaker(FP, 2)
+    salts = (b"", b"\x01" * 16, b"\x02" * 16)
+    plain, first, second = (maker.keys(HASHES, 0, salt=salt) for salt in salts)
+    assert plain == maker.keys(HASHES, 0)
+    assert len({*plain, *first, *second}) == 15
+    assert first == maker.keys(HASHES, 0, salt=b"\x01" * 16)
+    assert {key_fingerprint(k) for k in first} == {FP.digest()}
+    tails = {maker.tail_key(HASHES[-1], [5, 6], 0, salt) for salt in (b"", b"\x01" * 16)}
+    assert len(tails) == 2
+    with pytest.raises(ValueError, match="a key salt is 16 bytes; got 3"):
+        maker.keys(HASHES, 0, salt=b"abc")
