@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import time
@@ -122,6 +123,19 @@ def test_another_layouts_files_take_room_and_are_evicted_but_never_ready(tmp_pat
     assert files_of(tmp_path, key(2)) == [0]
     assert disk.evicted == 1
     disk.check_integrity()
+
+
+def test_the_start_up_line_tells_this_layouts_chunks_from_others(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Chunks of other models, weights or kvtier releases (a namespace no longer this engine's)
+    still take room: an operator is told how many, beside this engine's own."""
+    for i in range(3):
+        write_files(tmp_path, key(i, OTHER_FP))
+    write_files(tmp_path, key(9))
+    with caplog.at_level(logging.INFO, logger="kvtier.tiers.disk.index"):
+        index(tmp_path)
+    assert "holds 1 chunks of this model and layout and 3 of others" in caplog.text
 
 
 def test_stale_temporary_files_are_removed_at_scan_and_fresh_ones_kept(tmp_path: Path) -> None:

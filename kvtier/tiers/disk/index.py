@@ -90,10 +90,12 @@ class DiskIndex:
         self._removed: list[ChunkKey] = []  # for ``take_removed``
         self.files = ChunkFiles(root, world_size)
         started = time.perf_counter()
-        self._scan()
+        ours = self._scan()
         logger.info(
-            "kvtier: disk tier %s holds %d chunks (%.1f MiB of %.1f MiB), indexed in %.2f s",
-            root, len(self._entries), self.used / 2**20, budget / 2**20,
+            "kvtier: disk tier %s holds %d chunks of this model and layout and %d of others "
+            "(other models, weights, layouts or kvtier releases, never loaded here; %.1f MiB "
+            "in all of %.1f MiB), indexed in %.2f s",
+            root, ours, len(self._entries) - ours, self.used / 2**20, budget / 2**20,
             time.perf_counter() - started,
         )  # fmt: skip
 
@@ -115,12 +117,15 @@ class DiskIndex:
         """Nothing is lost unseen: files leave only by this index's own eviction."""
         return Usage(self.used, self.room, self.evicted)
 
-    def _scan(self) -> None:
-        ours = self.fingerprint
+    def _scan(self) -> int:
+        """Every chunk file's entry; how many chunks are of this fingerprint."""
+        ours, count = self.fingerprint, 0
         for found in self.files.scan():  # least recently written first
             entry = self._entries[found.key] = _Entry(found.nbytes, found.ranks)
-            entry.loadable = found.complete and found.key[: len(ours)] == ours
+            mine = found.key[: len(ours)] == ours
+            entry.loadable, count = found.complete and mine, count + mine
             self.used += found.nbytes
+        return count
 
     # ---- lookup and load -------------------------------------------------------------------
 
