@@ -7,20 +7,27 @@ Two checkpoints of one architecture (a fine-tune and its base, two trainings of 
 model re-exported to the same directory) have files of the same names and sizes: only their bytes
 differ. Reading them whole would take as long as loading the model, so each file counts by its
 name, its size and ``SAMPLES`` pieces of ``SAMPLE_BYTES`` spread evenly over it (its header and
-its end among them); a file of at most ``WHOLE_BYTES`` is read whole. Two trainings differ in
-nearly every weight, so the pieces differ; an edit confined to a few tensors can fall between them.
+its end among them); a file of at most ``WHOLE_BYTES`` is read whole. A safetensors file also
+counts by its whole header (every tensor's name, dtype, shape and place) and ``TENSOR_BYTES``
+from the middle of each tensor: an edit of any whole tensor (a layer fine-tuned, an adapter
+merged into a few projections, a model edited in one matrix) changes the digest. An edit of a
+few values inside a tensor can fall between the pieces.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 import xxhash
 
 SAMPLES = 256
 SAMPLE_BYTES = 4096
 WHOLE_BYTES = 8 << 20
+TENSOR_BYTES = 256
+_MAX_HEADER = 100 << 20  # safetensors' own limit
 
 # the suffixes vLLM's default loader looks for, in its order of preference
 _PREFERENCE = ((".safetensors",), (".bin",), (".pt", ".pth"))
@@ -60,8 +67,31 @@ def _add_file(digest: xxhash.xxh3_128, path: Path) -> None:
     with open(path, "rb") as file:
         if size <= WHOLE_BYTES:
             digest.update(file.read())
-        else:
-            last = size - SAMPLE_BYTES
-            for i in range(SAMPLES):
-                file.seek(i * last // (SAMPLES - 1))
-                digest.update(file.read(SAMPLE_BYTES))
+            return
+        last = size - SAMPLE_BYTES
+        for i in range(SAMPLES):
+            file.seek(i * last // (SAMPLES - 1))
+            digest.update(file.read(SAMPLE_BYTES))
+        if path.name.endswith(".safetensors"):
+            _add_tensors(digest, file, size)
+
+
+def _add_tensors(digest: xxhash.xxh3_128, file: BinaryIO, size: int) -> None:
+    """A safetensors file's header, and the middle of each of its tensors (a file whose header
+    cannot be read counts by its even pieces alone: vLLM will refuse it anyway)."""
+    file.seek(0)
+    length = int.from_bytes(file.read(8), "little")
+    if not 0 < length <= min(_MAX_HEADER, size - 8):
+        return
+    header = file.read(length)
+    digest.update(header)
+    try:
+        tensors = json.loads(header)
+        spans = sorted(tuple(t["data_offsets"]) for k, t in tensors.items() if k != "__metadata__")
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return
+    base = 8 + length
+    for begin, end in spans:
+        if isinstance(begin, int) and isinstance(end, int) and 0 <= begin < end:
+            file.seek(base + begin + max(0, end - begin - TENSOR_BYTES) // 2)
+            digest.update(file.read(min(TENSOR_BYTES, end - begin)))

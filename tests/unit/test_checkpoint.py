@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
 
 from kvtier.checkpoint import SAMPLE_BYTES, SAMPLES, WHOLE_BYTES, weights_digest, weights_files
 
@@ -79,3 +83,31 @@ def test_a_large_file_is_sampled_at_the_same_places_everywhere(tmp_path: Path) -
         data[where] ^= 0xFF
     _write(tmp_path / "same" / "model.safetensors", bytes(data))
     assert weights_digest(tmp_path / "same") == digest
+
+
+def test_a_safetensors_file_edited_in_one_tensor_between_the_pieces_is_another(
+    tmp_path: Path,
+) -> None:
+    """A model edited in one small tensor that no even piece reads (one layer's matrix):
+    seen from the header's place of each tensor."""
+    rng = np.random.default_rng(0)
+    tensors = {f"layer.{i:03d}.weight": rng.standard_normal(6144, dtype=np.float32)
+               for i in range(400)}  # fmt: skip  # 24 KiB each: 9.6 MB in all
+    original = tmp_path / "a" / "model.safetensors"
+    original.parent.mkdir()
+    save_file(tensors, str(original))
+    size = original.stat().st_size
+    assert size > WHOLE_BYTES
+    length = int.from_bytes(original.read_bytes()[:8], "little")
+    header = json.loads(original.read_bytes()[8 : 8 + length])
+    pieces = [i * (size - SAMPLE_BYTES) // (SAMPLES - 1) for i in range(SAMPLES)]
+    spans = {name: [8 + length + at for at in t["data_offsets"]]
+             for name, t in header.items() if name != "__metadata__"}  # fmt: skip
+    unread = [name for name, (begin, end) in spans.items()
+              if not any(p < end and begin < p + SAMPLE_BYTES for p in pieces)]  # fmt: skip
+    assert unread, "every tensor meets an even piece: the layout of this test changed"
+    edited = tmp_path / "b" / "model.safetensors"
+    edited.parent.mkdir()
+    save_file({**tensors, unread[0]: tensors[unread[0]] * 2}, str(edited))
+    assert edited.stat().st_size == size
+    assert weights_digest(edited.parent) != weights_digest(original.parent)
