@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvtier.apps.engine_heap import frozen_imports
+from kvtier.apps.ports import free_ports_on
 from kvtier.apps.socket_dir import socket_dir
 from kvtier.config import KVTierConfig
 from kvtier.tiers.peer import SPEC as PEER
@@ -117,30 +117,6 @@ def kv_events_config(
         "endpoint": f"ipc://{name}",
         "replay_endpoint": f"ipc://{name}-replay",
     }
-
-
-def free_ports_on(host: str, count: int = 1, attempts: int = 64) -> int:
-    """The first of ``count`` TCP ports in a row free on ``host`` now; ``OSError`` when
-    ``attempts`` tries found none."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    for _ in range(attempts):
-        with socket.socket(family) as probe:
-            probe.bind((host, 0))
-            first: int = probe.getsockname()[1]
-        if first + count <= 65536 and all(
-            _free(family, host, p) for p in range(first + 1, first + count)
-        ):
-            return first
-    raise OSError(f"kvtier serve: no {count} TCP ports in a row free on {host!r}")
-
-
-def _free(family: socket.AddressFamily, host: str, port: int) -> bool:
-    with socket.socket(family) as probe:
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def data_parallel_size(args: Sequence[str]) -> int:

@@ -20,7 +20,6 @@ import httpx
 import pytest
 from harness import PARALLEL_ENV, SERVED_BLOCKS
 
-from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.bench.common.servers import (
     KVTIER,
     WAIT_S,
@@ -35,9 +34,9 @@ from kvtier.apps.bench.common.servers import (
 )
 from kvtier.apps.bench.fleet.real.chat import Answer, ask
 from kvtier.apps.bench.fleet.real.fleet import index_modes
+from kvtier.apps.ports import free_port, free_ports_on
 from kvtier.apps.prompts import make_prompt
 from kvtier.apps.proxy.event_sources import sources
-from kvtier.apps.serve import free_ports_on
 
 pytestmark = pytest.mark.engine
 

@@ -35,7 +35,6 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
-from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.bench.common.servers import (
     KVTIER,
     WAIT_S,
@@ -54,6 +53,7 @@ from kvtier.apps.bench.fleet.real.fleet import (
     run_policy,
     started_fleet,
 )
+from kvtier.apps.ports import free_port
 from kvtier.apps.prompts import make_prompt
 
 pytestmark = pytest.mark.engine

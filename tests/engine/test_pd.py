@@ -30,7 +30,6 @@ from harness import PARALLEL_ENV, SERVED_BLOCKS, engine, kvtier_transfer
 from vllm import SamplingParams
 
 import kvtier
-from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.bench.common.servers import (
     KVTIER,
     WAIT_S,
@@ -44,6 +43,7 @@ from kvtier.apps.bench.common.servers import (
     wait,
     wait_healthy,
 )
+from kvtier.apps.ports import free_port
 from kvtier.apps.prompts import make_prompt
 
 pytestmark = pytest.mark.engine

@@ -20,7 +20,6 @@ from harness import SERVED_BLOCKS, engine, kvtier_transfer, prompts
 from vllm import SamplingParams
 
 import kvtier
-from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.bench.common.servers import (
     WAIT_S,
     WORKER_IN_CORE,
@@ -33,6 +32,7 @@ from kvtier.apps.bench.common.servers import (
     wait,
     wait_healthy,
 )
+from kvtier.apps.ports import free_port
 
 pytestmark = pytest.mark.engine
 

@@ -25,7 +25,6 @@ from typing import Any, NamedTuple
 import pytest
 from harness import SERVED_BLOCKS, prompts
 
-from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.bench.common.servers import (
     WAIT_S,
     launch,
@@ -37,6 +36,7 @@ from kvtier.apps.bench.common.servers import (
     wait_healthy,
 )
 from kvtier.apps.bench.common.servers import Server as Running
+from kvtier.apps.ports import free_port
 from kvtier.apps.prompts import make_prompt
 from kvtier.apps.proxy.event_sources import sources
 

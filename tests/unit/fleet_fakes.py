@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from proxy_fakes import WAIT_S, FakeEngine, serving
 from vllm.distributed.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
 
-from kvtier.apps.bench.common.ports import free_port
+from kvtier.apps.ports import free_port
 from kvtier.apps.proxy.app import build_fleet_app
 from kvtier.apps.proxy.config import FleetConfig
 from kvtier.apps.proxy.placement import Placement

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.bench.common.servers import Server
 from kvtier.apps.bench.concurrency.served import LOG_LINES, LongMiss, _round
+from kvtier.apps.ports import free_port
 
 
 def test_a_failed_document_names_its_server_and_tells_the_end_of_its_log(tmp_path: Path) -> None:

@@ -28,7 +28,6 @@ SHARED = {  # written once, in common/: a name, and the one file that may hold i
     "VLLM_USE_V2_MODEL_RUNNER": "common/engine_env.py",
     "HF_HUB_OFFLINE": "common/engine_env.py",
     '"KVTierConnector"': "common/connector.py",
-    "def free_port": "common/ports.py",
     ".savefig(": "common/plots.py",
     "os.posix_fadvise(": "common/page_cache.py",
 }

@@ -15,7 +15,7 @@ import pytest
 import zmq
 from vllm.distributed.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
 
-from kvtier.apps.bench.common.ports import free_port
+from kvtier.apps.ports import free_port
 from kvtier.apps.proxy.event_sources import Source, unreachable
 from kvtier.apps.proxy.event_stream import END, EventStream, Mode
 from kvtier.apps.proxy.kv_events import Event, Kind

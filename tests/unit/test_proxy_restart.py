@@ -9,8 +9,8 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
-from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.bench.common.servers import KVTIER, wait
+from kvtier.apps.ports import free_port
 
 START_S = 60.0
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import redis
 
-from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.bench.common.redis_server import RedisClusterServers, RedisServer
+from kvtier.apps.ports import free_port
 from kvtier.tiers.redis.config import RedisConfig
 from kvtier.tiers.redis.store import RedisStore, RedisUnavailable
 

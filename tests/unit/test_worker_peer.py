@@ -17,7 +17,7 @@ import torch
 from tier_setup import peer_tier
 
 from kvtier.addresses import EngineBlocks
-from kvtier.apps.serve import free_ports_on
+from kvtier.apps.ports import free_ports_on
 from kvtier.keys import LayoutFingerprint
 from kvtier.step_plan import LoadJob, StepPlan
 from kvtier.tiers.peer.config import TransferConfig

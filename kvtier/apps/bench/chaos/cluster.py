@@ -29,7 +29,6 @@ from pathlib import Path
 
 from kvtier.apps.bench.chaos.settings import ChaosSettings
 from kvtier.apps.bench.common.models import model_dir
-from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.bench.common.redis_server import RedisServer
 from kvtier.apps.bench.common.servers import (
     KVTIER,
@@ -44,6 +43,7 @@ from kvtier.apps.bench.common.servers import (
     wait_healthy,
 )
 from kvtier.apps.bench.fleet.real.fleet import index_modes
+from kvtier.apps.ports import free_port
 
 HOST_BYTES = "64MiB"  # each engine's host tier
 ENGINE_BLOCKS = 160  # each engine's own cache, in blocks of 32 tokens: less than the workload

@@ -22,7 +22,6 @@ import httpx
 from kvtier.apps.bench.chaos.client import PATH, Record, body
 from kvtier.apps.bench.chaos.cluster import MAX_MODEL_LEN
 from kvtier.apps.bench.chaos.workload import Ask
-from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.bench.common.servers import (
     WAIT_S,
     WORKER_IN_CORE,
@@ -32,6 +31,7 @@ from kvtier.apps.bench.common.servers import (
     stop,
     wait_healthy,
 )
+from kvtier.apps.ports import free_port
 
 Prompt = tuple[int, ...]
 Answer = tuple[list[int], str]  # token ids, text

@@ -30,7 +30,7 @@ from typing import Any
 
 import redis
 
-from kvtier.apps.bench.common.ports import free_port
+from kvtier.apps.ports import free_port
 
 START_S = 15.0  # bound on a server's start, a cluster's agreement, a process's exit
 

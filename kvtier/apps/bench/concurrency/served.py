@@ -27,7 +27,6 @@ from typing import Any
 
 from tqdm import tqdm
 
-from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.bench.common.servers import (
     WAIT_S,
     WORKER_IN_CORE,
@@ -39,6 +38,7 @@ from kvtier.apps.bench.common.servers import (
     stop,
     wait_healthy,
 )
+from kvtier.apps.ports import free_port
 from kvtier.apps.prompts import make_prompt
 
 CONFIGS = ("kvtier", "alone")

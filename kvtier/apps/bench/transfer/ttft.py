@@ -45,7 +45,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.bench.common.results import write_json
 from kvtier.apps.bench.common.servers import (
     KVTIER,
@@ -66,6 +65,7 @@ from kvtier.apps.bench.ttft.results import TTFTResults
 from kvtier.apps.bench.ttft.tier import TierTTFT, peer_tier
 from kvtier.apps.bench.ttft.timing import Sample
 from kvtier.apps.models import model_path
+from kvtier.apps.ports import free_port
 from kvtier.apps.prompts import make_prompt
 
 LENGTHS = (1024, 2048, 4096)

@@ -30,7 +30,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from kvtier.apps.bench.common.ports import free_port
 from kvtier.apps.bench.common.servers import (
     KVTIER,
     WAIT_S,
@@ -44,6 +43,7 @@ from kvtier.apps.bench.common.servers import (
     wait_healthy,
 )
 from kvtier.apps.models import model_path
+from kvtier.apps.ports import free_port
 from kvtier.apps.proxy.fleet_metrics import REASONS
 
 
