@@ -92,8 +92,8 @@ def served(url: str, timeout_s: float) -> Served:
             models = json.loads(answer.read()).get("data")
     except (OSError, ValueError, AttributeError) as exc:
         logger.debug("kvtier proxy: %s/v1/models: %s", url, exc)
-        return Served(frozenset(), frozenset())
-    cards = [m for m in models if isinstance(m, dict) and isinstance(m.get("id"), str)] if (
-        isinstance(models, list)) else []  # fmt: skip
-    return Served(frozenset(m["id"] for m in cards if not m.get("parent")),
-                  frozenset(m["id"] for m in cards if m.get("parent")))  # fmt: skip
+        models = None
+    listed = models if isinstance(models, list) else []
+    cards = [m for m in listed if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    bases = frozenset(m["id"] for m in cards if not m.get("parent"))
+    return Served(bases, frozenset(m["id"] for m in cards if m.get("parent")))
