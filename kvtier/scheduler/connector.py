@@ -137,20 +137,19 @@ class SchedulerConnector:
         self.sources.add(source)
 
     def source_lookup(
-        self,
-        name: str,
-        req_id: str,
-        block_hashes: Sequence[bytes],
-        params: Mapping[str, Any] | None,
-        num_prompt_tokens: int,
-        num_computed_tokens: int,
-    ) -> int:
+        self, name: str, req_id: str, block_hashes: Sequence[bytes],
+        params: Mapping[str, Any] | None, num_prompt_tokens: int, num_computed_tokens: int,
+        key_salt: bytes = b"",
+    ) -> int:  # fmt: skip
         """Tokens request source ``name`` loads for ``req_id`` (a decode's pull), beyond
-        ``num_computed_tokens``, asynchronously (0: not its request); planned by ``on_alloc``."""
+        ``num_computed_tokens``, asynchronously (0: not its request); planned by ``on_alloc``.
+        ``key_salt`` names the chunks it stores later, as ``lookup``'s."""
         tokens = self.sources.by_name[name].lookup(params, num_prompt_tokens, num_computed_tokens)
         if tokens == 0 or params is None:
             return 0
-        self.sources.claim(name, self.state(req_id, block_hashes), params, num_computed_tokens)
+        state = self.state(req_id, block_hashes)
+        state.key_salt = key_salt
+        self.sources.claim(name, state, params, num_computed_tokens)
         return tokens
 
     def tier(self, name: str) -> TierIndex:

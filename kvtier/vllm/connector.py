@@ -108,7 +108,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             self._kv_role.skipped(request)
             return 0, False
         hashes = block_hashes(request, self._hashes_per_block)
-        pull = self._kv_role.lookup(request, hashes, num_computed_tokens)
+        salt = self._adapters.salt(request.lora_request)
+        pull = self._kv_role.lookup(request, hashes, num_computed_tokens, salt)
         if pull is not None:  # a decode engine's prompt, from its prefill engine
             return pull
         req_id = request.request_id
@@ -119,7 +120,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             list(request.all_token_ids[full : request.num_tokens]) if named else None,
             token_ids=request.all_token_ids if named else (),
             block_tags=block_tags(request, self._engine_block) if named else None,
-            key_salt=self._adapters.salt(request.lora_request),
+            key_salt=salt,
         )  # fmt: skip
         if hit is None:
             return None, False

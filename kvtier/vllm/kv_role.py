@@ -12,7 +12,7 @@ engine's turns still hit its own tiers.
     handshake() / set_handshake(m)       a prefill rank's listener, as the scheduler learns it
     on_new_request(request, hash_size)   a prefill engine backs a decode's prompt off
     may_pull(request)                    a decode request's, to pull (vLLM asks: may it wait)
-    lookup(request, computed)            a decode request's pull: (tokens, True) or None
+    lookup(request, computed, salt)      a decode request's pull: (tokens, True) or None
     skipped(request)                     one that reads no outside KV frees its offer at once
     allocated(request)                   its pull is planned: never again
     finished(request, block_ids)         a prefill request's offer: the params for the decode
@@ -151,17 +151,17 @@ class KVRole:
         params[TRUNCATED] = True
 
     def lookup(
-        self, request: Request, hashes: Sequence[bytes], num_computed_tokens: int
+        self, request: Request, hashes: Sequence[bytes], num_computed_tokens: int, salt: bytes
     ) -> tuple[int, bool] | None:
         """A decode request's pull from its prefill engine (``hashes``: one per full engine
-        block); None: not one."""
+        block; ``salt``: its chunk keys', ``AdapterSalts``); None: not one."""
         params = request.kv_transfer_params
         if self.planner is None or params is None or not self.may_pull(request):
             return None
         assert self._scheduler is not None
         tokens = self._scheduler.source_lookup(
             self.planner.name, request.request_id, hashes, params,
-            request.num_prompt_tokens, num_computed_tokens,
+            request.num_prompt_tokens, num_computed_tokens, salt,
         )  # fmt: skip
         if tokens > 0:
             return tokens, True

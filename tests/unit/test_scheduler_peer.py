@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from kvtier.config import KVTierConfig
-from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
+from kvtier.keys import SALT_BYTES, ChunkKeyMaker, LayoutFingerprint
 from kvtier.scheduler.connector import GroupSpec, ScheduledRequest, SchedulerConnector
 from kvtier.step_plan import JobOutcome, WorkerReport
 from kvtier.tiers.peer.messages import PeerBlocks
@@ -112,6 +112,22 @@ def test_a_decode_request_pulls_its_prompt_past_its_own_hit_into_its_blocks() ->
     assert (peer.loaded_chunks, peer.loaded_bytes, peer.failed_loads) == (3, 300, 0)
     provenance = decode.provenance("d1", 14)
     assert provenance is not None and provenance.tiers["peer"] == 10
+
+
+def test_a_decode_request_of_an_adapter_stores_its_own_chunks_under_its_salt() -> None:
+    # a LoRA request's later chunks (its output past the pulled prompt) are keyed as its own
+    # lookups would find them: unsalted, no request of that adapter could ever load them
+    _, params = _prefilled()
+    decode, salt = _connector(producer=False), b"a" * SALT_BYTES
+    hashes = list(HASHES)  # the engine's list, growing as the request decodes
+    assert decode.source_lookup("peer", "d1", hashes, params, 14, 0, salt) == 14
+    decode.on_alloc("d1", [[40, 41, 42, 43]], 14)
+    (load,) = decode.build_plan([]).loads
+    decode.on_report(WorkerReport({load.job_id: JobOutcome(ranks=2, bytes=300)}))
+    hashes.append(b"h3")  # two tokens decoded: its fourth block is full
+    (store,) = decode.build_plan([ScheduledRequest("d1", [[40, 41, 42, 43]], 16)]).stores
+    assert store.keys == tuple(decode.keys.keys([b"h3"], 0, salt=salt))
+    assert store.keys != tuple(decode.keys.keys([b"h3"], 0))
 
 
 def test_a_failed_pull_is_counted_and_named_in_the_provenance() -> None:
