@@ -57,7 +57,9 @@ class LayoutFingerprint:
 
     ``layout`` describes the engine block layout, e.g. ``"cpu:(kv_heads=2,block=32,2*head=64)"``;
     ``weights`` names the weights and config that computed the KV (``kvtier.vllm.model_identity``):
-    ``model`` alone is a path or a name, which other weights may have.
+    ``model`` alone is a path or a name, which other weights may have. Where ``weights`` is
+    given, ``model`` is only told (``describe``), not digested: the same weights at two paths
+    (a Hugging Face name and a local copy, mounts that differ between machines) share chunks.
     """
 
     model: str
@@ -82,6 +84,8 @@ class LayoutFingerprint:
     def digest(self) -> bytes:
         """16 bytes, stable across processes, runs and machines (sha256 of canonical JSON)."""
         fields = {"version": _FINGERPRINT_VERSION, **asdict(self)}
+        if self.weights:
+            del fields["model"]
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
         return hashlib.sha256(canonical.encode("ascii")).digest()[:FINGERPRINT_BYTES]
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import PARALLEL_ENV, SERVED_BLOCKS, engine, kvtier_transfer
+from harness import PARALLEL_ENV, SERVED_BLOCKS, engine, kvtier_transfer, retrained
 from vllm import SamplingParams
 
 import kvtier
@@ -45,6 +45,7 @@ from kvtier.apps.bench.common.servers import (
 )
 from kvtier.apps.ports import free_port
 from kvtier.apps.prompts import make_prompt
+from kvtier.counters import TierStats
 
 pytestmark = pytest.mark.engine
 
@@ -121,7 +122,7 @@ def _reference(reference: Any, model: Path, prompts: list[list[int]]) -> list[li
 def _compared(model: Path) -> list[list[list[int]]]:
     """Every prompt set this module's tests compare with the engine without kvtier."""
     return [_prompts(model), _prompts(model)[:8], [make_prompt(model, 400, seed=503)],
-            [make_prompt(model, 400, seed=504)], [make_prompt(model, 300, seed=508)],
+            [make_prompt(model, 400, seed=505)], [make_prompt(model, 300, seed=508)],
             [make_prompt(model, 800, seed=506), make_prompt(model, 300, seed=507)]]  # fmt: skip
 
 
@@ -239,21 +240,48 @@ def test_a_decode_aborted_while_it_waits_for_its_turn_frees_the_offer_at_once(pa
         assert (peer.loaded_bytes, peer.failed_loads) == (0, 0)  # it never got to pull
 
 
-@pytest.mark.parametrize("stranger", ["wrong secret", "another model"])
+@pytest.mark.parametrize("stranger", ["wrong secret", "other weights"])
 def test_a_stranger_is_refused_with_what_differs_and_recomputes(
     pair: Pair, reference: Any, stranger: str, tmp_path: Path
 ) -> None:
-    """An in-process decode engine with another secret, or another model (the same weights
-    under another path: kvtier cannot tell, so the identity differs by name): the prefill
-    engine refuses it, both sides say why, and the prompt is computed with the same output."""
+    """An in-process decode engine with another secret, or other weights (a fine-tune of the
+    prefill engine's model: the same names, shapes and config): the prefill engine refuses it,
+    both sides say why, and the prompt is computed with the decode engine's own output."""
     model, secret = pair.model, SECRET
     if stranger == "wrong secret":
         secret = "not-the-secret-but-long-enough"
     else:
-        model = Path(shutil.copytree(pair.model, tmp_path / "another"))
+        model = retrained(pair.model, tmp_path / "fine-tuned")
     prompt = make_prompt(pair.model, 400, seed=503 if stranger == "wrong secret" else 504)
-    (want,) = _reference(reference, pair.model, [prompt])
+    # its own answer: the fine-tune's (an engine of its own), else the module's reference one's
+    (want,) = (_reference(reference, model, [prompt]) if model == pair.model else
+               reference.many(model, [([prompt], MAX_TOKENS)], max_model_len=1024)[0])  # fmt: skip
     params = _prefill(pair, prompt)
+    peer = _decode_here(model, secret, prompt, params, want)
+    assert peer.failed_loads == 1 and peer.loaded_bytes == 0
+    why = "authentication failed" if stranger == "wrong secret" else "weights"
+    wait(lambda: why in _refusals(pair.prefill), WAIT_S, f"the prefill engine naming {why!r}")
+    wait(lambda: _idle(pair.prefill), WAIT_S, "the prefill engine's blocks freed")
+
+
+def test_a_decode_engine_reading_the_same_weights_elsewhere_pulls(
+    pair: Pair, reference: Any, tmp_path: Path
+) -> None:
+    """The prefill engine's weights copied to another path (another machine's mount): the same
+    KV, so the decode engine pulls the prompt."""
+    model = Path(shutil.copytree(pair.model, tmp_path / "elsewhere"))
+    prompt = make_prompt(pair.model, 400, seed=505)
+    (want,) = _reference(reference, pair.model, [prompt])
+    peer = _decode_here(model, SECRET, prompt, _prefill(pair, prompt), want)
+    assert peer.failed_loads == 0 and peer.loaded_bytes > 0
+    wait(lambda: _idle(pair.prefill), WAIT_S, "the prefill engine's blocks freed")
+
+
+def _decode_here(
+    model: Path, secret: str, prompt: list[int], params: dict[str, Any], want: list[int]
+) -> TierStats:
+    """An in-process decode engine of ``model`` answers ``prompt`` (its prefill ``params``)
+    with ``want``, at once: its peer tier's counts."""
     transfer = kvtier_transfer(transfer={"secret": secret, "timeout_s": 5.0})
     with engine(
         model, max_model_len=1024, kv_transfer_config=transfer | {"kv_role": "kv_consumer"}
@@ -262,13 +290,9 @@ def test_a_stranger_is_refused_with_what_differs_and_recomputes(
                                   extra_args={"kv_transfer_params": params})  # fmt: skip
         started = time.monotonic()
         (output,) = llm.generate([{"prompt_token_ids": prompt}], sampling, use_tqdm=False)
-        assert time.monotonic() - started < 60  # refused at once, never a hang
+        assert time.monotonic() - started < 60  # a refusal is at once, never a hang
         assert list(output.outputs[0].token_ids) == want
-        peer = kvtier.stats(llm).tiers["peer"]
-        assert peer.failed_loads == 1 and peer.loaded_bytes == 0
-    why = "authentication failed" if stranger == "wrong secret" else "model"
-    wait(lambda: why in _refusals(pair.prefill), WAIT_S, f"the prefill engine naming {why!r}")
-    wait(lambda: _idle(pair.prefill), WAIT_S, "the prefill engine's blocks freed")
+        return kvtier.stats(llm).tiers["peer"]
 
 
 def test_a_failed_pull_fails_the_request_when_the_policy_says_fail(

@@ -80,6 +80,7 @@ def test_keys_are_the_same_in_another_process() -> None:
         {"tp_size": 4},
         {"pp_rank": 1},
         {"chunk_tokens": 128},
+        {"weights": "0" * 32},
     ],
 )
 def test_another_fingerprint_gives_other_keys(change: dict[str, object]) -> None:
@@ -89,6 +90,15 @@ def test_another_fingerprint_gives_other_keys(change: dict[str, object]) -> None
     theirs = ChunkKeyMaker(other, 2).keys(HASHES, group=0)
     assert set(ours).isdisjoint(theirs)
     assert all(key_fingerprint(k) == other.digest() for k in theirs)
+
+
+def test_named_weights_at_another_path_are_the_same_namespace() -> None:
+    # the weights name the KV: the path they were read from is told, not digested
+    weighed = dataclasses.replace(FP, weights="1" * 32)
+    elsewhere = dataclasses.replace(weighed, model="/mnt/models/qwen3")
+    assert elsewhere.digest() == weighed.digest() != FP.digest()
+    assert "model=/mnt/models/qwen3" in elsewhere.describe()
+    assert dataclasses.replace(weighed, weights="2" * 32).digest() != weighed.digest()
 
 
 def test_another_group_gives_other_keys() -> None:

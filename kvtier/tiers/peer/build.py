@@ -44,8 +44,7 @@ def worker_tier(ctx: WorkerContext[TransferConfig]) -> PeerWorkerTier | None:
         return None
     fingerprint, config = ctx.fingerprint, ctx.config
     identity = PeerIdentity((
-        ("model", fingerprint.model),
-        ("weights", fingerprint.weights),
+        ("weights", fingerprint.weights or fingerprint.model),  # not the path: see keys.py
         ("dtype", fingerprint.dtype),
         ("block_tokens", str(fingerprint.chunk_tokens // ctx.factor)),
         ("tp_size", str(fingerprint.tp_size)),
