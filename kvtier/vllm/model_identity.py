@@ -13,7 +13,9 @@ It is made of:
   private fields left out),
 - the quantization and the load format,
 - the weights' digest (``kvtier.checkpoint``) where the weights are local files (a directory, a
-  file, or Hugging Face's cache); otherwise the name, weights URI and revision, logged once.
+  file, or Hugging Face's cache); otherwise the name, weights URI and revision, logged once;
+- the same of a speculative decoding's draft model (EAGLE, a draft model, MTP's layers), whose
+  layers' KV is in the engine's blocks too.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from kvtier.checkpoint import weights_digest
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
+    from vllm.config import LoadConfig, ModelConfig, VllmConfig
 
 logger = logging.getLogger(__name__)
 
@@ -37,36 +39,48 @@ _SLOW_S = 2.0  # about 1 MiB read per weight file: milliseconds from the page ca
 
 
 def model_identity(vllm_config: VllmConfig) -> str:
-    model, load = vllm_config.model_config, vllm_config.load_config
+    parts = _identity(vllm_config.model_config, vllm_config.load_config)
+    spec = vllm_config.speculative_config
+    draft = spec.draft_model_config if spec is not None else None
+    if draft is not None and draft is not vllm_config.model_config:  # n-gram: the target's
+        parts["draft"] = _identity(draft, vllm_config.load_config)  # its layers' KV is kept too
+    canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+def _identity(model: ModelConfig, load: LoadConfig) -> dict[str, Any]:
+    """What names one model's KV: its config, quantization, load format and weights."""
     load_format = str(getattr(load.load_format, "value", load.load_format))
     if load_format == "dummy":
         weights = "dummy"  # vLLM's random weights, drawn from a fixed seed
     else:
-        started = time.perf_counter()
-        folder = local_checkpoint(model.model, model.revision, load.download_dir)
-        try:
-            digest = weights_digest(folder) if folder is not None else None
-        except OSError as exc:  # a file replaced or unreadable as the engine starts
-            logger.warning("kvtier: %s's weight files could not be read (%s)", model.model, exc)
-            digest = None
-        if (spent := time.perf_counter() - started) > _SLOW_S:
-            logger.warning("kvtier: sampling %s's weight files to name its KV took %.1f s (they "
-                           "are not in the page cache)", model.model, spent)  # fmt: skip
-        if digest is None:
-            weights = f"unread:{model.model_weights or model.model}@{model.revision}"
-            logger.info("kvtier: %s's weights are not local files: its KV is named by %s and "
-                        "revision %s, not by the weights themselves", model.model,
-                        model.model_weights or model.model, model.revision)  # fmt: skip
-        else:
-            weights = digest
-    parts = {
+        weights = _weights(model, load)
+    return {
         "config": _plain(model.hf_config.to_dict()),
         "quantization": str(model.quantization),
         "load_format": load_format,
         "weights": weights,
     }
-    canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+def _weights(model: ModelConfig, load: LoadConfig) -> str:
+    """The digest of ``model``'s weight files, or (not local files) its name and revision."""
+    started = time.perf_counter()
+    folder = local_checkpoint(model.model, model.revision, load.download_dir)
+    try:
+        digest = weights_digest(folder) if folder is not None else None
+    except OSError as exc:  # a file replaced or unreadable as the engine starts
+        logger.warning("kvtier: %s's weight files could not be read (%s)", model.model, exc)
+        digest = None
+    if (spent := time.perf_counter() - started) > _SLOW_S:
+        logger.warning("kvtier: sampling %s's weight files to name its KV took %.1f s (they "
+                       "are not in the page cache)", model.model, spent)  # fmt: skip
+    if digest is not None:
+        return digest
+    logger.info("kvtier: %s's weights are not local files: its KV is named by %s and revision "
+                "%s, not by the weights themselves", model.model,
+                model.model_weights or model.model, model.revision)  # fmt: skip
+    return f"unread:{model.model_weights or model.model}@{model.revision}"
 
 
 def local_checkpoint(

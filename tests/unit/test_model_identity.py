@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file, save_file
-from vllm.config import LoadConfig, ModelConfig, VllmConfig
+from vllm.config import LoadConfig, ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig
 
 from kvtier.apps.models import model_path
 from kvtier.vllm.model_identity import model_identity
@@ -122,3 +122,26 @@ def test_weights_that_cannot_be_read_are_named_by_the_path(
     assert identity != tiny[1]
     assert "weight files could not be read" in caplog.text
     assert "model-00002-of-00002.safetensors" in caplog.text
+
+
+def _speculating(target: Path, **spec: object) -> VllmConfig:
+    """``target``'s config with speculative decoding ``spec`` (vLLM's own config of it)."""
+    config = _config(target)
+    config.speculative_config = SpeculativeConfig(
+        num_speculative_tokens=2, target_model_config=config.model_config,
+        target_parallel_config=ParallelConfig(), **spec,
+    )  # fmt: skip
+    return config
+
+
+def test_a_draft_models_weights_name_the_kv_too(tiny: tuple[Path, str], tmp_path: Path) -> None:
+    """A draft model's layers keep KV in the engine's blocks: another draft is other KV. The
+    n-gram proposer has no layers of its own: the target's identity alone."""
+    model, identity = tiny
+    ngram = _speculating(model, method="ngram", prompt_lookup_min=2, prompt_lookup_max=4)
+    assert model_identity(ngram) == identity
+    draft = _copy(tmp_path, "draft")
+    drafted = model_identity(_speculating(model, method="draft_model", model=str(draft)))
+    assert drafted != identity
+    _retrain(draft)
+    assert model_identity(_speculating(model, method="draft_model", model=str(draft))) != drafted
