@@ -263,7 +263,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Request, block_ids: Sequence[Sequence[int]]
     ) -> tuple[bool, dict[str, Any] | None]:
         assert self._observe is not None, "kvtier: request_finished on a worker connector"
-        return self._observe.finished(request, self._kv_role.finished(request, block_ids))
+        salt = self._adapters.salt(request.lora_request) if self._kv_role.producer else b""
+        return self._observe.finished(request, self._kv_role.finished(request, block_ids, salt))
 
     # ---- what kvtier tells vLLM (``observability.py``; scheduler side only) ------------------
 

@@ -15,7 +15,7 @@ engine's turns still hit its own tiers.
     lookup(request, computed, salt)      a decode request's pull: (tokens, True) or None
     skipped(request)                     one that reads no outside KV frees its offer at once
     allocated(request)                   its pull is planned: never again
-    finished(request, block_ids)         a prefill request's offer: the params for the decode
+    finished(request, block_ids, salt)   a prefill request's offer: the params for the decode
     released(req_ids)                    vLLM's finished_sending
 """
 
@@ -46,6 +46,9 @@ logger = logging.getLogger(__name__)
 
 ROLES = ("kv_both", "kv_producer", "kv_consumer")
 TRUNCATED = "_kvtier_backed_off"  # in a prefill request's params: its prompt lost its tail once
+# in an offer's params: the salt of the adapter files the prompt was computed with (hex; absent:
+# none), which a decode engine's own salt for the request must equal (``AdapterSalts``)
+SALT = "kvtier_key_salt"
 
 
 @dataclass
@@ -75,6 +78,7 @@ class KVRole:
         self.planner: PeerPlanner | None = None  # the scheduler half's
         self._scheduler: SchedulerConnector | None = None
         self._address: tuple[int, str, int] | None = None  # a prefill rank's (rank, host, port)
+        self._told_foreign: set[str | None] = set()  # adapters whose offers were refused
 
     @property
     def producer(self) -> bool:
@@ -159,6 +163,9 @@ class KVRole:
         if self.planner is None or params is None or not self.may_pull(request):
             return None
         assert self._scheduler is not None
+        if params.get(SALT, "") != salt.hex():
+            self._foreign(request, num_computed_tokens)
+            return None
         tokens = self._scheduler.source_lookup(
             self.planner.name, request.request_id, hashes, params,
             request.num_prompt_tokens, num_computed_tokens, salt,
@@ -167,6 +174,22 @@ class KVRole:
             return tokens, True
         self._release_unpulled(params)  # its own prefix cache holds the whole prompt
         return None
+
+    def _foreign(self, request: Request, num_computed_tokens: int) -> None:
+        """The prefill engine computed ``request``'s prompt with other files of its adapter (one
+        of two engines has it saved again, as in a rolling update): not pulled, its offer freed,
+        its chunks counted bad; the engine looks in its own tiers, else computes it."""
+        assert self._scheduler is not None
+        lora = request.lora_request
+        name = lora.lora_name if lora is not None else None
+        log = logger.debug if name in self._told_foreign else logger.warning
+        self._told_foreign.add(name)
+        log("kvtier: the prefill engine computed %s with other files of adapter %r than this "
+            "engine's: not pulled, computed here", request.request_id, name)  # fmt: skip
+        tokens = max(0, request.num_prompt_tokens - num_computed_tokens)
+        chunks = -(-tokens // self._scheduler.chunk_tokens)
+        self._scheduler.stats.tiers[PEER.name].bad_chunks += chunks
+        self._release_unpulled(request.kv_transfer_params)
 
     def skipped(self, request: Request) -> None:
         """A decode request that reads no KV from outside the engine (prompt logprobs) computes
@@ -193,20 +216,24 @@ class KVRole:
             params["do_remote_prefill"] = False
 
     def finished(
-        self, request: Request, block_ids: Sequence[Sequence[int]]
+        self, request: Request, block_ids: Sequence[Sequence[int]], salt: bytes = b""
     ) -> dict[str, Any] | None:
-        """A prefill request's offer to a decode engine: the params it needs (or None). A decode
-        request that ends before it pulled (aborted while waiting) frees the prefill's offer."""
+        """A prefill request's offer to a decode engine: the params it needs (or None), with
+        ``salt`` (its adapter's, ``lookup``'s). A decode request that ends before it pulled
+        (aborted while waiting) frees the prefill's offer."""
         if self.planner is None:
             return None
         self._release_unpulled(request.kv_transfer_params)  # aborted while waiting
         completed = request.status in (
             RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED,
         )  # fmt: skip
-        return self.planner.finished(
+        offer = self.planner.finished(
             request.request_id, request.kv_transfer_params, block_ids,
             request.num_computed_tokens, completed,
         )  # fmt: skip
+        if offer is not None and salt:
+            offer[SALT] = salt.hex()
+        return offer
 
     def released(self, req_ids: set[str]) -> None:
         if self.planner is not None and req_ids:

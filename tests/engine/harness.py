@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import load_file, save_file
 from vllm import LLM, SamplingParams
 
@@ -17,6 +19,7 @@ from kvtier.vllm import KVTierConnector, engine_connector, settle
 
 __all__ = ["settle"]  # re-exported for the tests
 
+LORA_RANK = 8  # of ``lora_adapter``
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
@@ -103,3 +106,23 @@ def retrained(model: Path, into: Path) -> Path:
     tensors = load_file(weights)
     save_file({name: t * 1.25 for name, t in tensors.items()}, weights, {"format": "pt"})
     return other
+
+
+def lora_adapter(out: Path, seed: int) -> str:
+    """A PEFT LoRA adapter of the tiny model (2 layers, hidden 128, 2 KV heads of 32): random
+    low-rank updates of the key, value and query projections, so that it computes KV of its own."""
+    out.mkdir(parents=True, exist_ok=True)
+    generator, rank = torch.Generator().manual_seed(seed), LORA_RANK
+    shapes = {"q_proj": (128, 128), "k_proj": (128, 64), "v_proj": (128, 64)}
+    tensors = {}
+    for layer in range(2):
+        for proj, (fan_in, fan_out) in shapes.items():
+            name = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
+            tensors[f"{name}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator) / 2
+            tensors[f"{name}.lora_B.weight"] = torch.randn(fan_out, rank, generator=generator) / 2
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank,
+              "lora_dropout": 0.0, "bias": "none", "target_modules": list(shapes),
+              "fan_in_fan_out": False, "base_model_name_or_path": "tiny"}  # fmt: skip
+    (out / "adapter_config.json").write_text(json.dumps(config))
+    return str(out)

@@ -1,44 +1,22 @@
-"""kvtier in a real engine serving LoRA adapters (made here: random low-rank updates of the key,
-value and query projections, so each adapter computes KV of its own). An adapter's KV is reused
-by that adapter only, and kvtier tells a router each chunk's adapter as vLLM tells its blocks'.
+"""kvtier in a real engine serving LoRA adapters (``harness.lora_adapter``: random low-rank
+updates of the key, value and query projections, so each adapter computes KV of its own). An
+adapter's KV is reused by that adapter only, and kvtier tells a router each chunk's adapter as
+vLLM tells its blocks'.
 An adapter saved again under its name and path (trained again) reuses nothing of the old one's
 from disk, and its old files, back, are served what they computed."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import torch
 from event_replay import Replay
-from harness import engine, greedy, kvtier_transfer, prompts, settle
-from safetensors.torch import save_file
+from harness import LORA_RANK, engine, greedy, kvtier_transfer, lora_adapter, prompts, settle
 from vllm.distributed.kv_events import BlockStored
 from vllm.lora.request import LoRARequest
 
-RANK = 8
 BLOCK = 32  # the engine's block and kvtier's chunk
 PROMPT_TOKENS = 300  # nine full chunks and a tail
-
-
-def _adapter(out: Path, seed: int) -> str:
-    """A PEFT LoRA adapter of the tiny model (2 layers, hidden 128, 2 KV heads of 32)."""
-    out.mkdir(parents=True, exist_ok=True)
-    generator = torch.Generator().manual_seed(seed)
-    shapes = {"q_proj": (128, 128), "k_proj": (128, 64), "v_proj": (128, 64)}
-    tensors = {}
-    for layer in range(2):
-        for proj, (fan_in, fan_out) in shapes.items():
-            name = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
-            tensors[f"{name}.lora_A.weight"] = torch.randn(RANK, fan_in, generator=generator) / 2
-            tensors[f"{name}.lora_B.weight"] = torch.randn(fan_out, RANK, generator=generator) / 2
-    save_file(tensors, str(out / "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": RANK, "lora_alpha": 2 * RANK,
-              "lora_dropout": 0.0, "bias": "none", "target_modules": list(shapes),
-              "fan_in_fan_out": False, "base_model_name_or_path": "tiny"}  # fmt: skip
-    (out / "adapter_config.json").write_text(json.dumps(config))
-    return str(out)
 
 
 def _run(
@@ -53,14 +31,14 @@ def _run(
 def test_an_adapters_kv_is_reused_by_that_adapter_alone_and_told_with_its_name(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    adapters = {name: LoRARequest(name, i + 1, _adapter(tmp_path / name, seed=i))
+    adapters = {name: LoRARequest(name, i + 1, lora_adapter(tmp_path / name, seed=i))
                 for i, name in enumerate(("a", "b"))}  # fmt: skip
     prompt = prompts(tiny_model, [PROMPT_TOKENS], seed=41)[0]
     replay = f"ipc://{tmp_path}/replay"
     events_config = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv",
                      "endpoint": f"ipc://{tmp_path}/events", "replay_endpoint": replay}  # fmt: skip
     with engine(
-        tiny_model, enable_lora=True, max_lora_rank=RANK, max_loras=2,
+        tiny_model, enable_lora=True, max_lora_rank=LORA_RANK, max_loras=2,
         kv_transfer_config=kvtier_transfer(), kv_events_config=events_config,
     ) as llm:  # fmt: skip
         first = {}
@@ -96,13 +74,13 @@ def test_an_adapter_saved_again_under_its_name_reuses_nothing_of_the_old_ones(
     """vLLM's block hashes name an adapter by its name: kvtier's keys also take its files, so a
     disk tier the old adapter filled serves the new one nothing, then the old one again."""
     folder = tmp_path / "adapter"
-    lora = LoRARequest("a", 1, _adapter(folder, seed=0))
+    lora = LoRARequest("a", 1, lora_adapter(folder, seed=0))
     prompt = prompts(tiny_model, [PROMPT_TOKENS], seed=43)[0]
     disk = {"path": str(tmp_path / "disk"), "bytes": "64MiB"}
 
     def run(*, settled: bool = False) -> tuple[list[int], int]:
         with engine(
-            tiny_model, enable_lora=True, max_lora_rank=RANK, max_loras=1,
+            tiny_model, enable_lora=True, max_lora_rank=LORA_RANK, max_loras=1,
             kv_transfer_config=kvtier_transfer(disk=disk),
         ) as llm:  # fmt: skip
             outputs, served = _run(llm, prompt, lora, tier="disk")
@@ -111,10 +89,10 @@ def test_an_adapter_saved_again_under_its_name_reuses_nothing_of_the_old_ones(
 
     old, served = run()
     assert served == 0
-    _adapter(folder, seed=1)  # trained again, saved over the old one: same names and sizes
+    lora_adapter(folder, seed=1)  # trained again, saved over the old one: same names and sizes
     new, served = run()
     assert served == 0, f"the new adapter was served {served} tokens of the old one's KV"
     assert new != old
-    _adapter(folder, seed=0)  # the old one back
+    lora_adapter(folder, seed=0)  # the old one back
     again, served = run()
     assert served >= PROMPT_TOKENS // BLOCK * BLOCK and again == old
