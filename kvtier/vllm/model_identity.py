@@ -14,6 +14,7 @@ It is made of:
 - the quantization and the load format,
 - the weights' digest (``kvtier.checkpoint``) where the weights are local files (a directory, a
   file, or Hugging Face's cache); otherwise the name, weights URI and revision, logged once;
+- for a LongRoPE model, whether the engine's length picks the long factors;
 - the same of a speculative decoding's draft model (EAGLE, a draft model, MTP's layers), whose
   layers' KV is in the engine's blocks too.
 """
@@ -55,12 +56,29 @@ def _identity(model: ModelConfig, load: LoadConfig) -> dict[str, Any]:
         weights = "dummy"  # vLLM's random weights, drawn from a fixed seed
     else:
         weights = _weights(model, load)
-    return {
-        "config": _plain(model.hf_config.to_dict()),
-        "quantization": str(model.quantization),
-        "load_format": load_format,
-        "weights": weights,
-    }
+    config = _plain(model.hf_config.to_dict())
+    parts = {"config": config, "quantization": str(model.quantization),
+             "load_format": load_format, "weights": weights}  # fmt: skip
+    originals = _long_rope_contexts(config)
+    if originals:  # LongRoPE (Phi-3, Phi-4-mini): the engine's length picks the factors
+        parts["long_rope"] = [model.max_model_len > at if isinstance(at, int) else
+                              model.max_model_len for at in originals]  # fmt: skip
+    return parts
+
+
+def _long_rope_contexts(config: Any, context: Any = None) -> list[Any]:
+    """The original contexts of ``config``'s LongRoPE parameters (at any depth: a multimodal
+    model's text config). vLLM rotates every position by the long factors when the engine's
+    ``max_model_len`` exceeds that context, by the short ones otherwise: the same tokens' keys
+    differ between engines on either side of it."""
+    if isinstance(config, list):
+        return [found for item in config for found in _long_rope_contexts(item, context)]
+    if not isinstance(config, dict):
+        return []
+    context = config.get("original_max_position_embeddings", context)
+    if config.get("rope_type", config.get("type")) == "longrope":
+        return [context]
+    return [found for item in config.values() for found in _long_rope_contexts(item, context)]
 
 
 def _weights(model: ModelConfig, load: LoadConfig) -> str:

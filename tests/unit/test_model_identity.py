@@ -145,3 +145,26 @@ def test_a_draft_models_weights_name_the_kv_too(tiny: tuple[Path, str], tmp_path
     assert drafted != identity
     _retrain(draft)
     assert model_identity(_speculating(model, method="draft_model", model=str(draft))) != drafted
+
+
+def _long_rope(model: Path, max_model_len: int, original: int = 256) -> VllmConfig:
+    """``model`` with Phi-3's LongRoPE (an original context of ``original`` tokens), run with
+    ``max_model_len``."""
+    rope = {"rope_type": "longrope", "short_factor": [1.0] * 16, "long_factor": [4.0] * 16,
+            "original_max_position_embeddings": original, "rope_theta": 10000.0}  # fmt: skip
+    overrides = {"rope_parameters": rope, "max_position_embeddings": 4096}
+    return _config(model, max_model_len=max_model_len, hf_overrides=overrides)
+
+
+def test_a_long_rope_model_is_other_kv_on_either_side_of_its_original_context(
+    tiny: tuple[Path, str],
+) -> None:
+    """vLLM rotates keys by LongRoPE's long factors in an engine longer than the original
+    context, by the short ones otherwise: the two compute other KV for the same tokens."""
+    model, identity = tiny
+    short, long = (model_identity(_long_rope(model, n)) for n in (256, 1024))
+    assert short != long
+    assert model_identity(_long_rope(model, 200)) == short
+    assert model_identity(_long_rope(model, 2048)) == long  # long factors alike: shared
+    # no LongRoPE: an engine's length names nothing
+    assert model_identity(_config(model, max_model_len=256)) == identity
