@@ -40,21 +40,24 @@ _SLOW_S = 2.0  # about 1 MiB read per weight file: milliseconds from the page ca
 
 
 def model_identity(vllm_config: VllmConfig) -> str:
-    parts = _identity(vllm_config.model_config, vllm_config.load_config)
+    target, load = vllm_config.model_config, vllm_config.load_config
+    parts = _identity(target, load)
     spec = vllm_config.speculative_config
     draft = spec.draft_model_config if spec is not None else None
-    if draft is not None and draft is not vllm_config.model_config:  # n-gram: the target's
-        parts["draft"] = _identity(draft, vllm_config.load_config)  # its layers' KV is kept too
+    if draft is not None and draft is not target:  # n-gram's is the target's own
+        same = (draft.model, draft.revision) == (target.model, target.revision)  # MTP's layers
+        parts["draft"] = _identity(draft, load, parts["weights"] if same else None)
     canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
 
-def _identity(model: ModelConfig, load: LoadConfig) -> dict[str, Any]:
-    """What names one model's KV: its config, quantization, load format and weights."""
+def _identity(model: ModelConfig, load: LoadConfig, weights: str | None = None) -> dict[str, Any]:
+    """What names one model's KV: its config, quantization, load format and ``weights`` (None:
+    read)."""
     load_format = str(getattr(load.load_format, "value", load.load_format))
     if load_format == "dummy":
         weights = "dummy"  # vLLM's random weights, drawn from a fixed seed
-    else:
+    elif weights is None:
         weights = _weights(model, load)
     config = _plain(model.hf_config.to_dict())
     parts = {"config": config, "quantization": str(model.quantization),

@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from vllm.config import LoadConfig, ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig
 
 from kvtier.apps.models import model_path
+from kvtier.checkpoint import weights_digest
 from kvtier.vllm.model_identity import model_identity
 
 
@@ -168,3 +169,20 @@ def test_a_long_rope_model_is_other_kv_on_either_side_of_its_original_context(
     assert model_identity(_long_rope(model, 2048)) == long  # long factors alike: shared
     # no LongRoPE: an engine's length names nothing
     assert model_identity(_config(model, max_model_len=256)) == identity
+
+
+def test_a_draft_of_the_targets_own_files_reads_them_once(
+    tiny: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MTP's draft is the target's checkpoint: its files are sampled once, for both."""
+    model, identity = tiny
+    reads: list[Path] = []
+
+    def counted(path: Path) -> str | None:
+        reads.append(path)
+        return weights_digest(path)
+
+    monkeypatch.setattr("kvtier.vllm.model_identity.weights_digest", counted)
+    drafted = model_identity(_speculating(model, method="draft_model", model=str(model)))
+    assert drafted != identity  # the draft's config is named beside the target's
+    assert reads == [model]
