@@ -41,6 +41,7 @@ class FleetEngine(FakeEngine):
                                            self.events["replay_endpoint"], topic="kv")  # fmt: skip
         self.tokenized: list[dict[str, Any]] = []
         self.adapters: list[str] = []  # the LoRA adapters its /v1/models lists
+        self.base = "m"  # the base model it lists
         self.models_status = 200  # 401: its /v1/models refuses, as behind --api-key
         super().__init__(name)
 
@@ -61,8 +62,8 @@ class FleetEngine(FakeEngine):
     async def _models(self) -> Any:
         if self.models_status != 200:
             return JSONResponse({"error": "Unauthorized"}, self.models_status)
-        base = {"id": "m", "root": "/models/m", "parent": None}
-        cards = [{"id": a, "root": f"/adapters/{a}", "parent": "m"} for a in self.adapters]
+        base = {"id": self.base, "root": f"/models/{self.base}", "parent": None}
+        cards = [{"id": a, "root": f"/adapters/{a}", "parent": self.base} for a in self.adapters]
         return JSONResponse({"object": "list", "data": [base, *cards]})
 
     def holds(

@@ -77,3 +77,21 @@ def test_engines_that_list_no_models_leave_every_name_a_base_model(
             assert placement.bases == set()
 
     run(scenario())
+
+
+def test_engines_serving_other_models_are_said_once(
+    engines: list[FleetEngine], caplog: pytest.LogCaptureFixture
+) -> None:
+    """One proxy routes one model: a request names it, and an engine that lists it under no
+    such name answers 404. The proxy says which engines differ, once."""
+    engines[2].base = "other"
+
+    async def scenario() -> None:
+        async with fleet(engines) as (_, placement, urls):
+            await until(lambda: len(placement.served) == 3, "every engine's models read")
+            said = [r.getMessage() for r in caplog.records if "must serve the same" in r.message]
+            assert len(said) == 1 and urls[2] in said[0] and "'other'" in said[0], said
+            assert placement.bases == {"m", "other"}
+
+    with caplog.at_level("WARNING", logger="kvtier.apps.proxy.placement"):
+        run(scenario())

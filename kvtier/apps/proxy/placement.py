@@ -88,6 +88,8 @@ class Placement:
         urls = [engine.url for engine in pool.engines]
         self.index = PrefixIndex()
         self.bases: set[str] = set()  # the base models the engines list, by every name
+        self.served: dict[str, frozenset[str]] = {}  # each engine's, as it listed them last
+        self._told: set[frozenset[str]] = set()  # lists said to differ from another
         self.lock = threading.Lock()  # the index, between the streams' threads and requests
         self.streams: dict[str, list[EventStream]] = {url: [] for url in urls}
         self.no_events: dict[str, str] = dict.fromkeys(urls, "not asked yet")
@@ -230,6 +232,7 @@ class Placement:
             return
         models = served(url, self.connect_timeout_s)
         with self.lock:
+            self._compare(url, models.bases)
             self.index.adapters |= models.adapters
             self.bases |= models.bases
         self.streams[url] = [self._stream(url, source) for source in found]
@@ -237,6 +240,20 @@ class Placement:
         for stream in self.streams[url]:
             stream.start()
         self.no_events[url] = ""
+
+    def _compare(self, url: str, bases: frozenset[str]) -> None:
+        """One proxy routes one model: engines listing other base models (by name) are said,
+        once for each two lists, as a request naming one may reach an engine without it."""
+        if not bases:  # not listed (``--api-key``): nothing to compare
+            return
+        self.served[url] = bases
+        for other, theirs in self.served.items():
+            if theirs != bases and not {theirs, bases} <= self._told:
+                self._told |= {theirs, bases}
+                logger.warning("kvtier proxy: %s serves %s, %s serves %s: every engine of a proxy "
+                               "must serve the same model under the same names "
+                               "(--served-model-name)", url, sorted(bases), other,
+                               sorted(theirs))  # fmt: skip
 
     def _unfollow(self, url: str) -> None:
         streams, self.streams[url] = self.streams[url], []
