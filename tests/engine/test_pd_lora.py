@@ -1,11 +1,11 @@
 """Prefill→decode of a LoRA adapter's request, in real vLLM on the CPU: a prefill ``kvtier serve``
 with adapter ``a`` loaded, and in-process decode engines with an adapter of the same name.
 
-vLLM names an adapter by its name alone, and the prefill engine's offer carried nothing more: a
-decode engine whose ``a`` has other files (retrained, mid-way through a rolling update) pulled KV
-its own adapter would not have computed. The offer now carries the salt of the prefill engine's
-adapter files: the same files (at any path) are pulled, other files are refused, counted and
-computed, and the answer is the decode engine's own."""
+vLLM names an adapter by its name alone, in block hashes and in the params a prefill engine
+offers: a decode engine whose ``a`` has other files (retrained, midway through a rolling update)
+would pull KV its own adapter does not compute. The offer carries the salt of the prefill
+engine's adapter files: the same files (at any path) are pulled, other files are refused,
+counted and computed, and the answer is the decode engine's own."""
 
 from __future__ import annotations
 

@@ -116,7 +116,7 @@ def test_a_decode_request_pulls_its_prompt_past_its_own_hit_into_its_blocks() ->
 
 def test_a_decode_request_of_an_adapter_stores_its_own_chunks_under_its_salt() -> None:
     # a LoRA request's later chunks (its output past the pulled prompt) are keyed as its own
-    # lookups would find them: unsalted, no request of that adapter could ever load them
+    # lookups find them, with its adapter's salt (unsalted, no lookup of it would load them)
     _, params = _prefilled()
     decode, salt = _connector(producer=False), b"a" * SALT_BYTES
     hashes = list(HASHES)  # the engine's list, growing as the request decodes
