@@ -14,6 +14,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness import engine, generate, kvtier_transfer, settle
+
+import kvtier
 from kvtier.tiers.base.chunk_format import HEADER_BYTES, ChunkError, verify_file
 from kvtier.tiers.disk.names import scan
 
@@ -30,6 +33,18 @@ def disk_extra(path: Path, cpu: str = "64MiB", **disk: Any) -> dict[str, Any]:
         "block_size": CHUNK,
         "disk": {"path": str(path), "bytes": "256MiB", **disk},
     }
+
+
+def disk_run(
+    model: Path, tier: Path, token_prompts: list[list[int]], **overrides: Any
+) -> tuple[list[list[int]], int]:
+    """An in-process engine of ``model`` (engine args ``overrides``) with a disk tier in
+    ``tier``: its greedy outputs, and the chunks the tier served; written to disk once idle,
+    for the next engine."""
+    with engine(model, kv_transfer_config=kvtier_transfer(**disk_extra(tier)), **overrides) as llm:
+        outputs = generate(llm, token_prompts)
+        settle(llm)
+        return outputs, kvtier.stats(llm).tiers["disk"].loaded_chunks
 
 
 def start_job(

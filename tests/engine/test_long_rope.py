@@ -10,10 +10,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from disk_helpers import CHUNK, disk_extra
-from harness import engine, full_chunks, generate, kvtier_transfer, prompts, settle
-
-import kvtier
+from disk_helpers import CHUNK, disk_run
+from harness import full_chunks, prompts
 
 ORIGINAL = 256  # the model's original context: tokens a short engine may hold
 LENGTHS = [150, 200]  # prompts a short engine takes (with 8 tokens of output)
@@ -32,17 +30,6 @@ def _long_rope(model: Path, into: Path) -> Path:
     return copy
 
 
-def _run(
-    model: Path, tier: Path, token_prompts: list[list[int]], max_model_len: int
-) -> tuple[list[list[int]], int]:
-    """The outputs of an engine of ``max_model_len``, and the chunks the disk tier served."""
-    transfer = kvtier_transfer(**disk_extra(tier))
-    with engine(model, max_model_len=max_model_len, kv_transfer_config=transfer) as llm:
-        outputs = generate(llm, token_prompts)
-        settle(llm)
-        return outputs, kvtier.stats(llm).tiers["disk"].loaded_chunks
-
-
 def test_engines_on_either_side_of_the_original_context_share_no_kv(
     tiny_model: Path, reference: Any, tmp_path: Path
 ) -> None:
@@ -53,8 +40,11 @@ def test_engines_on_either_side_of_the_original_context_share_no_kv(
     assert short != long  # the two rotations answer differently
     tier = tmp_path / "tier"
 
-    assert _run(model, tier, token_prompts, ORIGINAL) == (short, 0)
-    assert _run(model, tier, token_prompts, 4 * ORIGINAL) == (long, 0)  # not the short KV
-    outputs, loaded = _run(model, tier, token_prompts, 8 * ORIGINAL)  # long factors too
+    def run(max_model_len: int) -> tuple[list[list[int]], int]:
+        return disk_run(model, tier, token_prompts, max_model_len=max_model_len)
+
+    assert run(ORIGINAL) == (short, 0)
+    assert run(4 * ORIGINAL) == (long, 0)  # not the short engine's KV
+    outputs, loaded = run(8 * ORIGINAL)  # long factors too: the long engine's KV
     assert outputs == long
     assert loaded >= full_chunks(token_prompts, CHUNK)

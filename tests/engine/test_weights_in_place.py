@@ -10,20 +10,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from disk_helpers import CHUNK, chunk_files, disk_extra
-from harness import engine, full_chunks, generate, kvtier_transfer, prompts, retrained, settle
-
-import kvtier
+from disk_helpers import CHUNK, chunk_files, disk_run
+from harness import full_chunks, prompts, retrained
 
 LENGTHS = [300, 450]
-
-
-def _run(model: Path, tier: Path, token_prompts: list[list[int]]) -> tuple[list[list[int]], int]:
-    """The outputs, and the chunks the disk tier served."""
-    with engine(model, kv_transfer_config=kvtier_transfer(**disk_extra(tier))) as llm:
-        outputs = generate(llm, token_prompts)
-        settle(llm)
-        return outputs, kvtier.stats(llm).tiers["disk"].loaded_chunks
 
 
 def test_weights_replaced_in_place_load_nothing_the_old_ones_computed(
@@ -36,14 +26,14 @@ def test_weights_replaced_in_place_load_nothing_the_old_ones_computed(
     assert old != new  # the two models answer differently
     tier = tmp_path / "tier"
 
-    assert _run(served, tier, token_prompts) == (old, 0)
+    assert disk_run(served, tier, token_prompts) == (old, 0)
     assert len(chunk_files(tier)) >= full_chunks(token_prompts, CHUNK)
 
     shutil.copyfile(other / "model.safetensors", served / "model.safetensors")
-    assert _run(served, tier, token_prompts) == (new, 0)  # the old KV is not theirs
+    assert disk_run(served, tier, token_prompts) == (new, 0)  # the old KV is not theirs
 
     shutil.copyfile(tiny_model / "model.safetensors", served / "model.safetensors")
-    outputs, loaded = _run(served, tier, token_prompts)
+    outputs, loaded = disk_run(served, tier, token_prompts)
     assert outputs == old
     assert loaded >= full_chunks(token_prompts, CHUNK)  # and is served again to its own weights
 
@@ -55,7 +45,7 @@ def test_the_same_weights_at_another_path_load_what_they_computed(
     token_prompts = prompts(tiny_model, LENGTHS, seed=6)
     (expected,) = reference.many(tiny_model, [(token_prompts, 8)])
     tier = tmp_path / "tier"
-    assert _run(here, tier, token_prompts) == (expected, 0)
-    outputs, loaded = _run(there, tier, token_prompts)
+    assert disk_run(here, tier, token_prompts) == (expected, 0)
+    outputs, loaded = disk_run(there, tier, token_prompts)
     assert outputs == expected
     assert loaded >= full_chunks(token_prompts, CHUNK)
