@@ -35,7 +35,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_VOLATILE_CONFIG_KEYS = frozenset({"transformers_version"})  # and every key starting with "_"
+# config keys that name no KV (and every key starting with "_"): transformers' version, and what
+# vLLM's model code writes into the config from the engine's length as it builds the model, in
+# the workers only (Llama 4's query temperature, MiniMax-M2's RoPE table): kept, they would set
+# the workers' records of engines of two lengths apart, each deleting the other's as foreign
+_VOLATILE_CONFIG_KEYS = frozenset(
+    {"transformers_version", "attn_temperature_tuning", "max_model_len"}
+)
 _SLOW_S = 2.0  # about 1 MiB read per weight file: milliseconds from the page cache
 
 

@@ -186,3 +186,16 @@ def test_a_draft_of_the_targets_own_files_reads_them_once(
     drafted = model_identity(_speculating(model, method="draft_model", model=str(model)))
     assert drafted != identity  # the draft's config is named beside the target's
     assert reads == [model]
+
+
+def test_what_vllms_model_code_writes_into_the_config_names_nothing(
+    tiny: tuple[Path, str],
+) -> None:
+    """As a worker builds the model, vLLM's model code writes into its config from the engine's
+    length what names no KV (Llama 4's query temperature, MiniMax-M2's RoPE table): the workers'
+    records must still match the scheduler's keys and other engines' records."""
+    model, identity = tiny
+    config = _config(model)
+    config.model_config.hf_config.attn_temperature_tuning = True
+    config.model_config.hf_config.max_model_len = 4096
+    assert model_identity(config) == identity
