@@ -87,8 +87,8 @@ class Placement:
         self.pool, self.policy, self.connect_timeout_s = pool, policy, connect_timeout_s
         urls = [engine.url for engine in pool.engines]
         self.index = PrefixIndex()
-        self.bases: set[str] = set()  # the base models the engines list, by every name
-        self.served: dict[str, frozenset[str]] = {}  # each engine's, as it listed them last
+        self.served: dict[str, frozenset[str]] = {}  # each engine's base models, as listed last
+        self.bases: frozenset[str] = frozenset()  # all of them, by every name
         self._told: set[frozenset[str]] = set()  # lists said to differ from another
         self.lock = threading.Lock()  # the index, between the streams' threads and requests
         self.streams: dict[str, list[EventStream]] = {url: [] for url in urls}
@@ -233,8 +233,8 @@ class Placement:
         models = served(url, self.connect_timeout_s)
         with self.lock:
             self._compare(url, models.bases)
+            self.bases = frozenset().union(*self.served.values())
             self.index.adapters |= models.adapters
-            self.bases |= models.bases
         self.streams[url] = [self._stream(url, source) for source in found]
         self._changed()
         for stream in self.streams[url]:
@@ -244,7 +244,7 @@ class Placement:
     def _compare(self, url: str, bases: frozenset[str]) -> None:
         """One proxy routes one model: engines listing other base models (by name) are said,
         once for each two lists, as a request naming one may reach an engine without it."""
-        if not bases:  # not listed (``--api-key``): nothing to compare
+        if not bases:  # not listed (``--api-key``): nothing to keep or compare
             return
         self.served[url] = bases
         for other, theirs in self.served.items():
