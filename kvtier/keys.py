@@ -4,6 +4,7 @@ Primitives:
     LayoutFingerprint(...).digest()     -> bytes           16 bytes naming model/dtype/layout/rank
     make_key(fp_digest, block_hash, g)  -> ChunkKey        the key of one chunk
     ChunkKeyMaker(fp, factor).keys(...) -> list[ChunkKey]  keys of a request's full chunks
+    ChunkKeyMaker.rename(fp)                               the keys are fp's from now on
     chain_hashes(tokens, block_tokens)  -> list[bytes]     chained prefix hashes, one per full block
     key_group / key_fingerprint / key_hex                  read a key back
 
@@ -199,6 +200,11 @@ class ChunkKeyMaker:
     def fingerprint_digest(self) -> bytes:
         """``fingerprint.digest()``, computed once."""
         return self._digest
+
+    def rename(self, fingerprint: LayoutFingerprint) -> None:
+        """Make the keys ``fingerprint``'s from now on: once, before the first request's (the
+        engine's ranks tell their layouts only once the maker is built)."""
+        self.fingerprint, self._digest = fingerprint, fingerprint.digest()
 
     def tail_key(
         self, last_block_hash: BlockHash, tail_tokens: Sequence[int], group: int, salt: bytes = b""

@@ -45,6 +45,8 @@ class KVLayout:
     num_blocks: int
     distinct_bytes: int
     orders: tuple[str, ...] = ()  # per view: how a page's dimensions lie ("": row-major)
+    packing: str = ""  # how the attention kernel packs a page's values where its shape does not
+    # tell ("": as the shape says): vLLM's CPU backend writes K and V in its ISA's own order
 
     @property
     def device(self) -> torch.device:
@@ -74,6 +76,8 @@ class KVLayout:
         described = f"views=[{views}] groups={[list(g) for g in self.groups]}"
         if any(self.orders):  # a page laid out other than row-major (vLLM's HND, NHD orders)
             described += f" orders=[{';'.join(self.orders)}]"
+        if self.packing:
+            described += f" packing={self.packing}"
         return described
 
 
@@ -125,11 +129,13 @@ def build_layout(
     group_layers: Sequence[Sequence[str]],
     num_blocks: int,
     block_dim: int | None = None,
+    packing: str = "",
 ) -> KVLayout:
     """Build the canonical views of ``kv_caches`` (layer name -> tensor) for ``group_layers``.
 
     ``block_dim`` is the dimension indexing blocks; by default the outermost dimension of size
     ``num_blocks`` (pass it when that is ambiguous, e.g. a K/V-first layout with two blocks).
+    ``packing``: how the attention kernel packs a page (``KVLayout.packing``).
     """
     views: list[torch.Tensor] = []
     orders: list[str] = []
@@ -156,6 +162,7 @@ def build_layout(
         num_blocks=num_blocks,
         distinct_bytes=distinct_storage_bytes(kv_caches.values()),
         orders=tuple(orders),
+        packing=packing,
     )
 
 

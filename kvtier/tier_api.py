@@ -7,7 +7,8 @@ A tier is a module exporting a ``TierSpec`` (docs/DESIGN.md §8), plugged by its
                 ``optional``, ``positive_int``, ``positive_size``, ``non_negative_float``,
                 ``non_empty_str`` (each error a ValueError naming the dotted key)
     index       the scheduler half's: a ``TierIndex`` (``lookup -> Found``, ``traits ->
-                Traits``, ``usage() -> Usage``, prepare/complete load and store, ...)
+                Traits``, ``usage() -> Usage``, prepare/complete load and store, ...); one
+                that sorts what it finds at start-up by the keys' namespace is ``Namespaced``
     a rank's    a ``ChunkTier`` (``read``/``write`` a chunk's record, ``prefetch``), wrapped in
     side        ``WorkerTier(name, load=TierLoadHandler(...), write=TierWriteHandler(...))``;
                 ``view_bytes`` gives a record's views, ``ChunkError`` is a bad or absent chunk
@@ -36,7 +37,7 @@ from kvtier.config_parse import (
 from kvtier.keys import ChunkKey, key_group
 from kvtier.tiers.base.chunk_format import Buffer, ChunkError
 from kvtier.tiers.base.chunk_tier import ChunkTier, FlushTier, view_bytes
-from kvtier.tiers.base.index import Found, TierIndex, Traits, Usage
+from kvtier.tiers.base.index import Found, Namespaced, TierIndex, Traits, Usage
 from kvtier.tiers.base.spec import SchedulerContext, TierSpec, WorkerContext, WorkerTier
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Buffer", "ChunkError", "ChunkKey", "ChunkTier", "FlushTier", "Found", "KVLayout",
+    "Buffer", "ChunkError", "ChunkKey", "ChunkTier", "FlushTier", "Found", "KVLayout", "Namespaced",
     "SchedulerContext", "TierIndex", "TierLoadHandler", "TierSpec", "TierWriteHandler",
     "Traits", "Usage", "WorkerContext", "WorkerTier", "key_group", "mapping", "non_empty_str",
     "non_negative_float", "optional", "positive_int", "positive_size", "required", "view_bytes",

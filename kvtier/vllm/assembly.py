@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +26,10 @@ from kvtier.keys import ChunkKeyMaker, LayoutFingerprint
 from kvtier.layout import KVLayout, Placement, host_num_chunks, placement_bytes_per_block
 from kvtier.scheduler.connector import GroupSpec, SchedulerConnector
 from kvtier.tiers.base.chunk_format import HEADER_BYTES
+from kvtier.tiers.base.index import Namespaced
 from kvtier.tiers.base.spec import SchedulerContext, TierSpec, WorkerContext, WorkerTier
 from kvtier.tiers.host.buffers import HostTier
+from kvtier.vllm.handshake import KVTierHandshake, rank_layouts, wrapped
 from kvtier.vllm.kv_role import KVRole
 from kvtier.vllm.model_identity import model_identity
 from kvtier.vllm.observability import Observability
@@ -36,6 +39,7 @@ from kvtier.worker.connector import TierBuilder, WorkerConnector
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorHandshakeMetadata
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
 logger = logging.getLogger(__name__)
@@ -66,12 +70,20 @@ def fingerprint(
 
 
 def keys_fingerprint(
-    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, factor: int
+    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, factor: int, ranks: Sequence[str] = ()
 ) -> LayoutFingerprint:
-    """Rank 0's fingerprint, which namespaces the chunk keys: the same for the same model in
-    every vLLM release kvtier supports (``spec_text``), so that their engines share chunks."""
+    """What namespaces the chunk keys: the KV cache groups as every vLLM release kvtier supports
+    tells them (``spec_text``), so that their engines share chunks, and the layouts of the ranks
+    (``handshake.py``), once they told them: engines that hold other bytes for them share none."""
     layout = ";".join(spec_text(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups)
-    return fingerprint(vllm_config, layout, 0, 0, factor)
+    return named_by_ranks(fingerprint(vllm_config, layout, 0, 0, factor), ranks)
+
+
+def named_by_ranks(keys: LayoutFingerprint, ranks: Sequence[str]) -> LayoutFingerprint:
+    """``keys`` with the ranks' layouts (none told: ``keys``)."""
+    if not ranks:
+        return keys
+    return dataclasses.replace(keys, layout=f"{keys.layout} ranks=[{' | '.join(ranks)}]")
 
 
 def _per_block(kv_cache_config: KVCacheConfig) -> int:
@@ -86,6 +98,20 @@ class SchedulerSide:
 
     scheduler: SchedulerConnector
     observe: Observability
+    keys: LayoutFingerprint  # what names the keys, until the ranks tell their layouts
+    role: KVRole
+
+    def handshake(self, metadata: Mapping[tuple[int, int], KVConnectorHandshakeMetadata]) -> None:
+        """What the ranks told (by pipeline stage, then tensor rank), before the first step:
+        their layouts name the keys from now on; a prefill rank's listener is where decode
+        engines pull."""
+        self.role.set_handshake({tp: meta for (pp, tp), meta in metadata.items() if pp == 0})
+        named = named_by_ranks(self.keys, rank_layouts(metadata))
+        self.scheduler.keys.rename(named)
+        for tier in self.scheduler.lower:
+            if isinstance(tier, Namespaced):  # what it found at start-up: which it may load
+                tier.namespace(named.digest())
+        logger.info("kvtier: chunk keys named by %s", named.describe())
 
     @classmethod
     def build(
@@ -106,6 +132,10 @@ class SchedulerSide:
         chain = config.chain()
         if chain:
             _warn_if_hashes_differ_per_process(vllm_config)
+        if chain and wrapped(vllm_config):
+            logger.info("kvtier: one of several connectors, its keys are named by the KV cache "
+                        "groups alone: engines of other attention backends or page orders on "
+                        "its tiers refuse each other's chunks (handshake.py)")  # fmt: skip
         specs = [_group_spec(g.kv_cache_spec) for g in groups]
         context: SchedulerContext[Any] = SchedulerContext(
             None, world_size, keys.digest(), per_block * factor + HEADER_BYTES,
@@ -145,7 +175,7 @@ class SchedulerSide:
             keys.weights,
             "".join(f", then {tier.name}" for tier in lower),
         )  # fmt: skip
-        return cls(scheduler, Observability(scheduler, chunk_bytes, config.tiers))
+        return cls(scheduler, Observability(scheduler, chunk_bytes, config.tiers), keys, role)
 
 
 class WorkerSide:
@@ -164,6 +194,7 @@ class WorkerSide:
         self.worker = WorkerConnector(config.cpu_bytes_to_use, self._factor, world_size)
         self._group_layers = [list(g.layer_names) for g in kv_cache_config.kv_cache_groups]
         self._num_blocks = kv_cache_config.num_blocks
+        self._tp_rank: int | None = None  # once registered
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """This rank's views, host tier and tiers (the chain's, then the request sources')."""
@@ -191,9 +222,26 @@ class WorkerSide:
         layers = [[name for name in group if name in kv_caches] for group in self._group_layers]
         specs = [*config.chain(), *config.sources()]
         builders = [builder(spec) for spec in specs if spec.worker is not None]
-        worker = self.worker
-        worker.register(kv_caches, layers, self._num_blocks, builders)
-        self._role.registered(worker.tiers, tp_rank)
+        packing = kernel_packing(self._vllm_config, kv_caches)
+        self.worker.register(kv_caches, layers, self._num_blocks, builders, packing)
+        self._role.registered(self.worker.tiers)
+        self._tp_rank = tp_rank
+
+    def handshake(self) -> KVTierHandshake | None:
+        """What this rank tells the scheduler (``handshake.py``), once registered."""
+        if self._tp_rank is None or (wrapped(self._vllm_config) and self._role.address is None):
+            return None
+        host, port = self._role.address or ("", 0)
+        return KVTierHandshake(self._tp_rank, self.worker.layout_description, host, port)
+
+
+def kernel_packing(vllm_config: VllmConfig, kv_caches: Mapping[str, torch.Tensor]) -> str:
+    """How the attention kernels pack a page's values where its shape does not tell: vLLM's CPU
+    backend writes a block's K and V in its ISA's order (AMX tiles, or rows for VEC), which it
+    sets on each layer as ``isa`` before the KV tensors are registered; "" elsewhere (CUDA)."""
+    layers = vllm_config.compilation_config.static_forward_context
+    isas = {getattr(layers.get(name), "isa", None) for name in kv_caches}
+    return ",".join(sorted(str(isa) for isa in isas if isa is not None))
 
 
 def _group_spec(spec: Any) -> GroupSpec:

@@ -81,6 +81,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         )
         self._multi_group = len(kv_cache_config.kv_cache_groups) > 1
         self._kv_role = KVRole(vllm_config, self.config)
+        self._side: SchedulerSide | None = None
         self._scheduler: SchedulerConnector | None = None
         self._observe: Observability | None = None
         self._worker_side: WorkerSide | None = None
@@ -90,7 +91,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             self._hashes_per_block = hashes_per_block(vllm_config, kv_cache_config)
             self._kv_role.set_load_failure_policy()
             side = SchedulerSide.build(vllm_config, kv_cache_config, self.config, self._kv_role)
-            self._scheduler, self._observe = side.scheduler, side.observe
+            self._side, self._scheduler, self._observe = side, side.scheduler, side.observe
         else:
             self._worker_side = WorkerSide(vllm_config, kv_cache_config, self.config, self._kv_role)
 
@@ -218,10 +219,6 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         # several groups: failures per request (block ids repeat across groups); else per block
         return KVConnectorTransferResults(sending, recving, failed if self._multi_group else set())
 
-    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
-        results = self.get_transfer_results(finished_req_ids)
-        return results.finished_sending, results.finished_recving
-
     def get_block_ids_with_load_errors(self) -> set[int]:
         blocks = self.worker.take_failed_blocks()
         return set() if self._multi_group else blocks
@@ -236,15 +233,19 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         if self._scheduler is not None:
             logger.info(self._scheduler.stats.log_line())
 
-    # ---- the kv_role's handshake and requests (``kv_role.py``) -------------------------------
+    # ---- the ranks' handshake (``handshake.py``), the kv_role's requests (``kv_role.py``) -----
 
     def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
-        return self._kv_role.handshake()
+        return self._worker_side.handshake() if self._worker_side is not None else None
 
-    def set_xfer_handshake_metadata(
-        self, metadata: Mapping[int, KVConnectorHandshakeMetadata]
+    def set_xfer_handshake_metadata(self, metadata: Mapping[int, Any]) -> None:
+        self.set_xfer_handshake_metadata_pp_aware({(0, tp): m for tp, m in metadata.items()})
+
+    def set_xfer_handshake_metadata_pp_aware(
+        self, metadata: Mapping[tuple[int, int], KVConnectorHandshakeMetadata]
     ) -> None:
-        self._kv_role.set_handshake(metadata)
+        assert self._side is not None, "kvtier: the handshake told a worker connector"
+        self._side.handshake(metadata)  # every rank's layout, a prefill rank's listener
 
     def on_new_request(self, request: Request) -> None:
         self._kv_role.on_new_request(request, self._engine_block // self._hashes_per_block)

@@ -8,8 +8,8 @@ two other roles keep the chain's tiers: a prefill engine's prefix hits still cou
 engine's turns still hit its own tiers.
 
     scheduler(scheduler)                 the scheduler half's planner (the peer tier's source)
-    registered(tiers, rank)              a worker rank's listener or puller, once built
-    handshake() / set_handshake(m)       a prefill rank's listener, as the scheduler learns it
+    registered(tiers)                    a worker rank's listener or puller, once built
+    address / set_handshake(m)           a prefill rank's listener, as the scheduler learns it
     on_new_request(request, hash_size)   a prefill engine backs a decode's prompt off
     may_pull(request)                    a decode request's, to pull (vLLM asks: may it wait)
     lookup(request, computed, salt)      a decode request's pull: (tokens, True) or None
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorHandshakeMetadata
@@ -33,6 +32,7 @@ from kvtier.config import KVTierConfig
 from kvtier.tiers.peer import SPEC as PEER
 from kvtier.tiers.peer.planner import PeerPlanner
 from kvtier.tiers.peer.worker import PeerWorkerTier
+from kvtier.vllm.handshake import KVTierHandshake
 from kvtier.vllm.releases import skips_external_kv, truncate_block_hashes
 
 if TYPE_CHECKING:
@@ -49,15 +49,6 @@ TRUNCATED = "_kvtier_backed_off"  # in a prefill request's params: its prompt lo
 # in an offer's params: the salt of the adapter files the prompt was computed with (hex; absent:
 # none), which a decode engine's own salt for the request must equal (``AdapterSalts``)
 SALT = "kvtier_key_salt"
-
-
-@dataclass
-class KVTierHandshake(KVConnectorHandshakeMetadata):
-    """A prefill worker rank's transfer listener, as decode engines reach it."""
-
-    rank: int
-    host: str
-    port: int
 
 
 class KVRole:
@@ -77,7 +68,7 @@ class KVRole:
         self.engine_id = str(getattr(kv_transfer, "engine_id", None) or "kvtier")
         self.planner: PeerPlanner | None = None  # the scheduler half's
         self._scheduler: SchedulerConnector | None = None
-        self._address: tuple[int, str, int] | None = None  # a prefill rank's (rank, host, port)
+        self.address: tuple[str, int] | None = None  # a prefill rank's listener (host, port)
         self._told_foreign: set[str | None] = set()  # adapters whose offers were refused
 
     @property
@@ -109,23 +100,21 @@ class KVRole:
         assert isinstance(planner, PeerPlanner), planner
         self.planner, self._scheduler = planner, scheduler
 
-    def registered(self, tiers: Mapping[str, WorkerTier], tp_rank: int) -> None:
+    def registered(self, tiers: Mapping[str, WorkerTier]) -> None:
         """A worker rank's tiers are built: its listener's address, for the handshake."""
         tier = tiers.get(PEER.name)
         if isinstance(tier, PeerWorkerTier) and tier.address is not None:
-            self._address = (tp_rank, *tier.address)
+            self.address = tier.address
 
     # ---- handshake ---------------------------------------------------------------------------
 
-    def handshake(self) -> KVConnectorHandshakeMetadata | None:
-        return None if self._address is None else KVTierHandshake(*self._address)
-
     def set_handshake(self, metadata: Mapping[int, KVConnectorHandshakeMetadata]) -> None:
+        """The listeners the ranks told (``handshake.py``), by tensor rank."""
         if self.planner is None or self.planner.producer is None:
             return
         endpoints = {}
         for tp_rank, meta in metadata.items():
-            if isinstance(meta, KVTierHandshake):
+            if isinstance(meta, KVTierHandshake) and meta.port:
                 endpoints[tp_rank] = (meta.host, meta.port)
         self.planner.producer.set_endpoints(endpoints)
 

@@ -86,10 +86,12 @@ class WorkerConnector:
         group_layers: Sequence[Sequence[str]],
         num_blocks: int,
         tiers: Sequence[TierBuilder] = (),
+        packing: str = "",
     ) -> None:
         """Build the block views and the host tier for this rank's KV tensors, then each
-        tier's side on this rank (``tiers``, in the chain's order; a builder may give none)."""
-        self.layout = build_layout(kv_caches, group_layers, num_blocks)
+        tier's side on this rank (``tiers``, in the chain's order; a builder may give none).
+        ``packing``: how the attention kernel packs a page (``KVLayout.packing``)."""
+        self.layout = build_layout(kv_caches, group_layers, num_blocks, packing=packing)
         self.layout_description = self.layout.describe()
         chunks = host_num_chunks(
             self.layout.bytes_per_block(), self.world_size, self.factor, self.cpu_bytes_to_use

@@ -112,9 +112,6 @@ def prefill_decode(model: str, work: Path, hybrid: bool) -> dict[str, Any]:
     (``held_rounds``: the rounds it ran while the prefill engine still held its blocks)."""
     prefill = Loop(model, work, hybrid, "kv_producer")
     decode = Loop(model, work, hybrid, "kv_consumer")
-    address = prefill.worker.get_handshake_metadata()
-    assert address is not None
-    prefill.scheduler.connector.set_xfer_handshake_metadata({0: address})  # as the engine does
     prompt = prompts_of(1)
     # 255, 319 and 383 tokens: the hybrid's prefill leaves the last one to the decode engine
     # (computed whole, its window would free the block that token attends to first)

@@ -124,6 +124,9 @@ class Loop:
         _one_rank(config, work)
         self.worker = KVTierConnector(config, KVConnectorRole.WORKER, kv_config)
         self.worker.register_kv_caches(self.caches)
+        told = self.worker.get_handshake_metadata()  # as the engine does, before its first step
+        assert told is not None
+        self.scheduler.connector.set_xfer_handshake_metadata_pp_aware({(0, 0): told})
         self.steps = self.wrong = self.preempted = 0
         self.outputs: dict[str, list[int]] = {}
         self.transfer_params: dict[str, dict[str, Any]] = {}  # a prefill's, per finished request

@@ -125,17 +125,38 @@ def test_another_layouts_files_take_room_and_are_evicted_but_never_ready(tmp_pat
     disk.check_integrity()
 
 
-def test_the_start_up_line_tells_this_layouts_chunks_from_others(
+def test_the_namespace_line_tells_this_layouts_chunks_from_others(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Chunks of other models, weights or kvtier releases (a namespace no longer this engine's)
-    still take room: an operator is told how many, beside this engine's own."""
+    still take room: an operator is told how many, beside this engine's own, once the engine's
+    ranks named its keys."""
     for i in range(3):
         write_files(tmp_path, key(i, OTHER_FP))
     write_files(tmp_path, key(9))
     with caplog.at_level(logging.INFO, logger="kvtier.tiers.disk.index"):
-        index(tmp_path)
-    assert "holds 1 chunks of this model and layout and 3 of others" in caplog.text
+        index(tmp_path).namespace(FP)
+    assert "holds 4 chunks" in caplog.text
+    assert "1 chunks of this model and layout, 3 of others" in caplog.text
+
+
+def test_a_namespace_named_after_start_up_loads_its_own_chunks_only(tmp_path: Path) -> None:
+    """The index is built before the engine's ranks tell their layouts, which name the keys: a
+    chunk of the namespace they name loads, one of the namespace it was built with no longer
+    does (it only takes room), and neither's files are touched."""
+    write_files(tmp_path, key(1), ranks=(0, 1))
+    write_files(tmp_path, key(2, OTHER_FP), ranks=(0, 1))
+    write_files(tmp_path, key(3, OTHER_FP), ranks=(0,))  # one rank's file of two: not whole
+    disk = index(tmp_path, world_size=2, chunk_bytes=2 * FILE)
+    assert disk.ready_keys() == [key(1)]
+
+    disk.namespace(OTHER_FP)
+
+    assert disk.ready_keys() == [key(2, OTHER_FP)]
+    assert disk.lookup([key(2, OTHER_FP), key(3, OTHER_FP)]).ready == 1
+    assert disk.lookup([key(1)]).ready == 0 and not disk.holds(key(1))
+    assert files_of(tmp_path, key(1), 2) == files_of(tmp_path, key(2, OTHER_FP), 2) == [0, 1]
+    disk.check_integrity()
 
 
 def test_stale_temporary_files_are_removed_at_scan_and_fresh_ones_kept(tmp_path: Path) -> None:

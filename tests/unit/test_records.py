@@ -97,3 +97,15 @@ def test_pages_in_another_order_are_another_layout() -> None:
     assert plain == "views=[256B,256B] groups=[[0, 1]]"
     other = build_layout({"a": hnd}, [["a"]], NUM_BLOCKS).describe()
     assert other != plain and "orders=[4x2x8:1,0,2;4x2x8:1,0,2]" in other
+
+
+def test_pages_an_attention_kernel_packs_otherwise_are_another_layout() -> None:
+    """vLLM's CPU kernels write a block's K and V in their ISA's order (AMX tiles, VEC rows) in
+    tensors of one shape: the packing is part of the description, so a record written by an
+    engine of one ISA is refused by an engine of another."""
+    cache = torch.zeros(2, NUM_BLOCKS, 4, 2, 8)
+    plain = build_layout({"a": cache}, [["a"]], NUM_BLOCKS).describe()
+    amx = build_layout({"a": cache}, [["a"]], NUM_BLOCKS, packing="amx").describe()
+    vec = build_layout({"a": cache}, [["a"]], NUM_BLOCKS, packing="vec").describe()
+    assert amx == f"{plain} packing=amx"
+    assert len({plain, amx, vec}) == 3

@@ -50,6 +50,11 @@ for name, specs in models.items():
     groups = [KVCacheGroupSpec([f"layer.{i}"], spec) for i, spec in enumerate(specs)]
     fingerprint = keys_fingerprint(config, KVCacheConfig(64, [], groups), 2)
     keys[name] = [key_hex(k) for k in ChunkKeyMaker(fingerprint, 2).keys(hashes, 0)]
+groups = [KVCacheGroupSpec(["layer.0"], FullAttentionSpec(**full))]
+for name, ranks in {"full on VEC": ["views=[8192B] groups=[[0]] packing=vec"],
+                    "full on AMX": ["views=[8192B] groups=[[0]] packing=amx"]}.items():
+    fingerprint = keys_fingerprint(config, KVCacheConfig(64, [], groups), 2, ranks)
+    keys[name] = [key_hex(k) for k in ChunkKeyMaker(fingerprint, 2).keys(hashes, 0)]
 print(json.dumps(keys))
 """
 
@@ -66,6 +71,7 @@ def _keys(*path: Path) -> dict[str, list[str]]:
 def test_the_installed_vllm_and_the_newest_name_a_prompts_chunks_alike() -> None:
     version, root = newest_source()
     installed, newest = _keys(REPO), _keys(root, REPO)
-    assert [len(k) for k in installed.values()] == [4, 4, 4]
-    assert len({k[0] for k in installed.values()}) == 3  # each model's keys are its own
+    assert [len(k) for k in installed.values()] == [4, 4, 4, 4, 4]
+    # each model's keys are its own, and those of engines whose ranks lay its KV out otherwise
+    assert len({k[0] for k in installed.values()}) == 5
     assert newest == installed, version

@@ -20,6 +20,8 @@
                                              (evicted, found bad or gone, forgotten): what a
                                              router is told
     check_integrity()                        AssertionError on a broken invariant
+    namespace(fingerprint)                   (``Namespaced`` only) the keys' namespace is now
+                                             ``fingerprint``: which chunks it found may load
 
 ``verify``/``take_gone``/``Usage.forgotten`` let ``scheduler/tier_writes.py`` write again the
 host chunks a tier lost (a Redis restarted empty, flushed, or evicting); a local tier loses
@@ -32,7 +34,7 @@ package builds its index (``TierSpec.scheduler``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from kvtier.keys import ChunkKey
 
@@ -94,3 +96,11 @@ class TierIndex(Protocol):
     def take_removed(self) -> list[ChunkKey]: ...
 
     def check_integrity(self) -> None: ...
+
+
+@runtime_checkable
+class Namespaced(Protocol):
+    """An index that sorts what it found at start-up by the keys' namespace (the disk tier's):
+    told the namespace again when the engine's ranks name it, before the first lookup."""
+
+    def namespace(self, fingerprint: bytes) -> None: ...

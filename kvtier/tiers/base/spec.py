@@ -46,7 +46,8 @@ class SchedulerContext(Generic[C]):
 
     config: C  # the tier's config section, parsed
     world_size: int  # worker ranks: a chunk is loadable when every rank's share is there
-    fingerprint: bytes  # the engine's layout digest: tiers shared by several models keep apart
+    fingerprint: bytes  # the keys' namespace: tiers shared by several models keep apart (until
+    # the engine's ranks tell their layouts, which rename it: ``Namespaced``)
     chunk_bytes: int  # one rank's bytes of one chunk, an upper bound (record headers included)
     role: str = "kv_both"  # the engine's kv_role: kv_producer, kv_consumer for prefill->decode
     engine_id: str = ""  # the engine's id, as vLLM names it

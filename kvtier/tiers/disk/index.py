@@ -16,8 +16,8 @@ its files, and a file another engine removed is a counted miss at load time. Not
 file: every load is verified by the worker that reads it.
 
 Eviction removes the files of the least recently used chunks (not pinned, not being written)
-until the directory's bytes (counted per file, of every model in it) plus the chunks being written
-fit the budget. The directory's files are ``directory.py``'s.
+until the directory's bytes (counted per file, of every model in it: another namespace's files
+take room, never load) plus the chunks being written fit the budget (files: ``directory.py``).
 """
 
 from __future__ import annotations
@@ -43,10 +43,15 @@ MAX_REFUSED = 100_000  # refused files remembered (then forgotten at once: a rar
 class _Entry:
     nbytes: int  # on disk, all ranks (while in flight: the reservation)
     ranks: int  # rank files to remove when evicted (1 + highest rank seen)
-    loadable: bool = True  # ours, and every rank's file is there
+    whole: bool = True  # every rank's file is there (when last seen)
+    ours: bool = True  # of this engine's namespace (``namespace``)
     writing: bool = False  # its store is in flight
     pins: int = 0  # loads in flight
     bad: bool = False  # a load found it bad; still pinned by another load (then removed)
+
+    @property
+    def loadable(self) -> bool:
+        return self.whole and self.ours
 
     @property
     def ready(self) -> bool:
@@ -90,14 +95,10 @@ class DiskIndex:
         self._removed: list[ChunkKey] = []  # for ``take_removed``
         self.files = ChunkFiles(root, world_size)
         started = time.perf_counter()
-        ours = self._scan()
-        logger.info(
-            "kvtier: disk tier %s holds %d chunks of this model and layout and %d of others "
-            "(other models, weights, layouts or kvtier releases, never loaded here; %.1f MiB "
-            "in all of %.1f MiB), indexed in %.2f s",
-            root, ours, len(self._entries) - ours, self.used / 2**20, budget / 2**20,
-            time.perf_counter() - started,
-        )  # fmt: skip
+        self._scan()
+        logger.info("kvtier: disk tier %s holds %d chunks (%.1f of %.1f MiB), indexed in %.2f s",
+                    root, len(self._entries), self.used / 2**20, budget / 2**20,
+                    time.perf_counter() - started)  # fmt: skip
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -117,15 +118,22 @@ class DiskIndex:
         """Nothing is lost unseen: files leave only by this index's own eviction."""
         return Usage(self.used, self.room, self.evicted)
 
-    def _scan(self) -> int:
-        """Every chunk file's entry; how many chunks are of this fingerprint."""
-        ours, count = self.fingerprint, 0
+    def _scan(self) -> None:
+        """Every chunk file's entry: those of this fingerprint load."""
         for found in self.files.scan():  # least recently written first
-            entry = self._entries[found.key] = _Entry(found.nbytes, found.ranks)
-            mine = found.key[: len(ours)] == ours
-            entry.loadable, count = found.complete and mine, count + mine
+            mine = found.key.startswith(self.fingerprint)
+            self._entries[found.key] = _Entry(found.nbytes, found.ranks, found.complete, mine)
             self.used += found.nbytes
-        return count
+
+    def namespace(self, fingerprint: bytes) -> None:
+        """The keys are ``fingerprint``'s from now on (``Namespaced``): its chunks load, others
+        only take room until evicted."""
+        self.fingerprint = fingerprint
+        for key, entry in self._entries.items():
+            entry.ours = key.startswith(fingerprint)
+        ours = sum(entry.ours for entry in self._entries.values())
+        logger.info("kvtier: disk tier %s: %d chunks of this model and layout, %d of others",
+                    self.root, ours, len(self._entries) - ours)  # fmt: skip
 
     # ---- lookup and load -------------------------------------------------------------------
 
@@ -265,8 +273,6 @@ class DiskIndex:
         """Whether ``key`` is on disk (all ranks) or being written (no file is looked at)."""
         entry = self._entries.get(key)
         return entry is not None and not entry.bad and (entry.loadable or entry.writing)
-
-    # ---- what a remote tier may lose unseen: nothing here --------------------------------
 
     def verify(self, keys: Sequence[ChunkKey]) -> int:
         """Nothing to check (0 queued): this index is the disk tier's own record of its files
