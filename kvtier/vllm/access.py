@@ -10,7 +10,8 @@ from kvtier.vllm.connector import KVTierConnector
 
 
 def engine_connector(llm: Any) -> KVTierConnector:
-    """The scheduler-side connector of an in-process ``vllm.LLM`` (tests, demo, benchmarks)."""
+    """The scheduler-side connector of an in-process ``vllm.LLM`` (tests, demo, benchmarks),
+    alone or inside vLLM's MultiConnector."""
     try:
         connector = llm.llm_engine.engine_core.engine_core.scheduler.connector
     except AttributeError as error:
@@ -18,9 +19,15 @@ def engine_connector(llm: Any) -> KVTierConnector:
             "kvtier: the engine runs in other processes (VLLM_ENABLE_V1_MULTIPROCESSING=1); "
             "read the 'kvtier:' log lines or vLLM's connector stats instead"
         ) from error
-    if not isinstance(connector, KVTierConnector):
-        raise RuntimeError(f"kvtier: the engine's connector is {type(connector).__name__}")
-    return connector
+    return _ours(connector)
+
+
+def _ours(connector: Any) -> KVTierConnector:
+    """kvtier's connector: ``connector``, or one of a MultiConnector's (RuntimeError: none)."""
+    for candidate in (connector, *getattr(connector, "_connectors", ())):
+        if isinstance(candidate, KVTierConnector):
+            return candidate
+    raise RuntimeError(f"kvtier: the engine's connector is {type(connector).__name__}")
 
 
 def rank_counters(worker: Any) -> dict[str, int]:
@@ -29,9 +36,7 @@ def rank_counters(worker: Any) -> dict[str, int]:
 
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
-    connector = get_kv_transfer_group()
-    assert isinstance(connector, KVTierConnector)
-    return asdict(connector.worker.counters)
+    return asdict(_ours(get_kv_transfer_group()).worker.counters)
 
 
 def stats(llm: Any) -> KVTierStats:

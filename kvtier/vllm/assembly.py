@@ -29,7 +29,7 @@ from kvtier.tiers.base.chunk_format import HEADER_BYTES
 from kvtier.tiers.base.index import Namespaced
 from kvtier.tiers.base.spec import SchedulerContext, TierSpec, WorkerContext, WorkerTier
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.vllm.handshake import KVTierHandshake, rank_layouts, wrapped
+from kvtier.vllm.handshake import KVTierHandshake, rank_layouts
 from kvtier.vllm.kv_role import KVRole
 from kvtier.vllm.model_identity import model_identity
 from kvtier.vllm.observability import Observability
@@ -106,7 +106,12 @@ class SchedulerSide:
         their layouts name the keys from now on; a prefill rank's listener is where decode
         engines pull."""
         self.role.set_handshake({tp: meta for (pp, tp), meta in metadata.items() if pp == 0})
-        named = named_by_ranks(self.keys, rank_layouts(metadata))
+        ranks = rank_layouts(metadata)
+        if not ranks and self.scheduler.lower:
+            logger.info("kvtier: no rank told its layout (kvtier inside another connector): "
+                        "engines of other attention backends or page orders on its tiers "
+                        "refuse each other's chunks")  # fmt: skip
+        named = named_by_ranks(self.keys, ranks)
         self.scheduler.keys.rename(named)
         for tier in self.scheduler.lower:
             if isinstance(tier, Namespaced):  # what it found at start-up: which it may load
@@ -132,10 +137,6 @@ class SchedulerSide:
         chain = config.chain()
         if chain:
             _warn_if_hashes_differ_per_process(vllm_config)
-        if chain and wrapped(vllm_config):
-            logger.info("kvtier: one of several connectors, its keys are named by the KV cache "
-                        "groups alone: engines of other attention backends or page orders on "
-                        "its tiers refuse each other's chunks (handshake.py)")  # fmt: skip
         specs = [_group_spec(g.kv_cache_spec) for g in groups]
         context: SchedulerContext[Any] = SchedulerContext(
             None, world_size, keys.digest(), per_block * factor + HEADER_BYTES,
@@ -227,9 +228,10 @@ class WorkerSide:
         self._role.registered(self.worker.tiers)
         self._tp_rank = tp_rank
 
-    def handshake(self) -> KVTierHandshake | None:
-        """What this rank tells the scheduler (``handshake.py``), once registered."""
-        if self._tp_rank is None or (wrapped(self._vllm_config) and self._role.address is None):
+    def handshake(self, alone: bool) -> KVTierHandshake | None:
+        """What this rank tells the scheduler (``handshake.py``), once registered; ``alone``:
+        kvtier is the engine's connector (else only a listener is told)."""
+        if self._tp_rank is None or (not alone and self._role.address is None):
             return None
         host, port = self._role.address or ("", 0)
         return KVTierHandshake(self._tp_rank, self.worker.layout_description, host, port)

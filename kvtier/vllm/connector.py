@@ -41,6 +41,7 @@ from kvtier.vllm import versions
 from kvtier.vllm.adapter_salts import AdapterSalts
 from kvtier.vllm.assembly import SchedulerSide, WorkerSide
 from kvtier.vllm.block_hashes import block_hashes, hashes_per_block, tokens_name_kv
+from kvtier.vllm.handshake import alone
 from kvtier.vllm.kv_events import block_tags, kv_events
 from kvtier.vllm.kv_role import KVRole
 from kvtier.vllm.logs import route_to_vllm_logging
@@ -82,7 +83,6 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         self._multi_group = len(kv_cache_config.kv_cache_groups) > 1
         self._kv_role = KVRole(vllm_config, self.config)
         self._side: SchedulerSide | None = None
-        self._scheduler: SchedulerConnector | None = None
         self._observe: Observability | None = None
         self._worker_side: WorkerSide | None = None
         self._hashes_per_block = 1
@@ -91,7 +91,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             self._hashes_per_block = hashes_per_block(vllm_config, kv_cache_config)
             self._kv_role.set_load_failure_policy()
             side = SchedulerSide.build(vllm_config, kv_cache_config, self.config, self._kv_role)
-            self._side, self._scheduler, self._observe = side, side.scheduler, side.observe
+            self._side, self._observe = side, side.observe
         else:
             self._worker_side = WorkerSide(vllm_config, kv_cache_config, self.config, self._kv_role)
 
@@ -99,8 +99,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
 
     @property
     def scheduler(self) -> SchedulerConnector:
-        assert self._scheduler is not None, "kvtier: scheduler call on a worker connector"
-        return self._scheduler
+        assert self._side is not None, "kvtier: scheduler call on a worker connector"
+        return self._side.scheduler
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -230,13 +230,13 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     def shutdown(self) -> None:
         if self._worker_side is not None:  # writes what the chain's tiers lack, bounded in time
             self._worker_side.worker.shutdown(self.config.shutdown_flush_s)
-        if self._scheduler is not None:
-            logger.info(self._scheduler.stats.log_line())
+        if self._side is not None:
+            logger.info(self._side.scheduler.stats.log_line())
 
     # ---- the ranks' handshake (``handshake.py``), the kv_role's requests (``kv_role.py``) -----
 
     def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
-        return self._worker_side.handshake() if self._worker_side is not None else None
+        return self._worker_side.handshake(alone(self)) if self._worker_side is not None else None
 
     def set_xfer_handshake_metadata(self, metadata: Mapping[int, Any]) -> None:
         self.set_xfer_handshake_metadata_pp_aware({(0, tp): m for tp, m in metadata.items()})

@@ -4,7 +4,7 @@ handshake, which the engine collects before its first step.
     KVTierHandshake(rank, layout, host, port)  one rank's: its layout (``KVLayout.describe``)
                                                and, on a prefill engine, its transfer listener
     rank_layouts(metadata)   -> [str]          the ranks' distinct layouts, in rank order
-    wrapped(vllm_config)     -> bool           kvtier is one of several connectors
+    alone(connector)         -> bool           vLLM loaded it as the engine's connector
 
 The scheduler names its chunk keys by the ranks' layouts (``assembly.keys_fingerprint``). Two
 engines of one model whose ranks lay the KV out otherwise (FlashAttention's and FlashInfer's
@@ -13,20 +13,16 @@ sharing keys, each would find the other's records, refuse and delete them, and c
 hit after hit. Named apart, each finds only what it can load.
 
 Inside vLLM's MultiConnector, whose handshake is the first of its connectors' to tell one,
-kvtier's would hide another's (NixlConnector's): there a rank tells only a listener, as before,
-and the keys are named by the KV cache groups alone.
+kvtier's would hide another's (NixlConnector's): there a rank tells only a listener, and the keys
+are named by the KV cache groups alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorHandshakeMetadata
-
-if TYPE_CHECKING:
-    from vllm.config import VllmConfig
 
 
 @dataclass
@@ -49,7 +45,9 @@ def rank_layouts(metadata: Mapping[tuple[int, int], KVConnectorHandshakeMetadata
     return list(layouts)
 
 
-def wrapped(vllm_config: VllmConfig) -> bool:
-    """Whether vLLM loaded kvtier inside another connector (MultiConnector)."""
-    transfer = vllm_config.kv_transfer_config
-    return transfer is not None and transfer.kv_connector != "KVTierConnector"
+def alone(connector: object) -> bool:
+    """Whether vLLM loaded ``connector`` as this worker's connector, not inside another (its
+    MultiConnector copies each connector's config, so only the worker's group tells)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    return not has_kv_transfer_group() or get_kv_transfer_group() is connector

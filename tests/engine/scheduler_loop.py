@@ -243,7 +243,7 @@ class Loop:
         return sampled
 
     def summary(self) -> dict[str, Any]:
-        stats = self.scheduler.connector._scheduler.stats  # type: ignore[union-attr]
+        stats = self.scheduler.connector.scheduler.stats  # type: ignore[union-attr]
         return {
             "steps": self.steps, "wrong_positions": self.wrong, "preempted": self.preempted,
             "tiers": {name: dataclasses.asdict(tier) for name, tier in stats.tiers.items()},

@@ -19,6 +19,7 @@ import torch
 from disk_helpers import chunk_files, disk_extra
 from harness import connector, engine, engine_args, generate, kvtier_transfer, prompts, settle
 
+import kvtier
 from kvtier.tiers.base.chunk_format import read_header
 
 
@@ -46,3 +47,29 @@ def test_the_ranks_layouts_and_their_packing_name_the_keys(
     assert rank.endswith(f" packing={_isa(tiny_model)}"), rank
     assert keys.layout.endswith(f" ranks=[{rank}]"), keys.layout
     assert {path.parent.parent.name for path in files} == {keys.digest().hex()}
+
+
+def test_inside_a_multi_connector_kvtier_hides_no_other_connectors_handshake(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """vLLM's MultiConnector tells the first handshake one of its connectors has: kvtier's would
+    hide NixlConnector's, so there it tells none, and still serves its tiers (their keys named
+    by the KV cache groups alone)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    tier = tmp_path / "tier"
+    multi = {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"connectors": [kvtier_transfer(**disk_extra(tier))]},
+    }
+    prompt, outputs, loaded = prompts(tiny_model, [200]), [], []
+    for _ in range(2):  # the second engine reads what the first wrote
+        with engine(tiny_model, kv_transfer_config=multi) as llm:
+            assert get_kv_transfer_group().get_handshake_metadata() is None
+            outputs.append(generate(llm, prompt))
+            settle(llm)
+            loaded.append(kvtier.stats(llm).tiers["disk"].loaded_chunks)
+    assert loaded == [0, 3]
+    with engine(tiny_model) as llm:
+        assert outputs == [generate(llm, prompt)] * 2

@@ -17,7 +17,7 @@ from kvtier.keys import make_key
 from kvtier.tiers.disk.index import DiskIndex
 from kvtier.tiers.disk.names import chunk_path
 from kvtier.vllm.assembly import SchedulerSide, keys_fingerprint
-from kvtier.vllm.handshake import KVTierHandshake, rank_layouts, wrapped
+from kvtier.vllm.handshake import KVTierHandshake, rank_layouts
 from kvtier.vllm.kv_role import KVRole
 
 SPEC = FullAttentionSpec(block_size=32, num_kv_heads=2, head_size=32, dtype=torch.float32)
@@ -26,10 +26,9 @@ VEC = "views=[8192B] groups=[[0]] packing=vec"
 AMX = "views=[8192B] groups=[[0]] packing=amx"
 
 
-def _config(connector: str = "KVTierConnector") -> VllmConfig:
-    module = "kvtier.vllm" if connector == "KVTierConnector" else None  # vLLM's own otherwise
+def _config() -> VllmConfig:
     transfer = KVTransferConfig(
-        kv_connector=connector, kv_connector_module_path=module, kv_role="kv_both"
+        kv_connector="KVTierConnector", kv_connector_module_path="kvtier.vllm", kv_role="kv_both"
     )
     model = ModelConfig(model=str(model_path("tiny")), dtype="float32")
     return VllmConfig(
@@ -82,10 +81,3 @@ def test_ranks_tell_their_layouts_in_rank_order_each_once() -> None:
     }  # fmt: skip
     assert rank_layouts(told) == [VEC, AMX]
     assert rank_layouts({(0, 0): KVConnectorHandshakeMetadata()}) == []
-
-
-def test_kvtier_inside_another_connector_tells_no_layout() -> None:
-    """vLLM's MultiConnector passes on the first handshake one of its connectors tells: kvtier's
-    would hide NixlConnector's."""
-    assert not wrapped(_config())
-    assert wrapped(_config("MultiConnector"))
