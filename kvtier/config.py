@@ -18,6 +18,12 @@ Extra-config keys (names follow vLLM's native offloading where it has them)::
                                    tier's chunks the disk or Redis tier lacks (0: none); vLLM
                                    gives worker processes VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS
                                    (5) to exit before it terminates them: raise both together
+    reset_keeps_tiers  False       False: vLLM's connector reset (``reset_prefix_cache(
+                                   reset_connector=True)``; ``pause_generation(clear_cache=
+                                   True)`` around an RL weight update) renames the keys, so
+                                   that no chunk computed before is loaded again. True: it
+                                   empties the host tier only (benchmarks of the chain's hits;
+                                   never where weights change in a running engine)
     tiers              []          tiers from outside kvtier, as import paths
                                    ``"package.module:NAME"`` of a ``TierSpec``
                                    (``tiers/registry.py``); each then takes its own section
@@ -42,6 +48,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 from kvtier.config_parse import (
+    as_bool,
     choice,
     mapping,
     non_empty_str,
@@ -83,6 +90,7 @@ class KVTierConfig:
     min_async_load_tokens: int | None = None
     hash_algo: str = "xxh3_128"
     shutdown_flush_s: float = 4.0
+    reset_keeps_tiers: bool = False
     tiers: tuple[str, ...] = ()  # outside tiers' import paths
     sections: Mapping[str, Any] = field(default_factory=dict)  # tier section -> its config
 
@@ -142,6 +150,7 @@ class KVTierConfig:
             min_async_load_tokens=optional(raw, "", "min_async_load_tokens", positive_int, None),
             hash_algo=optional(raw, "", "hash_algo", choice(HASH_ALGOS), "xxh3_128"),
             shutdown_flush_s=optional(raw, "", "shutdown_flush_s", non_negative_float, 4.0),
+            reset_keeps_tiers=optional(raw, "", "reset_keeps_tiers", as_bool, False),
             tiers=tiers,
             sections={  # only those set: an absent section reads as its spec's default
                 spec.section: spec.parse(raw[spec.section], spec.section)

@@ -124,7 +124,7 @@ class Completions:
                 writes.stored(below)
         for part, described in zip(job.parts, ok, strict=True):
             if self.prefixes is not None and part.runs and described:
-                self.prefixes.describe(self.requests[part.req_id], part.runs)
+                self.prefixes.describe(self.requests[part.req_id], part.runs, part.keys)
         for req_id in dict.fromkeys(part.req_id for part in job.parts):  # a request's parts
             if self._untrusted:
                 self._untrusted.discard((job_id, req_id))

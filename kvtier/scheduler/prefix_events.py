@@ -8,10 +8,11 @@ chunk is *advertised* in each tier that holds it: a ``PrefixEvent`` stored when 
 holding it, removed when it stops (evicted, found bad or gone, a reset, a store that forgot what
 it held). The vLLM adapter turns them into vLLM's ``BlockStored``/``BlockRemoved``.
 
-    describe(state, runs)        a store job's chunks ((group, first, end) runs) just stored
+    describe(state, runs, keys)  a store job's chunks ((group, first, end) runs) just stored
     stored(tier, keys)           ``tier`` holds ``keys`` now (the host tier: its own events)
     removed(tier, keys)          ``tier`` no longer holds ``keys``
     written(tier, keys, holds)   a write to a lower tier finished: ``holds(key)`` says which it kept
+    withdraw_all()               the keys were renamed: every chunk withdrawn from every tier
     take()        -> [PrefixEvent]  since the last call, oldest first
 
 Only what a request can load is advertised: a chunk is loaded whole, so a router that matches a
@@ -80,15 +81,18 @@ class PrefixEvents:
         """Chunks described (the memory this costs: their hashes and token ids)."""
         return len(self._described)
 
-    def describe(self, state: RequestState, runs: Sequence[tuple[int, int, int]]) -> None:
+    def describe(
+        self, state: RequestState, runs: Sequence[tuple[int, int, int]], keys: Sequence[ChunkKey]
+    ) -> None:
         """Describe the chunks ``first..end`` of group ``g`` for each run ``(g, first, end)`` of a
-        store job of ``state`` that just completed (those described already are kept)."""
+        store job of ``state`` that just completed, named ``keys`` (the runs' in order: the
+        request's own may have been renamed since, ``RequestState.salt_apart``); those described
+        already are kept."""
         hashes, tokens, tags = state.block_hashes, state.token_ids, state.block_tags
         chunk_tokens = self.block_tokens * self.factor
+        named = iter(keys)
         for group, first, end in runs:
-            keys = state.keys[group]
-            for chunk in range(first, end):
-                key = keys[chunk]
+            for chunk, key in zip(range(first, end), named):
                 start = chunk * self.factor
                 if key in self._described or len(tokens) < (chunk + 1) * chunk_tokens:
                     continue  # described; or no tokens given (nothing a router could match)
@@ -136,6 +140,14 @@ class PrefixEvents:
                 self._withdraw(key, description, tier)
             elif not description.tiers:
                 del self._described[key]
+
+    def withdraw_all(self) -> None:
+        """No chunk described is loadable here any more (the keys were renamed: a connector
+        reset): each is withdrawn from every tier that advertised it, and forgotten."""
+        for key, description in list(self._described.items()):
+            for tier in list(description.tiers):
+                self._withdraw(key, description, tier)
+        self._described.clear()
 
     def take(self) -> list[PrefixEvent]:
         """The events since the last call, oldest first. A chunk described since then that no

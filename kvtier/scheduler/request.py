@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtier.keys import ChunkKey, ChunkKeyMaker
+from kvtier.keys import SALT_BYTES, ChunkKey, ChunkKeyMaker
 from kvtier.scheduler.hit import Declined
 
 
@@ -81,6 +82,15 @@ class RequestState:
     @property
     def idle(self) -> bool:
         return not self.store_jobs and not self.load_jobs
+
+    def salt_apart(self) -> None:
+        """Name its chunks with keys no lookup will ask for, from now on: the engine's keys were
+        renamed under it (a connector reset, around a weight update), and what it computes may
+        attend to KV of the weights before. Its next lookup (preempted, it starts over) salts it
+        as before, in the new names."""
+        self.key_salt = secrets.token_bytes(SALT_BYTES)
+        self.keys = [[] for _ in range(self.num_groups)]
+        self.tail_key = None
 
     def load_keys(self, maker: ChunkKeyMaker, group: int, num_chunks: int) -> list[ChunkKey]:
         """Keys of the first ``num_chunks`` chunks to load: the full chunks, then the tail."""

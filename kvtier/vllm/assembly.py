@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import secrets
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,7 +30,7 @@ from kvtier.tiers.base.chunk_format import HEADER_BYTES
 from kvtier.tiers.base.index import Namespaced
 from kvtier.tiers.base.spec import SchedulerContext, TierSpec, WorkerContext, WorkerTier
 from kvtier.tiers.host.buffers import HostTier
-from kvtier.vllm.handshake import KVTierHandshake, rank_layouts
+from kvtier.vllm.handshake import KVTierHandshake, kernel_packing, named_by_ranks, rank_layouts
 from kvtier.vllm.kv_role import KVRole
 from kvtier.vllm.model_identity import model_identity
 from kvtier.vllm.observability import Observability
@@ -79,13 +80,6 @@ def keys_fingerprint(
     return named_by_ranks(fingerprint(vllm_config, layout, 0, 0, factor), ranks)
 
 
-def named_by_ranks(keys: LayoutFingerprint, ranks: Sequence[str]) -> LayoutFingerprint:
-    """``keys`` with the ranks' layouts (none told: ``keys``)."""
-    if not ranks:
-        return keys
-    return dataclasses.replace(keys, layout=f"{keys.layout} ranks=[{' | '.join(ranks)}]")
-
-
 def _per_block(kv_cache_config: KVCacheConfig) -> int:
     """Engine bytes per block on one rank, as vLLM placed the KV tensors."""
     placements = [Placement(t.size, tuple(t.layers)) for t in kv_cache_config.kv_cache_tensors]
@@ -98,25 +92,52 @@ class SchedulerSide:
 
     scheduler: SchedulerConnector
     observe: Observability
-    keys: LayoutFingerprint  # what names the keys, until the ranks tell their layouts
+    keys: LayoutFingerprint  # the KV cache groups' (``keys_fingerprint``): what the rest names
     role: KVRole
+    reset_keeps_tiers: bool = False
+    ranks: list[str] = field(default_factory=list)  # the layouts the ranks told
+    generation: str = ""  # the keys' since the last reset ("": none yet)
 
     def handshake(self, metadata: Mapping[tuple[int, int], KVConnectorHandshakeMetadata]) -> None:
         """What the ranks told (by pipeline stage, then tensor rank), before the first step:
         their layouts name the keys from now on; a prefill rank's listener is where decode
         engines pull."""
         self.role.set_handshake({tp: meta for (pp, tp), meta in metadata.items() if pp == 0})
-        ranks = rank_layouts(metadata)
-        if not ranks and self.scheduler.lower:
+        self.ranks = rank_layouts(metadata)
+        if not self.ranks and self.scheduler.lower:
             logger.info("kvtier: no rank told its layout (kvtier inside another connector): "
                         "engines of other attention backends or page orders on its tiers "
                         "refuse each other's chunks")  # fmt: skip
-        named = named_by_ranks(self.keys, ranks)
-        self.scheduler.keys.rename(named)
+        self._name()
+
+    def reset(self) -> bool:
+        """vLLM's connector reset (``reset_prefix_cache(reset_connector=True)``, which its
+        ``pause_generation(clear_cache=True)`` runs around an RL trainer's weight update): the
+        host tier is emptied and the keys take a generation of their own, so that no chunk
+        computed before (in any tier, by this engine or another) is loaded again, nor one a
+        request alive across it computes (``RequestState.salt_apart``). The chain's chunks stay
+        for other engines; this one shares with them again once restarted. With
+        ``reset_keeps_tiers`` only the host tier is emptied (False: chunks in use stay)."""
+        emptied = self.observe.reset()
+        if self.reset_keeps_tiers:
+            return emptied
+        self.generation = secrets.token_hex(8)
+        self._name()
+        for state in self.scheduler.requests.values():
+            state.salt_apart()
+        if self.scheduler.prefixes is not None:  # a router is told they are gone from here
+            self.scheduler.prefixes.withdraw_all()
+        return True  # what the host tier still holds is named by keys no lookup asks for
+
+    def _name(self) -> None:
+        keys = named_by_ranks(self.keys, self.ranks)
+        if self.generation:
+            keys = dataclasses.replace(keys, weights=f"{keys.weights}+reset:{self.generation}")
+        self.scheduler.keys.rename(keys)
         for tier in self.scheduler.lower:
             if isinstance(tier, Namespaced):  # what it found at start-up: which it may load
-                tier.namespace(named.digest())
-        logger.info("kvtier: chunk keys named by %s", named.describe())
+                tier.namespace(keys.digest())
+        logger.info("kvtier: chunk keys named by %s", keys.describe())
 
     @classmethod
     def build(
@@ -176,7 +197,8 @@ class SchedulerSide:
             keys.weights,
             "".join(f", then {tier.name}" for tier in lower),
         )  # fmt: skip
-        return cls(scheduler, Observability(scheduler, chunk_bytes, config.tiers), keys, role)
+        observe = Observability(scheduler, chunk_bytes, config.tiers)
+        return cls(scheduler, observe, keys, role, config.reset_keeps_tiers)
 
 
 class WorkerSide:
@@ -235,15 +257,6 @@ class WorkerSide:
             return None
         host, port = self._role.address or ("", 0)
         return KVTierHandshake(self._tp_rank, self.worker.layout_description, host, port)
-
-
-def kernel_packing(vllm_config: VllmConfig, kv_caches: Mapping[str, torch.Tensor]) -> str:
-    """How the attention kernels pack a page's values where its shape does not tell: vLLM's CPU
-    backend writes a block's K and V in its ISA's order (AMX tiles, or rows for VEC), which it
-    sets on each layer as ``isa`` before the KV tensors are registered; "" elsewhere (CUDA)."""
-    layers = vllm_config.compilation_config.static_forward_context
-    isas = {getattr(layers.get(name), "isa", None) for name in kv_caches}
-    return ",".join(sorted(str(isa) for isa in isas if isa is not None))
 
 
 def _group_spec(spec: Any) -> GroupSpec:

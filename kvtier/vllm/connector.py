@@ -297,4 +297,4 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         return self._observe.hit_sources(request, num_external_tokens)
 
     def reset_cache(self) -> bool | None:
-        return self._observe.reset() if self._observe is not None else None
+        return self._side.reset() if self._side is not None else None

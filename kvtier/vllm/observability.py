@@ -94,11 +94,11 @@ class Observability:
         return hold, params
 
     def reset(self) -> bool:
-        """Forget the host tier's chunks (vLLM: ``reset_prefix_cache(reset_connector=True)``).
+        """Forget the host tier's chunks (part of ``SchedulerSide.reset``, vLLM's connector
+        reset, which also renames the keys unless ``reset_keeps_tiers``).
 
         The chain's tiers are kept: they persist across restarts and may be shared with other
-        engines (point ``disk.path`` elsewhere after changing a model's weights in place).
-        Chunks that transfers use stay: False then, and the caller may retry.
+        engines. Chunks that transfers use stay: False then, and the caller may retry.
         """
         before = len(self.scheduler.manager.stored())
         done = self.scheduler.drop_host_chunks()

@@ -47,7 +47,9 @@ BUDGET_S = 90.0
 
 def _extra(read_delay_s: float) -> dict[str, Any]:
     memory = {"max_chunks": 8192, "read_delay_s": read_delay_s}
-    return {"block_size": CHUNK, "tiers": ["memory_tier:SPEC"], "memory": memory}
+    # a connector reset empties host memory only: the hits are the tier's
+    keeps = {"reset_keeps_tiers": True}
+    return {"block_size": CHUNK, "tiers": ["memory_tier:SPEC"], "memory": memory, **keeps}
 
 
 def _ttft(llm: Any, prompt: list[int]) -> float:

@@ -27,7 +27,7 @@ def test_each_tiers_chunks_are_told_in_the_engines_block_hashes(
     events_config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": publish,
                      "replay_endpoint": replay, "topic": "kv"}  # fmt: skip
     # a host tier of four chunks; three prompts of three chunks: six are evicted to disk
-    extra = disk_extra(tmp_path / "disk", cpu=f"{4 * CHUNK * 1024}B")
+    extra = disk_extra(tmp_path / "disk", cpu=f"{4 * CHUNK * 1024}B") | {"reset_keeps_tiers": True}
     token_prompts = prompts(tiny_model, [200, 200, 200], seed=21)
     with engine(
         tiny_model, kv_transfer_config=kvtier_transfer(**extra), kv_events_config=events_config

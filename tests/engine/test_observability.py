@@ -89,11 +89,12 @@ def test_stats_payloads_add_up_to_the_totals(tiny_model: Path) -> None:
     assert summed["chunk_tokens"] == CHUNK
 
 
-def test_a_connector_reset_empties_the_host_tier_and_keeps_the_disk(
+def test_a_connector_reset_that_keeps_the_tiers_empties_the_host_tier_and_keeps_the_disk(
     tiny_model: Path, tmp_path: Path
 ) -> None:
     token_prompts = prompts(tiny_model, [450], seed=23)
-    extra = {"block_size": CHUNK, "disk": {"path": str(tmp_path / "tier"), "bytes": "64MiB"}}
+    disk = {"path": str(tmp_path / "tier"), "bytes": "64MiB"}
+    extra = {"block_size": CHUNK, "disk": disk, "reset_keeps_tiers": True}
     with engine(tiny_model, kv_transfer_config=kvtier_transfer(**extra)) as llm:
         _provenance(llm, token_prompts)
         settle(llm)  # an idle engine writes its host chunks to disk

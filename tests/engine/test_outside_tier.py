@@ -20,7 +20,8 @@ LENGTHS = [300, 500, 450, 700, 333, 640, 290, 410, 520, 380]  # ten prompts
 def test_an_outside_tier_serves_a_second_pass(tiny_model: Path, reference: Any) -> None:
     token_prompts = prompts(tiny_model, LENGTHS, seed=41)
     expected = reference(tiny_model, token_prompts)
-    extra = {"block_size": CHUNK, "tiers": ["memory_tier:SPEC"], "memory": {"max_chunks": 512}}
+    extra = {"block_size": CHUNK, "tiers": ["memory_tier:SPEC"], "memory": {"max_chunks": 512},
+             "reset_keeps_tiers": True}  # fmt: skip
     memory_tier.STORE.clear()
     with engine(tiny_model, kv_transfer_config=kvtier_transfer(**extra)) as llm:
         assert [tier.name for tier in connector(llm).scheduler.lower] == ["memory"]

@@ -29,11 +29,12 @@ SERVED_TIMEOUT_S = 5.0
 
 def redis_extra(url: str, cpu: str = "64MiB", **redis: Any) -> dict[str, Any]:
     """kvtier's extra config with a Redis tier (no disk tier); ``timeout_s`` SERVED_TIMEOUT_S
-    unless given."""
+    unless given; a connector reset empties the host tier only."""
     return {
         "cpu_bytes_to_use": cpu,
         "block_size": CHUNK,
         "redis": {"url": url, "timeout_s": SERVED_TIMEOUT_S, **redis},
+        "reset_keeps_tiers": True,  # a connector reset empties host memory: hits are Redis's
     }
 
 

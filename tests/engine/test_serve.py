@@ -63,7 +63,8 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     template = work / "chat.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
     port = free_port()
-    extra = {"cpu_bytes_to_use": "64MiB", "disk": {"path": str(work / "tier"), "bytes": "64MiB"}}
+    disk = {"path": str(work / "tier"), "bytes": "64MiB"}  # a reset keeps it (and the others')
+    extra = {"cpu_bytes_to_use": "64MiB", "disk": disk, "reset_keeps_tiers": True}
     command = serve_command(
         tiny_model, port, extra, ["--chat-template", str(template), *SERVED_BLOCKS]
     )

@@ -1,6 +1,7 @@
-"""What each rank tells in vLLM's connector handshake names the scheduler's keys: engines whose
-ranks lay the KV out otherwise share no key, instead of deleting each other's records; a disk
-tier indexed before the handshake then loads the chunks of the namespace it names."""
+"""What names the scheduler's keys once the engine runs. What each rank tells in vLLM's connector
+handshake: engines whose ranks lay the KV out otherwise share no key, instead of deleting each
+other's records; a disk tier indexed before the handshake then loads the chunks of the namespace
+it names. Then each connector reset (around a weight update): a generation of their own."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ def _config() -> VllmConfig:
     )
 
 
-def _kvtier(disk: Path) -> KVTierConfig:
-    extra = {"cpu_bytes_to_use": "1MiB", "disk": {"path": str(disk), "bytes": "1MiB"}}
+def _kvtier(disk: Path, **more: object) -> KVTierConfig:
+    extra = {"cpu_bytes_to_use": "1MiB", "disk": {"path": str(disk), "bytes": "1MiB"}, **more}
     return KVTierConfig.from_extra_config(extra, 32)
 
 
@@ -81,3 +82,28 @@ def test_ranks_tell_their_layouts_in_rank_order_each_once() -> None:
     }  # fmt: skip
     assert rank_layouts(told) == [VEC, AMX]
     assert rank_layouts({(0, 0): KVConnectorHandshakeMetadata()}) == []
+
+
+def test_a_reset_names_the_keys_apart_from_every_earlier_chunk(tmp_path: Path) -> None:
+    """After a connector reset no key is one from before: not the disk's chunks, not those of a
+    request alive across it (salted apart until its next lookup); a reset that keeps the tiers
+    (a benchmark's) renames nothing."""
+    config = _config()
+    hashes = [bytes([i]) * 16 for i in range(4)]
+    keys = {}
+    for keeps in (False, True):
+        kvtier = _kvtier(tmp_path / str(keeps), reset_keeps_tiers=keeps)
+        side = SchedulerSide.build(config, KV_CACHE, kvtier, KVRole(config, kvtier))
+        side.handshake({(0, 0): KVTierHandshake(0, VEC)})
+        scheduler = side.scheduler
+        assert scheduler.lookup("alive", hashes, 0) == 0
+        alive = scheduler.requests["alive"]
+        before = scheduler.keys.fingerprint_digest, alive.group_keys(scheduler.keys, 0, 2)
+        assert side.reset()
+        after = scheduler.keys.fingerprint_digest, alive.group_keys(scheduler.keys, 0, 2)
+        fresh = scheduler.keys.keys(hashes, 0)[:2]
+        keys[keeps] = before, after, fresh
+    (old, old_alive), (new, new_alive), fresh = keys[False]
+    assert old != new and len({*old_alive, *new_alive, *fresh}) == 6
+    (old, old_alive), (new, new_alive), fresh = keys[True]
+    assert old == new and old_alive == new_alive == fresh

@@ -125,6 +125,22 @@ def test_a_reset_removes_what_it_dropped_and_keeps_what_disk_holds(tmp_path: Pat
     assert connector.take_events() == [_removed("cpu", 0), _removed("cpu", 1)]
 
 
+def test_keys_renamed_by_a_reset_withdraw_every_chunk_from_every_tier(tmp_path: Path) -> None:
+    """After a reset that renames the keys (``SchedulerSide.reset``) the disk's chunks are not
+    loadable here any more: a router is told, and nothing is withdrawn twice."""
+    connector = _connector(tmp_path)
+    _compute(connector, "a", 4)
+    _write(connector, connector.build_plan([]))
+    connector.take_events()
+    assert connector.prefixes is not None
+    connector.prefixes.withdraw_all()
+    assert connector.take_events() == [
+        _removed("cpu", 0), _removed("disk", 0), _removed("cpu", 1), _removed("disk", 1)
+    ]  # fmt: skip
+    assert connector.drop_host_chunks()
+    assert connector.take_events() == []  # nothing left to withdraw
+
+
 def test_a_chunk_evicted_from_disk_and_host_is_removed_and_forgotten(tmp_path: Path) -> None:
     connector = _connector(tmp_path, host_chunks=2, disk_chunks=2)
     _compute(connector, "a", 4)

@@ -111,6 +111,7 @@ class Campaign:
             "cpu_bytes_to_use": HOST[setting.host] * chunk_bytes(self.model),
             "block_size": CHUNK,
             "min_async_load_tokens": READS[setting.reads],
+            "reset_keeps_tiers": True,  # a reset empties host memory: the tier below serves
         }
         if setting.tier == "disk":
             path = self.work / f"disk-{self._engines}"
