@@ -448,3 +448,18 @@ def test_scanning_100k_files_costs_at_most_4x_a_bare_walk_and_stat(tmp_path: Pat
     assert len(disk) == 100_000 and disk.used == 2 * 100_000
     seen = ", ".join(f"{s:.2f}/{b:.2f} s" for _, s, b in pairs)
     assert min(pairs)[0] <= 4, f"scan / bare walk and stat: {seen}"
+
+
+def test_a_chunk_a_load_pins_across_a_new_namespace_is_still_dropped_when_bad(
+    tmp_path: Path,
+) -> None:
+    """A load in flight as the keys are renamed (a connector reset): the chunk is another
+    namespace's now, yet its load may still find it bad: then its files go, as any bad chunk's."""
+    write_files(tmp_path, key(1))
+    disk = index(tmp_path)
+    disk.prepare_load([key(1)])
+    disk.namespace(OTHER_FP)
+    disk.check_integrity()  # pinned, not ready: the namespace changed under the load
+    disk.complete_load([key(1)], bad=[key(1)])
+    assert files_of(tmp_path, key(1)) == []
+    disk.check_integrity()

@@ -1,9 +1,8 @@
 """DiskIndex: the chunks a disk-tier directory holds, their bytes, LRU order and the byte budget.
 
 The scheduler half's view of a disk tier (the worker half reads and writes the files). Built at
-start-up from the file names and sizes in the directory (no file is opened), so a restarted
-engine finds what an earlier one wrote. A chunk goes through the same states as in
-``ChunkManager``:
+start-up from the names and sizes of the directory's files (none is opened), so a restarted engine
+finds what an earlier one wrote. A chunk goes through the same states as in ``ChunkManager``:
 
     (absent) --prepare_store--> in flight --complete_store(ok)--> ready --evicted--> (absent)
 
@@ -128,10 +127,10 @@ class DiskIndex:
     def namespace(self, fingerprint: bytes) -> None:
         """The keys are ``fingerprint``'s from now on (``Namespaced``): its chunks load, others
         only take room until evicted."""
-        self.fingerprint = fingerprint
+        self.fingerprint, ours = fingerprint, 0
         for key, entry in self._entries.items():
             entry.ours = key.startswith(fingerprint)
-        ours = sum(entry.ours for entry in self._entries.values())
+            ours += entry.ours
         logger.info("kvtier: disk tier %s: %d chunks of this model and layout, %d of others",
                     self.root, ours, len(self._entries) - ours)  # fmt: skip
 
@@ -183,7 +182,7 @@ class DiskIndex:
         """
         for key in bad:
             entry = self._entries.get(key)
-            if entry is not None and entry.loadable and not entry.writing:
+            if entry is not None and entry.whole and not entry.writing:  # of any namespace
                 entry.bad = True
         for key in keys:
             entry = self._entries.get(key)
@@ -296,5 +295,6 @@ class DiskIndex:
         assert self.used == total, f"used {self.used} != {total} bytes of the entries"
         for key, entry in self._entries.items():
             assert entry.pins >= 0, f"{key.hex()} has {entry.pins} pins"
-            assert entry.ready or entry.bad or not entry.pins, f"{key.hex()} pinned, not ready"
+            pinnable = entry.whole and not entry.writing or entry.bad  # ready, in any namespace
+            assert pinnable or not entry.pins, f"{key.hex()} pinned, not ready"
             assert not entry.bad or entry.pins, f"{key.hex()} is bad but was not removed"
