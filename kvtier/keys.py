@@ -202,8 +202,9 @@ class ChunkKeyMaker:
         return self._digest
 
     def rename(self, fingerprint: LayoutFingerprint) -> None:
-        """Make the keys ``fingerprint``'s from now on: once, before the first request's (the
-        engine's ranks tell their layouts only once the maker is built)."""
+        """Make the keys ``fingerprint``'s from now on: before the first request (the engine's
+        ranks tell their layouts once the maker is built), and at a connector reset (a
+        generation of their own). Keys made before stay what they were."""
         self.fingerprint, self._digest = fingerprint, fingerprint.digest()
 
     def tail_key(

@@ -101,6 +101,7 @@ class TierIndex(Protocol):
 @runtime_checkable
 class Namespaced(Protocol):
     """An index that sorts what it found at start-up by the keys' namespace (the disk tier's):
-    told the namespace again when the engine's ranks name it, before the first lookup."""
+    told the namespace again when it changes (the engine's ranks name it before the first
+    lookup; a connector reset gives it a generation of its own)."""
 
     def namespace(self, fingerprint: bytes) -> None: ...
