@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import struct
 from enum import Enum
 from pathlib import Path
 from typing import Protocol
@@ -92,6 +93,7 @@ class DiskFaults:
                 a.write_bytes(b.read_bytes())
                 b.write_bytes(data)
             return len(paths)
+        damaged = 0
         for path in paths:
             if fault is Fault.FLIP:
                 path.write_bytes(_flipped(path.read_bytes()))
@@ -99,7 +101,10 @@ class DiskFaults:
                 os.truncate(path, rng.randrange(path.stat().st_size))
             elif fault is Fault.FOREIGN:
                 data = path.read_bytes()
-                header = disk_format.decode_header(data[: disk_format.HEADER_BYTES])
+                try:
+                    header = disk_format.decode_header(data[: disk_format.HEADER_BYTES])
+                except disk_format.ChunkError:
+                    continue  # damaged by an earlier case and not read since: left as it is
                 foreign = msgspec.structs.replace(header, fingerprint=FOREIGN)
                 head = disk_format.encode_header(foreign)
                 path.write_bytes(head + data[disk_format.HEADER_BYTES :])
@@ -108,7 +113,8 @@ class DiskFaults:
                 path.symlink_to(path.parent)
             else:
                 raise ValueError(f"not a fault of a tier's records: {fault}")
-        return len(paths)
+            damaged += 1
+        return damaged
 
 
 class RedisFaults:
@@ -146,6 +152,7 @@ class RedisFaults:
                 self.client.set(a, vb or b"")
                 self.client.set(b, va or b"")
             return len(keys)
+        damaged = 0
         for key in keys:
             value = self.client.get(key)
             if not isinstance(value, bytes):
@@ -155,8 +162,11 @@ class RedisFaults:
             elif fault is Fault.TRUNCATE:
                 self.client.set(key, value[: rng.randrange(len(value))])
             elif fault is Fault.FOREIGN:
-                head = redis_record.head_length(value)
-                header = redis_record.decode_header(value[:head])
+                try:
+                    head = redis_record.head_length(value)
+                    header = redis_record.decode_header(value[:head])
+                except (disk_format.ChunkError, struct.error):
+                    continue  # damaged by an earlier case and not read since: left as it is
                 foreign = msgspec.structs.replace(header, fingerprint=FOREIGN)
                 self.client.set(key, redis_record.encode_prefix(foreign) + value[head:])
             elif fault is Fault.READ_ERROR:  # GET answers WRONGTYPE
@@ -164,4 +174,5 @@ class RedisFaults:
                 self.client.rpush(key, b"not a record")
             else:
                 raise ValueError(f"not a fault of a tier's records: {fault}")
-        return len(keys)
+            damaged += 1
+        return damaged
