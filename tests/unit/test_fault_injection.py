@@ -3,7 +3,8 @@
 A record damaged by one case stays damaged until a load reads it: a chunk past a prompt's first
 bad one is never looked up, so it can stay for the whole campaign. A later case that picks it
 must go on, leaving it as it is, and count only the records it damaged itself (the 2026-12-04
-21-minute campaign stopped after 9 minutes at a FOREIGN fault over a truncated file).
+21-minute campaign stopped after 9 minutes at a FOREIGN fault over a truncated file; a record cut
+to nothing would have stopped the next TRUNCATE the same way).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from kvtier.apps.bench.common.redis_server import RedisServer
@@ -57,6 +59,21 @@ def test_a_disk_foreign_fault_leaves_a_file_an_earlier_case_truncated(tmp_path: 
         assert header.fingerprint == FOREIGN
 
 
+@pytest.mark.parametrize("fault", [Fault.TRUNCATE, Fault.FLIP])
+def test_a_disk_file_an_earlier_case_emptied_is_left_empty(tmp_path: Path, fault: Fault) -> None:
+    tier = DiskTier(tmp_path, 0, LAYOUT_FP, "test layout", _layout(), FACTOR)
+    for i, key in enumerate(KEYS):
+        tier.write(key, _payload(tier.view_bytes(0), i))
+    before = {key: tier.path(key).read_bytes() for key in KEYS}
+    tier.path(KEYS[0]).write_bytes(b"")  # cut to nothing by a TRUNCATE case
+
+    damaged = DiskFaults(tmp_path).inject(fault, random.Random(0), 1.0, None)
+
+    assert damaged == CHUNKS - 1
+    assert tier.path(KEYS[0]).read_bytes() == b""
+    assert all(tier.path(key).read_bytes() != before[key] for key in KEYS[1:])
+
+
 def test_a_redis_foreign_fault_leaves_records_an_earlier_case_truncated(
     redis_server: RedisServer,
 ) -> None:
@@ -72,16 +89,19 @@ def test_a_redis_foreign_fault_leaves_records_an_earlier_case_truncated(
         value = faults.client.get(names[1])
         assert isinstance(value, bytes)
         faults.client.set(names[1], value[:30])  # a prefix, its header cut short
+        faults.client.set(names[2], b"")  # cut to nothing
 
         damaged = faults.inject(Fault.FOREIGN, random.Random(0), 1.0, None)
 
-        assert damaged == CHUNKS - 2
+        assert damaged == CHUNKS - 3
         assert faults.client.get(names[0]) == b"\x00" * 7
         assert faults.client.get(names[1]) == value[:30]
-        for name in names[2:]:
+        for name in names[3:]:
             record = faults.client.get(name)
             assert isinstance(record, bytes)
             assert decode_header(record[: head_length(record)]).fingerprint == FOREIGN
+        assert faults.inject(Fault.TRUNCATE, random.Random(0), 1.0, None) == CHUNKS - 1
+        assert faults.client.get(names[2]) == b""
     finally:
         for name in faults.client.scan_iter(match=f"{prefix}:*"):
             faults.client.delete(name)

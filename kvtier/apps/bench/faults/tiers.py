@@ -95,6 +95,8 @@ class DiskFaults:
             return len(paths)
         damaged = 0
         for path in paths:
+            if fault in (Fault.FLIP, Fault.TRUNCATE) and not path.stat().st_size:
+                continue  # emptied by an earlier case: nothing left to flip or cut
             if fault is Fault.FLIP:
                 path.write_bytes(_flipped(path.read_bytes()))
             elif fault is Fault.TRUNCATE:
@@ -155,8 +157,8 @@ class RedisFaults:
         damaged = 0
         for key in keys:
             value = self.client.get(key)
-            if not isinstance(value, bytes):
-                continue
+            if not isinstance(value, bytes) or not value:
+                continue  # made unreadable or emptied by an earlier case: left as it is
             if fault is Fault.FLIP:
                 self.client.set(key, _flipped(value))
             elif fault is Fault.TRUNCATE:
