@@ -66,6 +66,7 @@ FORMS: dict[str, Form | str] = {  # the command's first words -> its shortest fo
     "kvtier bench fleet --no-real": _with("--engines", "2"),
     "kvtier bench fleet": _help,
     "kvtier bench chaos": _help,
+    "kvtier bench gpu": _with("--shapes", "tiny", "--reps", "1"),  # the CPU run the table shows
 }
 ELSEWHERE = {  # a bench run as --help here -> the test that runs it short from a fresh shell
     "kvtier bench transfer": "tests/engine/test_bench_transfer.py",
