@@ -7,8 +7,10 @@
 Each record is one rank's share of one chunk. ``share`` of the records (of ``rank`` only, or of
 every rank) are damaged, chosen by ``rng``; ``RESTART`` loses them all (a disk replaced, a Redis
 killed and started again empty). A reader must find every damaged record bad (a counted miss,
-recomputed), never serve it. ``RESET`` is not a tier's fault: the campaign resets the engine's
-connector while its loads and stores run (``campaign.py``).
+recomputed), never serve it. A record an earlier case left unreadable or empty, and no load has
+read since, is left as it is and not counted: ``inject`` returns the records it damaged.
+``RESET`` is not a tier's fault: the campaign resets the engine's connector while its loads and
+stores run (``campaign.py``).
 """
 
 from __future__ import annotations
