@@ -12,14 +12,18 @@ from kvtier.vllm.connector import KVTierConnector
 def engine_connector(llm: Any) -> KVTierConnector:
     """The scheduler-side connector of an in-process ``vllm.LLM`` (tests, demo, benchmarks),
     alone or inside vLLM's MultiConnector."""
+    return _ours(scheduler_connector(llm))
+
+
+def scheduler_connector(llm: Any) -> Any:
+    """The KV connector of an in-process ``vllm.LLM``'s scheduler, whatever it is (None: none)."""
     try:
-        connector = llm.llm_engine.engine_core.engine_core.scheduler.connector
+        return llm.llm_engine.engine_core.engine_core.scheduler.connector
     except AttributeError as error:
         raise RuntimeError(
             "kvtier: the engine runs in other processes (VLLM_ENABLE_V1_MULTIPROCESSING=1); "
             "read the 'kvtier:' log lines or vLLM's connector stats instead"
         ) from error
-    return _ours(connector)
 
 
 def _ours(connector: Any) -> KVTierConnector:

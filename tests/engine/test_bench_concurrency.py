@@ -46,7 +46,16 @@ def test_bench_concurrency_rounds_ratios_come_from_the_measured_rounds(tmp_path:
     per_round = [a / b for a, b in zip(times["baseline"], times["kvtier"], strict=True)]
     assert rounds["ratios"] == [pytest.approx(median(per_round), rel=2e-2)]
 
-    [row] = document["rows"]
+    # kvtier's calls, clocked on its engine's thread: some time every round, less than the round
+    spent, served = rounds["processes"][1]["connector_s"], rounds["processes"][1]["round_s"]
+    assert rounds["processes"][0]["connector_s"] is None  # no connector
+    assert len(spent) == 3 and all(0 < s < t for s, t in zip(spent, served, strict=True))
+    shares = [s / t for s, t in zip(spent[1:], times["kvtier"], strict=True)]
+    assert rounds["connector_shares"] == {"kvtier": [pytest.approx(median(shares), rel=2e-2)]}
+
+    row, own_time = document["rows"]
+    assert own_time["key"] == "rounds_own_time" and own_time["goal"] is None
+    assert own_time["ratio"] == round(rounds["connector_shares"]["kvtier"][0], 3)
     assert VERDICT_KEYS <= row.keys() and row["key"] == "rounds" and row["pairs"] == 1
     assert row["ratio"] == row["min"] == row["max"] == round(rounds["ratios"][0], 3)
     assert row["goal"] == ">= 0.97" and row["pass"] == (row["ratio"] >= 0.97)

@@ -65,3 +65,31 @@ def test_the_rounds_are_written_before_the_long_miss_and_quietly(
     assert [row["key"] for row in document["rows"]] == ["rounds", "rounds_filled"]
     assert "long_miss" not in document and document["rounds"]["ratios"] == [0.8]
     assert (tmp_path / "concurrency.png").stat().st_size > 0
+
+
+def test_each_connectors_time_on_its_thread_is_a_share_of_its_rounds_and_a_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The median over the counted rounds of connector seconds / round seconds, per process with
+    a connector; kvtier's and the do-nothing connector's each get a row without a goal."""
+    work = Rounds(rounds=4, pairs=1, null=True)
+    processes = [_process(0, config, 2.0) for config in work.configs]
+    spent = {"kvtier": [5.0, 0.1, 0.3, 0.15], "null": [1.0, 0.002, 0.004, 0.003]}
+    for process in processes:
+        process["connector_s"] = spent.get(str(process["config"]))  # baseline: None
+    part = summarize(processes, work)
+    # rounds 2.0, 2.0, 3.0 after the warm-up: kvtier 0.05, 0.15, 0.05; null 0.001, 0.002, 0.001
+    assert part["connector_shares"] == {"kvtier": [0.05], "null": [0.001]}
+    assert [p.get("connector_share") for p in part["processes"]] == [None, 0.05, 0.001]
+
+    concurrency._report(tmp_path, {"rounds": part}, dict(concurrency.MODELS), 0.0)
+    document = json.loads((tmp_path / "concurrency.json").read_text())
+    rows = {row["key"]: row for row in document["rows"]}
+    assert list(rows) == ["rounds", "rounds_null", "rounds_over_null", "rounds_own_time",
+                          "rounds_null_own_time"]  # fmt: skip
+    assert rows["rounds_own_time"]["ratio"] == 0.05 and rows["rounds_own_time"]["goal"] is None
+    assert rows["rounds_null_own_time"]["ratio"] == 0.001
+    assert document["all_pass"] == rows["rounds"]["pass"]  # shares judge nothing
+    label = "kvtier's calls: time on the engine's thread / the round"
+    assert f"{label}: 0.050 (min 0.050" in capsys.readouterr().out
+    assert f"| {label} | 0.050 |" in (tmp_path / "concurrency.md").read_text()

@@ -32,10 +32,12 @@ def plot(
         if row["goal"] is not None:
             axis.axhline(goals[row["key"]].bound, color="C3", linestyle="--",
                          label=f"goal {row['goal']}")  # fmt: skip
-        axis.axhline(1.0, color="grey", linewidth=0.5)
+        share = row["key"].endswith("own_time")  # a share of the round, not a ratio
+        if not share:
+            axis.axhline(1.0, color="grey", linewidth=0.5)
         axis.set_xticks(list(pairs))
         axis.set_xlabel("pair")
-        axis.set_ylabel("kvtier / without")
+        axis.set_ylabel("connector's time / the round" if share else "kvtier / without")
         judged = "" if row["pass"] is None else f": {'PASS' if row['pass'] else 'FAIL'}"
         axis.set_title(f"{row['label']}{judged}", fontsize=9)
         axis.legend(fontsize=8)

@@ -14,7 +14,9 @@ alike.
 
 A round's ratio is the baseline's time over the engine's (its throughput, relative); a pair's
 is the median of its rounds' after the first ``warmup_rounds`` (each process's median round is
-kept too).
+kept too). Beside it, what the ratio cannot tell from the machine's noise: each connector's own
+time on its engine's thread per round (``common.connector_clock``), kvtier's and the do-nothing
+connector's, as a share of the round.
 """
 
 from __future__ import annotations
@@ -114,18 +116,26 @@ def _pair(
     per configuration its times, drains, load and counters."""
     engines: dict[str, EngineProcess] = {}
     served: dict[str, list[Served]] = {config: [] for config in work.configs}
+    clocked = [config for config in work.configs if config != CONFIGS[0]]  # with a connector
+    connector_s: dict[str, list[float]] = {config: [] for config in clocked}
     try:
         for config in work.configs:  # one at a time: each checks the memory free as it starts
             engines[config] = EngineProcess(config, engine_args(model, dtype, work, config),
                                             in_process_env())  # fmt: skip
             engines[config].wait_ready()
+            if config in clocked:
+                engines[config].connector_seconds()  # its clock starts
         others = OtherLoad(
             lambda: own_cpu_seconds() + sum(e.cpu_seconds() for e in engines.values())
         )
         for r, batch in enumerate(batches):
             order = work.configs[r % len(work.configs) :] + work.configs[: r % len(work.configs)]
             for config in order:
-                served[config].append(engines[config].serve(batch, work.max_tokens))
+                engine = engines[config]
+                before = engine.connector_seconds() if config in clocked else 0.0
+                served[config].append(engine.serve(batch, work.max_tokens))
+                if config in clocked:
+                    connector_s[config].append(engine.connector_seconds() - before)
                 progress.update()
         other_load = others.cores()
         counters = {config: engines[config].kvtier_stats().cpu
@@ -141,6 +151,8 @@ def _pair(
             "config": config,
             "round_s": [round(s.seconds, 4) for s in served[config]],
             "drain_s": [round(s.drain_seconds, 4) for s in served[config]],
+            "connector_s": [round(s, 5) for s in connector_s[config]] if config in clocked
+            else None,
             "other_load_cores": other_load,
             "kvtier_cpu": None if config not in counters else {
                 "stored_chunks": counters[config].stored_chunks,
@@ -156,12 +168,20 @@ def _pair(
 def summarize(processes: list[dict[str, Any]], work: Rounds) -> dict[str, Any]:
     """Each process's median round (rounds after the warm-up) and tokens/s; each pair's ratio
     per configuration: the median over its rounds of the baseline's time / the engine's
-    (``ratios``: kvtier's; ``filled_ratios``, ``null_ratios`` with those processes)."""
+    (``ratios``: kvtier's; ``filled_ratios``, ``null_ratios`` with those processes); and each
+    process with a connector, the median over its rounds of the time its engine's thread spent
+    in the connector's calls / the round (``connector_shares``: per configuration, per pair)."""
     tokens = work.prompts * (work.tokens + work.max_tokens)
+    shares: dict[str, list[float]] = {}
     for process in processes:
         counted = process["round_s"][work.warmup_rounds :]
         process["median_round_s"] = round(median(counted), 4)
         process["tokens_per_s"] = round(tokens / median(counted), 1)
+        if process.get("connector_s"):
+            spent = process["connector_s"][work.warmup_rounds :]
+            share = round(median([c / r for c, r in zip(spent, counted, strict=True)]), 4)
+            process["connector_share"] = share
+            shares.setdefault(process["config"], []).append(share)
     ratios: dict[str, list[float]] = {config: [] for config in work.configs[1:]}
     for pair in range(work.pairs):
         rounds = {p["config"]: p["round_s"][work.warmup_rounds :]
@@ -171,4 +191,5 @@ def summarize(processes: list[dict[str, Any]], work: Rounds) -> dict[str, Any]:
             pair_ratios.append(round(median(per_round), 4))
     extra = {f"{name}_ratios": ratios[config] for name, config in (("filled", FILLED),
              ("null", NULL)) if config in ratios}  # fmt: skip
-    return {**asdict(work), "processes": processes, "ratios": ratios["kvtier"], **extra}
+    return {**asdict(work), "processes": processes, "ratios": ratios["kvtier"], **extra,
+            "connector_shares": shares}  # fmt: skip

@@ -9,7 +9,10 @@ Two parts, each a ratio over pairs:
                                         them kvtier with a small host tier, full after the warm-up
                                         (what kvtier costs once its host tier is filled), and vLLM
                                         with a connector that does nothing (the bound: what vLLM
-                                        costs an engine with any connector)
+                                        costs an engine with any connector); and what kvtier
+                                        costs, measured where it is spent: the time the
+                                        engine's thread spent in its calls, per round, as a
+                                        share of the round (and the do-nothing connector's)
     long miss (``served.py``)           never-seen ~3,000-token documents, 2 in flight, through
                                         ``kvtier serve`` / vLLM's server alone (the bench model):
                                         the mean TTFT, kvtier / alone
@@ -42,7 +45,10 @@ GOALS = {
 BOUNDS = {  # beside the goals: what vLLM itself costs an engine with any connector
     "rounds_null": "the bound: vLLM with a connector that does nothing / none",
     "rounds_over_null": "kvtier / vLLM with a connector that does nothing",
+    "rounds_own_time": "kvtier's calls: time on the engine's thread / the round",
+    "rounds_null_own_time": "the do-nothing connector's calls: time on its thread / the round",
 }
+SHARES = {"kvtier": "rounds_own_time", "null": "rounds_null_own_time"}  # rows of time shares
 MODELS = {"rounds": ("tiny", "float32"), "long_miss": ("bench", "bfloat16")}
 FILLED_HOST = "64MiB"  # the filled process's host tier: about 1.3 rounds of the full run's stores
 ROUNDS, LONG_MISS = Rounds(filled_host=FILLED_HOST, null=True), LongMiss()  # the full run
@@ -87,6 +93,9 @@ def _report(
         null = parts["rounds"]["null_ratios"]
         ratios["rounds_null"] = null
         ratios["rounds_over_null"] = [round(k / n, 4) for k, n in zip(ratios["rounds"], null)]
+    for config, shares in parts.get("rounds", {}).get("connector_shares", {}).items():
+        if config in SHARES:
+            ratios[SHARES[config]] = shares
     verdicts = [verdict(key, values) for key, values in ratios.items()]
     meta = {
         "models": {key: [str(chosen[key][0]), chosen[key][1]] for key in parts},

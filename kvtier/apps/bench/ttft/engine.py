@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvtier.apps.bench.common.connector import KVTIER_CONNECTOR
+from kvtier.apps.bench.common.connector_clock import ConnectorClock, engine_connectors
 from kvtier.apps.bench.common.engine_env import require_in_process_env
 from kvtier.apps.bench.common.timing import own_cpu_seconds
 from kvtier.apps.bench.ttft.setup import Setup
@@ -41,6 +42,7 @@ class EngineHost:
     def __init__(self, llm: LLM, kvtier: bool) -> None:
         self.llm = llm
         self.kvtier = kvtier  # kvtier is its connector
+        self._clock: ConnectorClock | None = None
 
     @classmethod
     def of(cls, engine_args: dict[str, Any]) -> EngineHost:
@@ -59,6 +61,7 @@ class EngineHost:
             "kvtier_stats": self.kvtier_stats,
             "serve": self.serve,
             "cpu_seconds": own_cpu_seconds,
+            "connector_seconds": self.connector_seconds,
         }
 
     def ttft(self, prompt: list[int]) -> Sample:
@@ -80,6 +83,13 @@ class EngineHost:
         from kvtier.vllm import stats
 
         return copy.deepcopy(stats(self.llm))
+
+    def connector_seconds(self) -> float:
+        """The time the engine's thread spent in its KV connector's calls since the first
+        ``connector_seconds`` (``common.connector_clock``; 0.0 then, and without a connector)."""
+        if self._clock is None:
+            self._clock = ConnectorClock(engine_connectors(self.llm))
+        return self._clock.seconds
 
     def serve(self, prompts: list[list[int]], max_tokens: int) -> Served:
         """A batch served together; with kvtier, its stores drained (``timing.served``)."""

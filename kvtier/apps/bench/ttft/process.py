@@ -11,7 +11,7 @@ timings, and the requests a bench sends them interleave. Timings are taken insid
     .wait_ready()                           block until the engine is built (or raise)
     .call(command, *args)                   run one command, return its result (or raise)
     .ttft(prompt), .settle(), .reset_prefix_cache(), .kvtier_stats(), .serve(prompts, n),
-    .cpu_seconds()                          the commands, as ``EngineHost`` has them
+    .cpu_seconds(), .connector_seconds()    the commands, as ``EngineHost`` has them
     .close()                                stop the child
 """
 
@@ -80,6 +80,9 @@ class EngineProcess:
 
     def cpu_seconds(self) -> float:
         return float(self.call("cpu_seconds"))
+
+    def connector_seconds(self) -> float:
+        return float(self.call("connector_seconds"))
 
     def close(self) -> None:
         """Stop the child (it tears its engine down by exiting); kill it if it does not stop."""
