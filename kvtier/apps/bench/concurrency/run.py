@@ -31,7 +31,7 @@ from kvtier.apps.bench.common.ratios import Goal, spread
 from kvtier.apps.bench.common.results import write_json
 from kvtier.apps.bench.common.timing import median
 from kvtier.apps.bench.concurrency import report
-from kvtier.apps.bench.concurrency.rounds import Rounds, measure_rounds
+from kvtier.apps.bench.concurrency.rounds import CONFIGS, NULL, Rounds, measure_rounds
 from kvtier.apps.bench.concurrency.served import LongMiss, measure_served
 from kvtier.apps.models import model_path
 
@@ -48,7 +48,7 @@ BOUNDS = {  # beside the goals: what vLLM itself costs an engine with any connec
     "rounds_own_time": "kvtier's calls: time on the engine's thread / the round",
     "rounds_null_own_time": "the do-nothing connector's calls: time on its thread / the round",
 }
-SHARES = {"kvtier": "rounds_own_time", "null": "rounds_null_own_time"}  # rows of time shares
+SHARES = {CONFIGS[1]: "rounds_own_time", NULL: "rounds_null_own_time"}  # rows of time shares
 MODELS = {"rounds": ("tiny", "float32"), "long_miss": ("bench", "bfloat16")}
 FILLED_HOST = "64MiB"  # the filled process's host tier: about 1.3 rounds of the full run's stores
 ROUNDS, LONG_MISS = Rounds(filled_host=FILLED_HOST, null=True), LongMiss()  # the full run
