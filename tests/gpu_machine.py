@@ -8,6 +8,7 @@ checked on the CPU, where every package of the project's venv is importable.
     install(allowed)                every other module absent from this process from now on, as
                                     it is there: ``import`` raises ``ModuleNotFoundError``,
                                     ``importlib.util.find_spec`` answers None
+    restrict()                      ``install(allowed_modules())``
     gpu_run_modules() -> [name]     what ``make test-gpu`` imports of kvtier: its core (all but
                                     ``kvtier.vllm`` and ``kvtier.apps``), the modules it runs,
                                     and every kvtier module ``tests/gpu`` and ``kvtier bench gpu``
@@ -130,6 +131,10 @@ def install(allowed: set[str]) -> None:
     importlib.util.find_spec = present  # libraries ask it whether an optional package is there
 
 
+def restrict() -> None:
+    install(allowed_modules())
+
+
 def gpu_run_modules() -> list[str]:
     found = set(RUN)
     for path in (ROOT / "kvtier").rglob("*.py"):
@@ -148,7 +153,7 @@ def gpu_run_modules() -> list[str]:
 
 
 def main() -> int:
-    install(allowed_modules())
+    restrict()
     failed: dict[str, str] = {}
     for name in gpu_run_modules():
         try:

@@ -56,7 +56,7 @@ def test_a_quick_cpu_run_measures_every_figure_with_the_gpu_machines_modules(
     argv = ["bench", "gpu", "--device", "cpu", "--quick", "--shapes", "tiny", "--tokens", "2048",
             "--out", str(tmp_path)]  # fmt: skip
     done = _python(f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); import gpu_machine; "
-                   "gpu_machine.install(gpu_machine.allowed_modules()); "  # no vLLM, as there
+                   "gpu_machine.restrict(); "  # no vLLM, as there
                    f"from kvtier.apps.cli import main; sys.exit(main({argv!r}))")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     document = json.loads((tmp_path / "gpu.json").read_text())

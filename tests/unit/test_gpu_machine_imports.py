@@ -58,7 +58,7 @@ def test_the_list_covers_the_core_what_make_runs_and_what_tests_gpu_names() -> N
 def test_a_module_the_gpu_machine_lacks_is_absent_there(code: str, lacked: str) -> None:
     check = (
         "import importlib.util, sys, gpu_machine\n"
-        "gpu_machine.install(gpu_machine.allowed_modules())\n"
+        "gpu_machine.restrict()\n"
         "import torch, numpy, msgspec, xxhash, redis  # its own and the brought\n"
         f"assert importlib.util.find_spec({lacked!r}) is None  # as optional packages ask\n"
         f"try:\n    {code}\nexcept ModuleNotFoundError as e:\n"
