@@ -26,37 +26,62 @@ from kvtier.pages import kernel
 ARCHS = {"A100": 80, "L40S": 89, "H100 H200": 90, "B200": 100}
 
 
-def _compiled(fn: Any, signature: dict[str, str], constants: dict[str, Any], arch: int) -> int:
+def _compiled(
+    fn: Any, signature: dict[str, str], constants: dict[str, Any], arch: int, warps: int
+) -> int:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     source = ASTSource(fn=fn, signature=signature | dict.fromkeys(constants, "constexpr"),
                        constexprs=constants)  # fmt: skip
-    return len(triton.compile(source, target=GPUTarget("cuda", arch, 32)).asm["cubin"])
+    target = GPUTarget("cuda", arch, 32)
+    return len(triton.compile(source, target=target, options={"num_warps": warps}).asm["cubin"])
 
 
 def main() -> None:
     grid = {"per_view": "*i64", "per_block": "*i64", "V": "i32", "K": "i32", "host": "i64"}
-    block = {"BLOCK": kernel.BLOCK_WORDS}
-    kernels: dict[str, tuple[Any, dict[str, str], dict[str, Any]]] = {
-        "copy": (kernel._kernel(), {"table": "*i64", "n": "i32"}, block),
-    }
-    for pages in (1, 4, kernel.MAX_PAGES):  # a page a step, and small pages several
+    kernels: dict[str, tuple[Any, dict[str, str], dict[str, Any], int]] = {
+        "copy": (kernel._kernel(), {"table": "*i64", "n": "i32"}, {"BLOCK": kernel.BLOCK_WORDS},
+                 4),
+    }  # fmt: skip
+    for page in (kernel.LARGE_PAGE, 16 << 10, 4 << 10, 512):  # one a step, and several
+        launch = kernel.launch_for(page)
         for way, store in (("store", True), ("load", False)):
-            kernels[f"grid {way} {pages}"] = (kernel._grid_kernel(), grid,
-                                              block | {"STORE": store, "PAGES": pages})  # fmt: skip
+            constants = {"STORE": store, "BLOCK": launch.block, "PAGES": launch.pages}
+            kernels[f"grid {way} {page}"] = (kernel._grid_kernel(), grid, constants, launch.warps)
     results: dict[str, dict[str, int | str]] = {}
     for name, arch in ARCHS.items():
         results[name] = {}
-        for which, (fn, signature, constants) in kernels.items():
+        for which, (fn, signature, constants, warps) in kernels.items():
             try:
-                size: int | str = _compiled(fn, signature, constants, arch)
+                size: int | str = _compiled(fn, signature, constants, arch, warps)
             except Exception:
                 size = traceback.format_exc()
             results[name][which] = size
+    results["vectors"] = _vectors(kernels)
     results["warmup"] = _warmed()
     json.dump(results, sys.stdout)
+
+
+def _vectors(kernels: dict[str, tuple[Any, dict[str, str], dict[str, Any], int]]) -> Any:
+    """Per grid kernel, the width of its global loads and stores of data on an H100, as PTX
+    names them (``v2.b64``: 16-byte vectors; ``b64``: one 8-byte word)."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    widths: dict[str, list[str]] = {}
+    for which, (fn, signature, constants, warps) in kernels.items():
+        if which.startswith("grid"):
+            source = ASTSource(fn=fn, signature=signature | dict.fromkeys(constants, "constexpr"),
+                               constexprs=constants)  # fmt: skip
+            ptx = triton.compile(source, target=GPUTarget("cuda", ARCHS["H100 H200"], 32),
+                                 options={"num_warps": warps}).asm["ptx"]  # fmt: skip
+            widths[which] = sorted(set(re.findall(r"(?:ld|st)\.global\.v2\.b64", ptx)))
+    return widths
 
 
 def _warmed() -> dict[str, Any]:
@@ -78,7 +103,7 @@ def _warmed() -> dict[str, Any]:
 
     driver.set_active(Compiling())
     loaded: list[int] = []  # the stand-in cannot load a kernel: each ``_load`` recorded
-    kernel._load = lambda pages, device: loaded.append(pages)  # type: ignore[assignment]
+    kernel._load = lambda launch, device: loaded.append(launch.pages)  # type: ignore[assignment]
     torch.cuda.is_available = lambda: True  # type: ignore[assignment]
     torch.cuda.device = lambda index: contextlib.nullcontext()  # type: ignore[assignment,misc]
     copy, grid = kernel._kernel(), kernel._grid_kernel()
@@ -88,7 +113,7 @@ def _warmed() -> dict[str, Any]:
         return {name: sum(len(c[0]) for c in each) for name, each in caches.items()}
 
     done: dict[str, Any] = {"available": kernel.available(), "warmed": variants()}
-    small = kernel.pages_per_step(4096)  # a mover of 4 KiB pages, at its start
+    small = kernel.launch_for(4096)  # a mover of 4 KiB pages, at its start
     done["warm small"] = kernel.warm(small, torch.device("cuda", 0))
     done["warmed small"] = variants()
     done["loaded"] = loaded
@@ -96,9 +121,10 @@ def _warmed() -> dict[str, Any]:
     copy.warmup(table, 7, BLOCK=kernel.BLOCK_WORDS, grid=(7,))
     flat = torch.zeros(64, dtype=torch.int64)  # as ``grid.tables`` lays a job out
     for store in (True, False):
-        for pages in (1, small):
+        for launch in (kernel.LARGE, small):
             grid.warmup(flat[4:], flat[12:], 3, 5, table.data_ptr(), STORE=store,
-                        BLOCK=kernel.BLOCK_WORDS, PAGES=pages, grid=(15,))  # fmt: skip
+                        BLOCK=launch.block, PAGES=launch.pages, num_warps=launch.warps,
+                        grid=(15,))  # fmt: skip
     return done | {"launched": variants()}
 
 

@@ -108,12 +108,13 @@ def _loaded() -> dict[str, Any]:
     from kvtier.pages import kernel
 
     done: dict[str, Any] = {}
-    for pages in (1, 4, kernel.MAX_PAGES):
+    for page in (kernel.LARGE_PAGE, 4096, 512):  # 1, 4 and 16 pages a step
+        launch = kernel.launch_for(page)
         try:
-            kernel._load(pages, torch.device("cpu"))
-            done[str(pages)] = None
+            kernel._load(launch, torch.device("cpu"))
+            done[str(launch.pages)] = None
         except Exception:
-            done[str(pages)] = traceback.format_exc()
+            done[str(launch.pages)] = traceback.format_exc()
     return done
 
 

@@ -8,7 +8,7 @@
                                                blocks <-> page rows of memory holding a record
                                                a slot (host memory, a tier's staging area)
     view_table(views) -> (3, V) array          the engine's side of every view, made once
-    tables(grids, view_table, host) -> Tables | None
+    tables(grids, view_table, host, word=WORD) -> Tables | None
                                                what the grid kernel reads (``kernel.py``)
     addresses(per_view, per_block, host) -> (src, dst, size)
                                                the copies those tables say, engine -> host
@@ -88,9 +88,12 @@ def view_table(views: Sequence[torch.Tensor]) -> np.ndarray:
                      [v.shape[1] * v.element_size() for v in views]], dtype=np.int64)  # fmt: skip
 
 
-def tables(grids: Sequence[PageGrid], engine: np.ndarray, host: int) -> Tables | None:
+def tables(
+    grids: Sequence[PageGrid], engine: np.ndarray, host: int, word: int = WORD
+) -> Tables | None:
     """The grid kernel's tables for ``grids`` over the engine's ``view_table`` and host memory
-    at address ``host``; None where an address or size is not a multiple of ``WORD``."""
+    at address ``host``; None where an address or size is not a multiple of ``word`` (a
+    multiple of ``WORD``: the launch's, ``kernel.Launch.word``)."""
     parts: list[np.ndarray] = []
     spans = []
     at = 0
@@ -107,7 +110,7 @@ def tables(grids: Sequence[PageGrid], engine: np.ndarray, host: int) -> Tables |
     checked = [flat[a : a + 4 * v] for a, v, _, _ in spans]
     checked += [flat[b + k : b + 2 * k] for _, _, b, k in spans]  # record offsets
     combined = int(np.bitwise_or.reduce(np.concatenate([*checked, np.array([host])])))
-    return None if combined % WORD else Tables(flat, spans)
+    return None if combined % word else Tables(flat, spans)
 
 
 def _padded(n: int) -> int:

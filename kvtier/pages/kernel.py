@@ -10,25 +10,37 @@
     copy(descriptors, n, programs)         every ``(src, dst, size)`` copied, on the current
                                            stream; ``descriptors`` is ``(3, n)`` int64, on the
                                            device
-    grid_copy(tables, span, host, store, programs, pages)
+    grid_copy(tables, span, host, store, launch)
                                            one grid of pages (``grid.py``) between the engine
                                            and host memory at address ``host``, each page's
                                            addresses computed on the device from ``V + K``
-                                           table entries, not uploaded per page; ``pages`` a
-                                           step per program
-    pages_per_step(page_bytes) -> int      how many pages of that size fill a program's step
-    warm(pages, device) -> bool            the grid kernel compiled and loaded for ``pages`` a
-                                           step, both ways, on ``device`` (``available``: one
-                                           page a step); False if it cannot be
+                                           table entries, not uploaded per page, as ``launch``
+                                           says
+    Launch(pages, block, warps, programs)  how the grid kernel moves pages of one size: pages a
+                                           step per program, 8-byte words a step, warps per
+                                           program, programs per launch; ``.word``: what every
+                                           address and size must be a multiple of
+    launch_for(page_bytes) -> Launch       the launch for pages of that size (or fewer bytes)
+    pages_per_step(page_bytes) -> int      ``launch_for(page_bytes).pages``
+    warm(launch, device) -> bool           the grid kernel compiled and loaded for ``launch``,
+                                           both ways, on ``device`` (``available``: the launch of
+                                           large pages); False if it cannot be
 
 Each program takes descriptors ``pid, pid + programs, ...`` and moves each in vectors of 8-byte
 words. A program's step waits for its loads before it stores: a program has one step's bytes in
 flight at a time, so one small page a step (4 KiB: a 70B-class model's tensor-parallel rank)
-moves a page per bus round trip; the grid kernel moves as many pages a step as fill
-``BLOCK_WORDS``. A bounded grid keeps the copy from taking every SM while the engine computes
-(``kvtier bench gpu`` measures it beside a matmul loop). Addresses may be device memory or
-pinned host memory (unified addressing: the kernel then reads or writes host memory over PCIe,
-without the copy engine).
+moves a page per bus round trip; the grid kernel moves several small pages a step. A bounded
+grid keeps the copy from taking every SM while the engine computes (``kvtier bench gpu``
+measures it beside a matmul loop). Addresses may be device memory or pinned host memory
+(unified addressing: the kernel then reads or writes host memory over PCIe, without the copy
+engine).
+
+``launch_for`` is measured, on an H200 against one contiguous copy of the same bytes over the
+copy engine (``bench/results/gpu.md``): pages of 32 KiB and more, one a step of 32 KiB by 8
+warps, 32 programs (0.92 of the copy storing, 0.90 loading; 16 programs of 16 KiB steps, the
+first setting: 0.89 and 0.86); 16 KiB pages, two a step, 64 programs; smaller pages, 16 KiB of
+them a step by 4 warps, 256 programs (4 KiB pages: 0.89 and 0.86; 16 programs: 0.76 and 0.72).
+More programs than that gained nothing, and slowed a matmul beside the copies past 1.05.
 """
 
 from __future__ import annotations
@@ -36,17 +48,43 @@ from __future__ import annotations
 import ctypes
 import logging
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 logger = logging.getLogger(__name__)
 
-PROGRAMS = 16  # programs per launch: a share of the SMs, not all of them
-BLOCK_WORDS = 2048  # 8-byte words each program moves per step
-MAX_PAGES = 16  # pages a step, at most
+PROGRAMS = 16  # the copy kernel's programs per launch: a share of the SMs, not all of them
+BLOCK_WORDS = 2048  # 8-byte words the copy kernel's programs move per step
+MAX_PAGES = 16  # the grid kernel's pages a step, at most
+LARGE_PAGE = 32 << 10  # bytes: pages this large or larger go one a step
 HOST_POINTERS = 91  # CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
+
+
+class Launch(NamedTuple):
+    pages: int  # pages a step per program (several: ``triton_kernels._grid_pages``)
+    block: int  # 8-byte words a program moves per step, all its pages'
+    warps: int  # per program
+    programs: int  # per launch
+
+    @property
+    def word(self) -> int:
+        """What every address and page size must be a multiple of: several pages a step move
+        16-byte vectors."""
+        return 16 if self.pages > 1 else 8
+
+
+def launch_for(page_bytes: int) -> Launch:
+    """How the grid kernel moves pages of ``page_bytes`` (or fewer), as measured (above)."""
+    if page_bytes >= LARGE_PAGE // 2:
+        pages = max(1, LARGE_PAGE // max(page_bytes, 1))  # 1, or 2 of 16-31 KiB
+        return Launch(pages, LARGE_PAGE // 8, 8, 32 * pages)
+    fit = LARGE_PAGE // 2 // max(page_bytes, 1)
+    return Launch(min(MAX_PAGES, 1 << (fit.bit_length() - 1)), LARGE_PAGE // 16, 4, 256)
+
+
+LARGE = launch_for(LARGE_PAGE)  # compiled by ``available``
 
 
 @cache
@@ -77,8 +115,8 @@ def available() -> bool:
         return False
     try:
         _kernel().warmup(torch.int64, 1, BLOCK=BLOCK_WORDS, grid=(1,))
-        _compile_grid(1)
-        _load(1, torch.device("cuda"))  # the current device
+        _compile_grid(LARGE)
+        _load(LARGE, torch.device("cuda"))  # the current device
     except Exception:
         logger.warning("kvtier: Triton cannot compile the copy kernels; torch moves the pages",
                        exc_info=True)  # fmt: skip
@@ -87,53 +125,52 @@ def available() -> bool:
 
 
 def pages_per_step(page_bytes: int) -> int:
-    """Pages of ``page_bytes`` (or fewer) a grid kernel's program moves a step: the power of two
-    whose pages fill ``BLOCK_WORDS`` words, 1 to ``MAX_PAGES``."""
-    fit = BLOCK_WORDS * 8 // max(page_bytes, 1)
-    return max(1, min(MAX_PAGES, 1 << (fit.bit_length() - 1) if fit else 1))
+    """Pages of ``page_bytes`` (or fewer) a grid kernel's program moves a step."""
+    return launch_for(page_bytes).pages
 
 
-def warm(pages: int, device: torch.device) -> bool:
-    """Whether the grid kernel compiles for ``pages`` a step on CUDA ``device``, both ways;
-    compiled once, at a mover's start (one page a step by ``available``), not in its first job."""
+def warm(launch: Launch, device: torch.device) -> bool:
+    """Whether the grid kernel compiles for ``launch`` on CUDA ``device``, both ways; compiled
+    once, at a mover's start (large pages' by ``available``), not in its first job."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return _warm(pages, index)
+    return _warm(launch, index)
 
 
 @cache
-def _warm(pages: int, index: int) -> bool:
+def _warm(launch: Launch, index: int) -> bool:
     try:
         with torch.cuda.device(index):
-            _compile_grid(pages)
-            _load(pages, torch.device("cuda", index))
+            _compile_grid(launch)
+            _load(launch, torch.device("cuda", index))
     except Exception:
-        logger.warning("kvtier: Triton cannot compile the grid kernel for %d pages a step; it "
-                       "moves one", pages, exc_info=True)  # fmt: skip
+        logger.warning("kvtier: Triton cannot compile the grid kernel for %s; it moves pages as "
+                       "large ones", launch, exc_info=True)  # fmt: skip
         return False
     return True
 
 
-def _load(pages: int, device: torch.device) -> None:
-    """The grid kernel of ``pages`` a step both ways (and, for one, the copy kernel) launched
-    on ``device`` with nothing to move, and waited for. Triton loads a kernel onto the
+def _load(launch: Launch, device: torch.device) -> None:
+    """The grid kernel of ``launch`` both ways (and, for large pages', the copy kernel)
+    launched on ``device`` with nothing to move, and waited for. Triton loads a kernel onto the
     GPU at its first launch, not at its compile, and two threads' first launches of one kernel
     race there (one may launch it before it is loaded): the engine's thread, the pageable lane,
     the disk and peer threads all launch these. So each is loaded here, before any job."""
     table = torch.zeros(4, dtype=torch.int64, device=device)
-    if pages == 1:
+    if launch == LARGE:
         _kernel()[(1,)](table, 0, BLOCK=BLOCK_WORDS)
     for store in (True, False):
-        _grid_kernel()[(1,)](table, table, 0, 0, 1 << 40, STORE=store, BLOCK=BLOCK_WORDS,
-                             PAGES=pages)  # fmt: skip
+        _grid_kernel()[(1,)](table, table, 0, 0, 1 << 40, STORE=store, BLOCK=launch.block,
+                             PAGES=launch.pages, num_warps=launch.warps)  # fmt: skip
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _compile_grid(pages: int) -> None:
+def _compile_grid(launch: Launch) -> None:
     """The grid kernel compiled both ways for the current device, as its launches type it."""
     for store in (True, False):
         _grid_kernel().warmup(torch.int64, torch.int64, 1, 1, 1 << 40, STORE=store,
-                              BLOCK=BLOCK_WORDS, PAGES=pages, grid=(1,))  # fmt: skip
+                              BLOCK=launch.block, PAGES=launch.pages, num_warps=launch.warps,
+                              grid=(1,))  # fmt: skip
 
 
 def reaches_host(device: torch.device) -> bool:
@@ -180,18 +217,15 @@ def copy(descriptors: torch.Tensor, n: int, programs: int = PROGRAMS) -> None:
 
 
 def grid_copy(
-    tables: torch.Tensor,
-    span: tuple[int, int, int, int],
-    host: int,
-    store: bool,
-    programs: int = PROGRAMS,
-    pages: int = 1,
+    tables: torch.Tensor, span: tuple[int, int, int, int], host: int, store: bool, launch: Launch
 ) -> None:
     """Queue one grid's pages on the current stream: ``tables`` is ``grid.Tables.flat`` on the
-    device, ``span`` the grid's ``(per-view at, V, per-block at, K)`` in it; engine -> host
-    memory at address ``host`` when ``store``; ``pages`` a step per program (``warm``ed)."""
+    device (checked for ``launch.word``), ``span`` the grid's ``(per-view at, V, per-block at,
+    K)`` in it; engine -> host memory at address ``host`` when ``store``; ``launch``
+    ``warm``ed."""
     view_at, views, block_at, blocks = span
     if views and blocks:
-        grid = (min(programs, -(-views * blocks // pages)),)
+        grid = (min(launch.programs, -(-views * blocks // launch.pages)),)
         _grid_kernel()[grid](tables[view_at:], tables[block_at:], views, blocks, host,
-                             STORE=store, BLOCK=BLOCK_WORDS, PAGES=pages)  # fmt: skip
+                             STORE=store, BLOCK=launch.block, PAGES=launch.pages,
+                             num_warps=launch.warps)  # fmt: skip

@@ -62,7 +62,7 @@ class PageMover:
         views: Sequence[torch.Tensor],
         stage_bytes: int = STAGE_BYTES,
         mechanism: Mechanism | Mechanisms | None = None,
-        programs: int = kernel.PROGRAMS,
+        programs: int | None = None,
         staged: bool | None = None,
         host_piece: int = 0,
         triton: bool | None = None,
@@ -73,7 +73,9 @@ class PageMover:
         (None: on a GPU only; the tests stage on the CPU too, to run the GPU's steps where there
         is no GPU). ``triton``: move with the kernels of ``kernel.py`` (None: on a GPU where
         Triton runs; the tests run them on the CPU under Triton's interpreter). ``grids``: jobs
-        may come as grids (their kernel is then compiled now, not in the first job)."""
+        may come as grids (their kernel is then compiled now, not in the first job).
+        ``programs``: per launch of either kernel (None: ``kernel.launch_for`` the pages', the
+        copy kernel's ``kernel.PROGRAMS``)."""
         if not views:
             raise ValueError("kvtier: PageMover needs at least one view")
         self.device = views[0].device
@@ -86,18 +88,20 @@ class PageMover:
         elif not isinstance(mechanism, Mechanisms):
             mechanism = Mechanisms(Mechanism(mechanism), Mechanism(mechanism))
         self.mechanisms = mechanism
-        self.programs = programs
+        self.programs = programs or kernel.PROGRAMS  # the copy kernel's
         self.host_piece = host_piece
         if triton is None:
             triton = self.device.type == "cuda" and kernel.available()
         self.kernel = triton
         # the kernel may address host memory (always under the interpreter: the CPU's addresses)
         self.to_host = triton and (self.device.type != "cuda" or kernel.reaches_host(self.device))
-        self.pages = kernel.pages_per_step(int(self.page_bytes.max()))  # the grid kernel's step
+        launch = kernel.launch_for(int(self.page_bytes.max()))  # the grid kernel's
         warmed = not (triton and grids and self.device.type == "cuda") or kernel.warm(
-            self.pages, self.device
+            launch, self.device
         )
-        self.pages = self.pages if warmed else 1  # one a step: compiled by ``kernel.available``
+        self.launch = launch if warmed else kernel.LARGE  # compiled by ``kernel.available``
+        if programs:
+            self.launch = self.launch._replace(programs=programs)
         self.staged = self.device.type != "cpu" if staged is None else staged
         self._stage = torch.empty(0, dtype=torch.uint8, device=self.device)
         self._word = self.spaces.tensors[0].dtype
@@ -202,12 +206,12 @@ class PageMover:
     def _grids(self, grids: Grids, host: torch.Tensor, store: bool) -> int | None:
         """The ``KERNEL`` mechanism on grids: one launch per grid over one uploaded table;
         None (nothing queued) where the kernel cannot move them."""
-        found = grid.tables(grids, self._engine_table, host.data_ptr())
+        found = grid.tables(grids, self._engine_table, host.data_ptr(), self.launch.word)
         if found is None:
             return None
         flat = self._upload(found.flat)
         for span in found.grids:
-            kernel.grid_copy(flat, span, host.data_ptr(), store, self.programs, self.pages)
+            kernel.grid_copy(flat, span, host.data_ptr(), store, self.launch)
         return sum(int(self.page_bytes[g.views].sum()) * len(g.blocks) for g in grids)
 
     def _staged_grids(self, grids: Grids, host: torch.Tensor, store: bool) -> int | None:
@@ -219,7 +223,7 @@ class PageMover:
             return 0
         stage, _ = self._area(max(b.nbytes for b in batches))
         found = grid.tables([g for b in batches for g in b.grids], self._engine_table,
-                            stage.data_ptr())  # fmt: skip
+                            stage.data_ptr(), self.launch.word)  # fmt: skip
         if found is None:
             return None
         flat = self._upload(found.flat)
@@ -228,7 +232,7 @@ class PageMover:
             if not store:
                 _host_copies(batch.copies, host, stage, store)
             for span in [next(spans) for _ in batch.grids]:
-                kernel.grid_copy(flat, span, stage.data_ptr(), store, self.programs, self.pages)
+                kernel.grid_copy(flat, span, stage.data_ptr(), store, self.launch)
             if store:
                 _host_copies(batch.copies, host, stage, store)
         return sum(int(self.page_bytes[g.views].sum()) * len(g.blocks) for g in grids)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from kvtier.keys import make_key
+from kvtier.tiers.base import chunk_format
 from kvtier.tiers.base.chunk_format import (
     HEADER_BYTES,
     MAX_DESCRIBE,
@@ -215,3 +216,32 @@ def test_a_chunk_of_more_than_1024_views_reads_back(tmp_path: Path) -> None:
     payload = [bytes([i % 256]) * 16 for i in range(1100)]
     write(tmp_path / "chunk.kv", payload)  # written 512 views per writev
     assert read(tmp_path / "chunk.kv", views=[16] * 1100) == payload
+
+
+def test_a_payload_is_read_and_hashed_a_piece_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each read call brings at most ``READ_PIECE`` bytes, hashed while they are in the CPU's
+    cache, not in a second pass over the whole payload; a byte flipped in any piece, or a view
+    split between two, is still a ChunkError."""
+    monkeypatch.setattr(chunk_format, "READ_PIECE", 100)
+    payload = [bytes(range(256)) * 3, bytes(range(64)), b"\x01", b"\xcd" * 333]
+    views = [len(view) for view in payload]
+    path = tmp_path / "chunk.kv"
+    write(path, payload)
+    calls: list[int] = []
+    preadv = os.preadv
+
+    def counted(fd: int, buffers: Sequence[memoryview], offset: int) -> int:
+        calls.append(sum(len(b) for b in buffers))
+        return preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", counted)
+    assert read(path, views=views) == payload
+    assert max(calls) == 100 and sum(calls) == sum(views) and len(calls) == 12
+    for offset in (0, 99, 100, 768, 832, 1165):
+        flip(path, HEADER_BYTES + offset)
+        with pytest.raises(ChunkError, match="payload checksum mismatch"):
+            read(path, views=views)
+        flip(path, HEADER_BYTES + offset)  # mended
+    assert read(path, views=views) == payload

@@ -8,13 +8,15 @@ import ctypes
 import errno
 import logging
 import sys
+import time
 from collections.abc import Callable
 
 import pytest
 import torch
 from resident import PAGE, fresh, resident_bytes
 
-from kvtier.tiers.host.pinning import BATCH_PIECES, Pinning
+from kvtier.tiers.host.commit import BACKGROUND_STEP, MADV_POPULATE_WRITE, Populator
+from kvtier.tiers.host.pinning import BATCH_PIECES, YIELD_S, Pinning
 
 PIECE = 64 * PAGE
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's madvise")
@@ -29,14 +31,17 @@ class Recorder:
         self.pinning: Pinning | None = None  # the one to stop (``stop_at``)
         self.registered: list[tuple[int, int, int]] = []  # (address, size, resident bytes)
         self.unregistered: list[int] = []
+        self.calls: list[tuple[float, float]] = []  # each registration's start and end
 
     def register(self, address: int, size: int) -> int:
+        started = time.perf_counter()
         if len(self.registered) == self.refuse:
             return 1  # as cudaErrorInvalidValue
         self.registered.append((address, size, resident_bytes(address, size)))
         if len(self.registered) - 1 == self.stop_at:
             assert self.pinning is not None
             self.pinning.stop()  # as the tier closing while the driver registers
+        self.calls.append((started, time.perf_counter()))
         return 0
 
     def unregister(self, address: int) -> None:
@@ -140,3 +145,35 @@ def test_a_pinning_closed_before_it_started_never_starts() -> None:
     pinning.start()
     assert not pinning.begun and driver.registered == []
     assert resident_bytes(memory.data_ptr(), 2 * PIECE) == 0
+
+
+def test_the_driver_is_free_for_a_while_between_two_registrations() -> None:
+    """The driver's lock is not fair: taken again at once, the engine's CUDA calls waited out
+    eight registrations in a row on an H200. A pause after each lets a waiting call in."""
+    memory = fresh(BATCH_PIECES * PIECE)
+    driver = Recorder()
+    _pinned(memory, driver).close()
+    gaps = [after[0] - before[1] for before, after in zip(driver.calls, driver.calls[1:])]
+    assert len(gaps) == BATCH_PIECES - 1 and min(gaps) >= YIELD_S
+
+
+def test_in_the_background_each_call_faults_a_short_step_in() -> None:
+    """Pinning's populator (the engine already serves) faults each piece in ``BACKGROUND_STEP``
+    at a time: a call holds the process's memory map for as long as it faults, and an engine
+    thread that allocates waits behind it. At start-up a piece is one call."""
+    calls: list[tuple[int, int]] = []
+
+    def madvise(address: int, size: int, advice: int) -> int:
+        assert advice == MADV_POPULATE_WRITE
+        calls.append((address, size))
+        return 0
+
+    base, size, piece = 1 << 30, 5 * BACKGROUND_STEP + PAGE, 2 * BACKGROUND_STEP
+    for background, most in ((True, BACKGROUND_STEP), (False, piece)):
+        calls.clear()
+        populator = Populator(madvise, background=background)
+        assert populator.populate(base, size, piece) == [0, 0, 0]
+        populator.close()
+        assert max(s for _, s in calls) == most and sum(s for _, s in calls) == size
+        covered = sorted(calls)
+        assert all(a + s == b for (a, s), (b, _) in zip(covered, covered[1:]))

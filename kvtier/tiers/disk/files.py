@@ -113,13 +113,17 @@ class DiskTier:
         return [os.path.exists(self.path(key)) for key in keys]
 
     def prefetch(self, key: bytes) -> None:
-        """Ask the kernel to start reading ``key``'s file (best effort: errors are ignored)."""
+        """Ask the kernel to start reading ``key``'s file unless its end is in the page cache
+        already (best effort: errors are ignored). Asked of a file in the cache, the kernel
+        walks every page of it (0.1 ms a file of 8 MiB, on the thread that hands the readers
+        their files) and may leave it in small pages, which later reads copy slower."""
         try:
             fd = os.open(self.path(key), os.O_RDONLY)
         except OSError:
             return
         try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            if not _end_cached(fd):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
         except OSError:
             pass
         finally:
@@ -140,3 +144,15 @@ class DiskTier:
             logger.warning("kvtier: removed bad disk chunk %s: %s", path, error)
             path.unlink(missing_ok=True)
             raise
+
+
+def _end_cached(fd: int) -> bool:
+    """Whether the last byte of ``fd``'s file is in the page cache: read without waiting for
+    the disk (``RWF_NOWAIT``); False where that cannot be asked (then the file is prefetched)."""
+    size = os.fstat(fd).st_size
+    if not size or not hasattr(os, "RWF_NOWAIT"):
+        return False
+    try:
+        return os.preadv(fd, [bytearray(1)], size - 1, os.RWF_NOWAIT) == 1
+    except OSError:  # BlockingIOError: not cached; EOPNOTSUPP: a filesystem that cannot say
+        return False

@@ -27,8 +27,11 @@ was pinned. PyTorch's pinned allocator faults pages in from threads before it re
 keep its time under that lock short; so does this: each batch of pieces is faulted in first, on
 threads of the lowest priority (``commit.Populator``: ``MADV_POPULATE_WRITE``, which writes no
 byte, as stores may already be using the slots), then registered a piece at a time, and pieces
-are small (``PIECE_BYTES``): the engine waits at most one short registration. (``bench gpu``'s
-``pinning_engine_held_s`` measures that wait.)
+are small (``PIECE_BYTES``): the engine waits at most one short registration. The driver's lock
+is not fair, though: released and taken again at once, it went from one registration to the
+next while the engine's launch waited out eight of them (5 ms on an H200). So the pinning thread
+pauses ``YIELD_S`` after each, for a waiting thread to take the lock first. (``bench gpu``'s
+``pinning_engine_held_s`` measures what the engine waits.)
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from kvtier.tiers.host.pin_driver import CudaDriver, Driver
 logger = logging.getLogger(__name__)
 
 PIECE_BYTES = 32 << 20  # registered per driver call: what the engine's CUDA calls may wait for
+YIELD_S = 100e-6  # after each registration: the driver's lock to a thread waiting for it
 BATCH_PIECES = 8  # pieces faulted in together, on threads, before they are registered
 OS_PAGE = 4096  # pieces share no page of memory: CUDA registers whole pages
 
@@ -160,6 +164,7 @@ class Pinning:
                 return False
             self._registered.append(self._base + at)
             self._pinned = at + size
+            time.sleep(YIELD_S)
         return True
 
     def stop(self) -> None:

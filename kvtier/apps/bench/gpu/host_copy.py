@@ -184,7 +184,7 @@ def measure(rig: HostRig, reps: int, clock: Clock) -> Measured:
     details = {
         "bytes": nbytes, "chunks": len(rig.request.slots.slots),
         "pinned": rig.host.pinned, "triton_kernel": kernel.available(),
-        "grid_pages_per_step": kernel.pages_per_step(max(rig.host.records.page_bytes)),
+        "grid_launch": kernel.launch_for(max(rig.host.records.page_bytes))._asdict(),
         "seconds": {name: summary(values) for name, values in seconds.items()},
         "gb_s": {name: round(nbytes / min(values) / 1e9, 2) for name, values in seconds.items()},
         "load_s": {m: [float(f"{v:.6g}") for v in seconds[f"load_{m}"]] for m in rig.mechanisms},
