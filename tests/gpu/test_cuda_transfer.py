@@ -236,13 +236,24 @@ def test_a_job_in_the_pinned_part_goes_straight_before_the_whole_tier_is_pinned(
 def test_a_store_to_a_slot_not_pinned_yet_leaves_the_engines_thread_free() -> None:
     """CUDA copies to pageable memory once the engine's work before them is done: queued by the
     engine's thread, a store into the part of the tier not pinned yet would hold it for the
-    step in flight. It returns while the step runs, and stores what the step wrote."""
+    step in flight. It returns while the step runs, and stores what the step wrote.
+
+    Whatever runs after the step in flight is launched once before it: CUDA loads a kernel's
+    module at its first launch (lazily, torch's default), and loading waits for the device's
+    work in flight, which would hold this thread for the step whatever kvtier does (as it did
+    the first time this ran on an H200)."""
     kv = torch.randn(2, NUM_BLOCKS, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
     layout = build_layout({"a": kv}, [["a"]], NUM_BLOCKS)
     host = HostTier(layout, (32 << 30) // (2 * PAGE * FACTOR), FACTOR)  # 32 GiB: seconds to pin
     store, load = engine_host_handlers(layout, host)
     last = host.num_chunks - 1
     engine = torch.cuda.current_stream()
+    kv.add_(1)  # loaded: the step's own kernel
+    before = HostChunks(np.array([last - 1]))  # a pageable store's kernels and copies, loaded
+    assert store.transfer_async(0, EngineBlocks(np.arange(3), (3,), (0,)), before)
+    store.wait([0])
+    assert [r.success for r in store.get_finished()] == [True]
+    torch.cuda.synchronize()
     torch.cuda._sleep(1 << 30)  # type: ignore[no-untyped-call]  # the step in flight: ~0.5 s
     kv.add_(1)  # what it writes, which the store must read
     assert not host.pinned_below(last + 1)

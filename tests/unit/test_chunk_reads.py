@@ -23,7 +23,7 @@ from disk_io_setup import (
 from kvtier.addresses import TierChunks
 from kvtier.keys import ChunkKey, key_group
 from kvtier.tiers.base.chunk_io import TierLoadHandler
-from kvtier.tiers.base.chunk_reads import ChunkReader
+from kvtier.tiers.base.chunk_reads import ChunkRead, ChunkReader
 from kvtier.tiers.disk.files import DiskTier, default_readers
 
 
@@ -94,6 +94,39 @@ def test_one_reader_prefetches_each_chunk_as_far_ahead_as_the_tier_asks(tmp_path
         reader.shutdown()
         assert good == [True] * 3
         assert tier.events[: len(order)] == order and len(tier.events) == 6
+
+
+def test_several_readers_read_the_next_batch_while_one_is_moved(tmp_path: Path) -> None:
+    """Readers beside each other never wait for a move: a batch's reads start before the batch
+    before it is waited for and moved (into the other staging half); the blocks are those a
+    load by one reader fills."""
+    factor, engine, groups, _ = TRIMMED
+    tier = RecordingTier(tmp_path, 0, FP, "test layout", disk_layout(), factor)
+    tier.keys, tier.events = chunk_keys(groups), []
+    store_chunks(tier, tier.keys)
+    one = TierLoadHandler(tier.layout, tier, "disk")
+    for view in tier.layout.views:
+        view.zero_()
+    assert run_job(one, 1, TierChunks("disk", tier.keys), engine).success
+    one.shutdown()
+    loaded = engine_bytes(tier.layout)
+    for view in tier.layout.views:
+        view.zero_()
+    two = TierLoadHandler(tier.layout, tier, "disk", readers=2)
+    move = two._move
+
+    def moving(half: int, staged: list[tuple[int, ChunkRead]]) -> None:
+        tier.events.append(f"move {[read.chunk for _, read in staged]}")
+        move(half, staged)
+
+    two._move = moving  # type: ignore[method-assign]
+    tier.events = []
+    assert run_job(two, 2, TierChunks("disk", tier.keys), engine).success
+    two.shutdown()
+    reads = [event for event in tier.events if not event.startswith("prefetch")]
+    assert reads.index("move [0, 1]") > max(reads.index("read 2"), reads.index("read 3"))
+    assert reads[-2:] == ["move [0, 1]", "move [2, 3]"]
+    assert engine_bytes(tier.layout) == loaded
 
 
 class FailingTier(DiskTier):

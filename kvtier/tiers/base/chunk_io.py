@@ -6,12 +6,15 @@ staging area, and only once every check passed (``ChunkTier.read``) moves it int
 blocks, on the device of the engine tensors (never a hard-coded one). Records are read a batch
 at a time, ``readers`` of them at once where the tier allows it (``chunk_reads.py``). On the CPU
 a batch is ``readers`` records, each scattered once read, one numpy copy a record
-(``record_scatter.py``). On a GPU the staging area is pinned, in two halves: a half's records
+(``record_scatter.py``), in two halves where there are several readers. On a GPU the staging
+area is pinned, in two halves: a half's records
 are moved by one ``PageMover`` load, given as grids (``staged_grids``: one per group, its views
 times the blocks; by default the copy kernel straight from the pinned half,
-``pages/mover.py``), while the next half is read. A chunk that fails a check fails the job, and
-the engine recomputes its blocks; the job still verifies every other chunk (without moving it)
-and names ALL the bad ones at once, so that one pass drops every bad file, not one per pass.
+``pages/mover.py``), while the next half is read: with several readers, a batch's reads are
+started before the one before it is waited for and moved, so that they never wait for a move.
+A chunk that fails a check fails the job, and the engine recomputes its blocks; the job still
+verifies every other chunk (without moving it) and names ALL the bad ones at once, so that one
+pass drops every bad file, not one per pass.
 
 ``TierWriteHandler`` (host tier -> tier): writes each chunk's record straight from its host slot,
 one buffer. A ``staged`` job copies the records first, in ``transfer_async``, because this step's
@@ -25,8 +28,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -64,9 +69,9 @@ class TierLoadHandler(ThreadedHandler):
         gpu = self.device.type == "cuda"
         record = max(self.records.record_bytes, 1)
         per_half = max(readers, STAGE_BYTES // record) if gpu else readers
+        halves = 2 if gpu or readers > 1 else 1  # one read while the other is moved
         # (halves, records, record_bytes): a record read into each, then moved to the engine
-        self._stage = torch.empty((2 if gpu else 1, per_half, record), dtype=torch.uint8,
-                                  pin_memory=gpu)  # fmt: skip
+        self._stage = torch.empty((halves, per_half, record), dtype=torch.uint8, pin_memory=gpu)
         self._stage_np = self._stage.numpy()
         self._scatter = RecordScatter(layout, self.records) if layout.views and not gpu else None
         self._mover = PageMover(layout.views) if gpu and layout.views else None
@@ -123,19 +128,30 @@ class TierLoadHandler(ThreadedHandler):
             if start + i + ahead < len(reads):
                 self.tier.prefetch(keys[reads[start + i + ahead].chunk])
 
-        for start in range(0, len(reads), per_half):
+        def submit(start: int, half: int) -> Reading:
             batch = reads[start : start + per_half]  # read into slots 0.. of the half
             self._reuse(half)
             into = [self._stage_np[half, slot, : self.records.group_bytes(read.group)]
                     for slot, read in enumerate(batch)]  # fmt: skip
-            good = self._reader.read([keys[read.chunk] for read in batch], into,
-                                     partial(prefetch, start))  # fmt: skip
-            bad += [read.chunk for read, ok in zip(batch, good) if not ok]
-            if bad:  # the job failed: its blocks are recomputed, the rest is only verified
-                continue
-            self._move(half, list(enumerate(batch)))
-            nbytes += sum(len(r.block_ids) * self.layout.group_block_bytes[r.group] for r in batch)
-            half = (half + 1) % len(self._stage_np)
+            done = self._reader.submit([keys[read.chunk] for read in batch], into,
+                                       partial(prefetch, start))  # fmt: skip
+            return Reading(half, batch, done)
+
+        # readers beside each other: the next batch is read while this thread waits for one
+        # and moves it (into the other half), so that the readers never wait for a move
+        ahead_batches = 1 if self._reader.beside and len(self._stage_np) > 1 else 0
+        pending: deque[Reading] = deque()
+        try:
+            for start in range(0, len(reads), per_half):
+                pending.append(submit(start, half))
+                half = (half + 1) % len(self._stage_np)
+                if len(pending) > ahead_batches:
+                    nbytes += self._finish(pending.popleft(), bad)
+            while pending:
+                nbytes += self._finish(pending.popleft(), bad)
+        finally:
+            for reading in pending:  # raised: no read may go on into a half the next job uses
+                reading.done()
         if self._stream is not None:
             self._stream.synchronize()
         self.bad_chunks += len(bad)
@@ -145,6 +161,18 @@ class TierLoadHandler(ThreadedHandler):
     def shutdown(self) -> None:
         super().shutdown()  # the queued jobs first: they read
         self._reader.shutdown()
+
+    def _finish(self, reading: Reading, bad: list[int]) -> int:
+        """Wait for a batch's reads; move it unless a chunk of the job failed (then the job's
+        blocks are recomputed, and the rest is only verified): the bytes moved. ``bad`` gets
+        the batch's failed chunks."""
+        good = reading.done()
+        bad += [read.chunk for read, ok in zip(reading.batch, good) if not ok]
+        if bad:
+            return 0
+        self._move(reading.half, list(enumerate(reading.batch)))
+        block = self.layout.group_block_bytes
+        return sum(len(read.block_ids) * block[read.group] for read in reading.batch)
 
     def _reuse(self, half: int) -> None:
         """Wait until the last move out of staging half ``half`` completed."""
@@ -168,6 +196,14 @@ class TierLoadHandler(ThreadedHandler):
             moved = torch.cuda.Event()  # type: ignore[no-untyped-call]
             moved.record(self._stream)
         self._moved[half] = moved
+
+
+class Reading(NamedTuple):
+    """A batch of a load being read into a staging half: ``done()`` waits for its reads."""
+
+    half: int
+    batch: list[ChunkRead]
+    done: Callable[[], list[bool]]
 
 
 def staged_grids(

@@ -6,6 +6,8 @@ its prefetches).
     ChunkRead                 a chunk of a job: its position, group, the blocks it fills
     plan_reads(plan, factor)  every chunk a load's copy plan reads, in reading order
     ChunkReader               reads a batch of chunks into their staging buffers: ok per chunk
+                              (``read``), or starts reading it and returns how to wait for it
+                              (``submit``: the next batch read while the caller moves one)
 
 A read that fails (a ``ChunkError``: bad or absent, the tier removed it; an ``OSError``: the
 tier unreachable) is a ``False`` for its chunk, the others of the batch read all the same.
@@ -17,7 +19,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -67,6 +70,11 @@ class ChunkReader:
             else None
         )
 
+    @property
+    def beside(self) -> bool:
+        """Whether reads run on threads of their own (``submit`` returns before they end)."""
+        return self._pool is not None
+
     def read(
         self,
         keys: Sequence[ChunkKey],
@@ -77,6 +85,16 @@ class ChunkReader:
         ``before(i)`` is called on this thread before chunk ``i`` is read (one reader: right
         before it, so that a tier's prefetches stay as far ahead as it asked; several: all of
         them first)."""
+        return self.submit(keys, into, before)()
+
+    def submit(
+        self,
+        keys: Sequence[ChunkKey],
+        into: Sequence[np.ndarray],
+        before: Callable[[int], object] = lambda i: None,
+    ) -> Callable[[], list[bool]]:
+        """``read``, started: returns what waits for every read of the batch to end and says
+        whether each read and verified (one reader: they are read before this returns)."""
         if len(keys) != len(into):
             raise ValueError(f"{len(keys)} chunks to read into {len(into)} buffers")
         if self._pool is None:
@@ -84,12 +102,11 @@ class ChunkReader:
             for i, (key, out) in enumerate(zip(keys, into)):
                 before(i)
                 good.append(self._one(key, out))
-            return good
+            return lambda: good
         for i in range(len(keys)):
             before(i)
         reads = [self._pool.submit(self._one, key, out) for key, out in zip(keys, into)]
-        wait(reads)  # every read done before any error is raised: none writes into a reused buffer
-        return [read.result() for read in reads]
+        return partial(_results, reads)
 
     def shutdown(self) -> None:
         if self._pool is not None:
@@ -103,3 +120,9 @@ class ChunkReader:
                 logger.warning("kvtier: %s chunk unreadable: %s", self.name, error)
             return False
         return True
+
+
+def _results(reads: Sequence[Future[bool]]) -> list[bool]:
+    """Every read done before any error is raised: none writes into a reused buffer."""
+    wait(reads)
+    return [read.result() for read in reads]

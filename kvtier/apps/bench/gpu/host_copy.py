@@ -74,6 +74,7 @@ class HostRig:
         self.workers = {m: _worker(layout, self.host, m) for m in self.mechanisms}
         self._bound: Bound | None = None
         self.submit_s: dict[str, list[float]] = {m: [] for m in self.mechanisms}
+        self.device_s: dict[str, list[float]] = {m: [] for m in self.mechanisms}  # per job
         self._ids = itertools.count()
 
     def submit(self, mechanism: str, store: bool) -> int:
@@ -99,6 +100,7 @@ class HostRig:
                 if not result.success:
                     raise RuntimeError(f"host job {result.job_id} failed: {result}")
                 pending.discard(result.job_id)
+                self.device_s[mechanism].append(result.seconds)
             if pending:
                 time.sleep(0.0005)
         if pending:
@@ -156,6 +158,7 @@ class Bound:
 
 def measure(rig: HostRig, reps: int, clock: Clock) -> Measured:
     seconds: dict[str, list[float]] = {}
+    on_device: dict[str, list[float]] = {}  # each job's, from its start on the device to its end
     for mechanism in rig.mechanisms:  # warm-up: the kernel's compilation, first touches
         rig.move(mechanism, store=True)
         rig.move(mechanism, store=False)
@@ -173,6 +176,7 @@ def measure(rig: HostRig, reps: int, clock: Clock) -> Measured:
                 ]
                 for name, fn in pair if rep % 2 == 0 else pair[::-1]:
                     seconds.setdefault(name, []).append(clock.seconds(fn))
+                on_device.setdefault(f"{side}_{mechanism}", []).append(rig.device_s[mechanism][-1])
     if not rig.loaded_intact():
         raise RuntimeError("a host load brought back other bytes than the store copied")
     figures = {
@@ -190,6 +194,10 @@ def measure(rig: HostRig, reps: int, clock: Clock) -> Measured:
         "load_s": {m: [float(f"{v:.6g}") for v in seconds[f"load_{m}"]] for m in rig.mechanisms},
         "submit_ms": {m: summary([s * 1e3 for s in rig.submit_s[m]]) for m in rig.mechanisms
                       if rig.submit_s[m]},
+        # the bound over a job's time on the device alone: what the submit on the calling
+        # thread (``submit_ms``) costs the figure is the rest
+        "device_ratio": {name: ratios(seconds[f"bound_{name}"], values)
+                         for name, values in on_device.items()},
     }  # fmt: skip
     details["plan_ms"] = plan_cost.measure(  # a store's planning on the engine's thread
         rig.engine.layout, rig.host, (rig.request.engine, rig.request.slots), reps

@@ -17,10 +17,8 @@ for the device), and ``wait`` blocks until the jobs are done (tests, shutdown).
 A job touching a slot the tier has not pinned yet (``pinning.py``) is queued by a thread of its
 own, on a stream and ``PageMover`` of its own: CUDA copies pageable memory synchronously, a
 store's after the engine's work before it (the step in flight), which would hold the engine's
-thread for a step and the copy. That thread first waits for the engine's work before the job to
-be done, then queues it: a pageable copy queued behind a step in flight held the engine's own
-stream too (measured on an H200: the engine's stream read as idle while its step still ran).
-Its events are recorded once that thread queued it; ``fence`` waits for that much.
+thread for a step and the copy. Its events are recorded once that thread queued it; ``fence``
+waits for that much.
 """
 
 from __future__ import annotations
@@ -107,8 +105,6 @@ class CudaCopyHandler(EngineHostHandler):
         started: torch.cuda.Event,
         done: torch.cuda.Event,
     ) -> None:
-        if not pinned:  # a pageable copy: only once the engine's work before it is done
-            ready.synchronize()
         with torch.cuda.stream(lane.stream):
             lane.stream.wait_event(ready)
             started.record(lane.stream)
