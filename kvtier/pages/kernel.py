@@ -36,11 +36,12 @@ measures it beside a matmul loop). Addresses may be device memory or pinned host
 engine).
 
 ``launch_for`` is measured, on an H200 against one contiguous copy of the same bytes over the
-copy engine (``bench/results/gpu.md``): pages of 32 KiB and more, one a step of 32 KiB by 8
-warps, 32 programs (0.92 of the copy storing, 0.90 loading; 16 programs of 16 KiB steps, the
-first setting: 0.89 and 0.86); 16 KiB pages, two a step, 64 programs; smaller pages, 16 KiB of
-them a step by 4 warps, 256 programs (4 KiB pages: 0.89 and 0.86; 16 programs: 0.76 and 0.72).
-More programs than that gained nothing, and slowed a matmul beside the copies past 1.05.
+copy engine, a job's time on the device (``bench/results/gpu.md``): pages of 32 KiB and more,
+one a step of 32 KiB by 8 warps, 32 programs (0.94 of the copy storing, 0.92 loading; 16
+programs of 16 KiB steps, the first setting: 0.93 and 0.90); 16 KiB pages, two a step, 64
+programs; smaller pages, 16 KiB of them a step by 4 warps, 256 programs, in 16-byte vectors
+(4 KiB pages: 0.90 and 0.87; 16 programs in words: 0.81 and 0.76). More programs than that
+gained nothing, and brought a matmul beside the copies near 1.05 x.
 """
 
 from __future__ import annotations
