@@ -118,14 +118,18 @@ class TierLoadHandler(ThreadedHandler):
         if ready is not None and self._stream is not None:
             self._stream.wait_event(ready)
         reads = plan_reads(plan, self.tier.factor)
-        ahead, per_half = self.tier.read_ahead, self._stage_np.shape[1]
+        # readers beside each other keep the tier busy themselves; and a disk file the kernel
+        # is asked to read ahead lands in the page cache in small pages, which a later load
+        # (from the cache) copies slower than the large ones its own reads bring
+        ahead = 0 if self._reader.beside else self.tier.read_ahead
+        per_half = self._stage_np.shape[1]
         for n in range(min(ahead, len(reads))):
             self.tier.prefetch(keys[reads[n].chunk])
         bad: list[int] = []
         nbytes, half = 0, 0
 
         def prefetch(start: int, i: int) -> None:  # read start + i's turn: fetch one further on
-            if start + i + ahead < len(reads):
+            if ahead and start + i + ahead < len(reads):
                 self.tier.prefetch(keys[reads[start + i + ahead].chunk])
 
         def submit(start: int, half: int) -> Reading:
