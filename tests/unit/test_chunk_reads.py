@@ -96,15 +96,26 @@ def test_one_reader_prefetches_each_chunk_as_far_ahead_as_the_tier_asks(tmp_path
         assert tier.events[: len(order)] == order and len(tier.events) == 6
 
 
+class SecondBatchTier(RecordingTier):
+    """Says when chunks 2 and 3 (a second batch of two) have been read."""
+
+    second: threading.Event
+
+    def read(self, key: bytes, out: Sequence[np.ndarray]) -> None:
+        super().read(key, out)
+        if {"read 2", "read 3"} <= set(self.events):
+            self.second.set()
+
+
 def test_several_readers_read_the_next_batch_while_one_is_moved(tmp_path: Path) -> None:
-    """Readers beside each other never wait for a move: a batch's reads start before the batch
-    before it is waited for and moved (into the other staging half); the blocks are those a
-    load by one reader fills. They ask the kernel to read nothing ahead: they keep the disk
-    busy themselves, and a file read ahead lands in the page cache in small pages, which later
-    loads from the cache copy slower."""
+    """Readers beside each other never wait for a move: a batch's reads are handed to them
+    before the batch before it is waited for and moved (into the other staging half), so they
+    end while that move is under way; the blocks are those a load by one reader fills. They ask
+    the kernel to read nothing ahead: they keep the disk busy themselves, and a file read ahead
+    lands in the page cache in small pages, which later loads from the cache copy slower."""
     factor, engine, groups, _ = TRIMMED
-    tier = RecordingTier(tmp_path, 0, FP, "test layout", disk_layout(), factor)
-    tier.keys, tier.events = chunk_keys(groups), []
+    tier = SecondBatchTier(tmp_path, 0, FP, "test layout", disk_layout(), factor)
+    tier.keys, tier.events, tier.second = chunk_keys(groups), [], threading.Event()
     store_chunks(tier, tier.keys)
     one = TierLoadHandler(tier.layout, tier, "disk")
     for view in tier.layout.views:
@@ -118,7 +129,10 @@ def test_several_readers_read_the_next_batch_while_one_is_moved(tmp_path: Path) 
     move = two._move
 
     def moving(half: int, staged: list[tuple[int, ChunkRead]]) -> None:
-        tier.events.append(f"move {[read.chunk for _, read in staged]}")
+        chunks = [read.chunk for _, read in staged]
+        if chunks == [0, 1]:  # the second batch is read meanwhile (else: never, until it is)
+            assert tier.second.wait(10.0), "the second batch was not read during the first move"
+        tier.events.append(f"move {chunks}")
         move(half, staged)
 
     two._move = moving  # type: ignore[method-assign]
@@ -127,7 +141,6 @@ def test_several_readers_read_the_next_batch_while_one_is_moved(tmp_path: Path) 
     two.shutdown()
     reads = tier.events
     assert not [event for event in reads if event.startswith("prefetch")]
-    assert reads.index("move [0, 1]") > max(reads.index("read 2"), reads.index("read 3"))
     assert reads[-2:] == ["move [0, 1]", "move [2, 3]"]
     assert engine_bytes(tier.layout) == loaded
 
