@@ -79,7 +79,7 @@ class Launch(NamedTuple):
 def launch_for(page_bytes: int) -> Launch:
     """How the grid kernel moves pages of ``page_bytes`` (or fewer), as measured (above)."""
     if page_bytes >= LARGE_PAGE // 2:
-        pages = max(1, LARGE_PAGE // max(page_bytes, 1))  # 1, or 2 of 16-31 KiB
+        pages = max(1, LARGE_PAGE // max(page_bytes, 1))  # 2 of 16 KiB, else 1
         return Launch(pages, LARGE_PAGE // 8, 8, 32 * pages)
     fit = LARGE_PAGE // 2 // max(page_bytes, 1)
     return Launch(min(MAX_PAGES, 1 << (fit.bit_length() - 1)), LARGE_PAGE // 16, 4, 256)

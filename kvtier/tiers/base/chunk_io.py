@@ -26,6 +26,7 @@ chunk of the job, with a warning; the scheduler writes it again while host memor
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -155,7 +156,8 @@ class TierLoadHandler(ThreadedHandler):
                 nbytes += self._finish(pending.popleft(), bad)
         finally:
             for reading in pending:  # raised: no read may go on into a half the next job uses
-                reading.done()
+                with contextlib.suppress(Exception):  # the first error is the one raised
+                    reading.done()
         if self._stream is not None:
             self._stream.synchronize()
         self.bad_chunks += len(bad)
