@@ -21,7 +21,6 @@
                                            program, programs per launch; ``.word``: what every
                                            address and size must be a multiple of
     launch_for(page_bytes) -> Launch       the launch for pages of that size (or fewer bytes)
-    pages_per_step(page_bytes) -> int      ``launch_for(page_bytes).pages``
     warm(launch, device) -> bool           the grid kernel compiled and loaded for ``launch``,
                                            both ways, on ``device`` (``available``: the launch of
                                            large pages); False if it cannot be
@@ -123,11 +122,6 @@ def available() -> bool:
                        exc_info=True)  # fmt: skip
         return False
     return True
-
-
-def pages_per_step(page_bytes: int) -> int:
-    """Pages of ``page_bytes`` (or fewer) a grid kernel's program moves a step."""
-    return launch_for(page_bytes).pages
 
 
 def warm(launch: Launch, device: torch.device) -> bool:

@@ -11,6 +11,7 @@ import pytest
 from chunk_files import FP, chunk_keys, store_chunks
 from disk_io_setup import TRIMMED, disk_layout
 
+from kvtier.apps.bench.common import page_cache
 from kvtier.tiers.disk.files import DiskTier
 
 
@@ -28,16 +29,6 @@ def _answers_nowait(path: Path) -> bool:
     return True
 
 
-def _drop(path: Path) -> None:
-    """``path``'s pages out of the page cache (written to disk first: only clean pages go)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def test_a_cached_file_is_not_prefetched_one_read_from_disk_is(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -48,7 +39,8 @@ def test_a_cached_file_is_not_prefetched_one_read_from_disk_is(
     cached, dropped = (tier.path(key) for key in keys)
     if not hasattr(os, "RWF_NOWAIT") or not _answers_nowait(cached):
         pytest.skip("this filesystem cannot say whether a file is cached (RWF_NOWAIT)")
-    _drop(dropped)
+    os.sync()  # only clean pages leave the page cache
+    page_cache.drop([dropped])
     advised: list[tuple[int, int]] = []
     fadvise = os.posix_fadvise
 

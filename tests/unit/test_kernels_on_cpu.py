@@ -28,7 +28,7 @@ import pytest
 from compiled_kernels import ARCHS
 from interpreted_kernels import CASES, Case
 
-from kvtier.pages.kernel import LARGE_PAGE, pages_per_step
+from kvtier.pages.kernel import LARGE_PAGE, launch_for
 
 TESTS = Path(__file__).resolve().parents[1]
 GIVEN = os.environ.get("KVTIER_TRITON_SITE")  # make test names it: there, it must be
@@ -91,7 +91,7 @@ def test_the_engine_compiles_the_kernels_at_its_start_and_no_job_compiles_again(
     assert warmup["warmed small"] == {"copy_kernel": 1, "grid_kernel": 4}
     assert warmup["launched"] == warmup["warmed small"]
     # each loaded onto the GPU as it is compiled, before any job: a page a step, then the small
-    assert warmup["loaded"] == [1, pages_per_step(4096)]
+    assert warmup["loaded"] == [1, launch_for(4096).pages]
 
 
 def test_the_kernels_are_launched_with_nothing_to_move_at_the_start(interpreted: Results) -> None:
