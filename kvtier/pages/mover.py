@@ -51,6 +51,7 @@ from kvtier.pages.mechanism import Mechanism, Mechanisms, gpu_mechanisms
 from kvtier.pages.plan import Batch, Gather, Pages, iter_batches, joined, plan_batches
 from kvtier.pages.spaces import Spaces
 from kvtier.pages.staged_grids import StagedBatch, staged_batches
+from kvtier.pages.uploads import Uploads
 
 STAGE_BYTES = 64 << 20  # the most one batch stages on the device
 Grids = Sequence[grid.PageGrid]
@@ -105,6 +106,7 @@ class PageMover:
         self.staged = self.device.type != "cpu" if staged is None else staged
         self._stage = torch.empty(0, dtype=torch.uint8, device=self.device)
         self._word = self.spaces.tensors[0].dtype
+        self.uploads = Uploads(self.device)  # each job's tables, through memory kept for them
 
     def batches(self, pages: Pages) -> list[Batch]:
         return list(self._batches(pages))
@@ -137,6 +139,12 @@ class PageMover:
         return self._move(pages, host, pinned, store=False)
 
     def _move(self, pages: Pages | Grids, host: torch.Tensor, pinned: bool, store: bool) -> int:
+        try:
+            return self._queue(pages, host, pinned, store)
+        finally:  # what it uploaded is read by what it queued, however far it got
+            self.uploads.queued()
+
+    def _queue(self, pages: Pages | Grids, host: torch.Tensor, pinned: bool, store: bool) -> int:
         mechanism = self.mechanisms.store if store else self.mechanisms.load
         straight = mechanism is Mechanism.KERNEL and self.to_host and pinned
         if not isinstance(pages, Pages):
@@ -262,12 +270,9 @@ class PageMover:
         return self._stage[:nbytes], rows
 
     def _upload(self, index: np.ndarray) -> torch.Tensor:
-        """``index`` on the device, through pinned memory (a pageable source would make the
-        copy wait for the stream's earlier work)."""
-        tensor = torch.from_numpy(np.ascontiguousarray(index, dtype=np.int64))
-        if self.device.type != "cuda":
-            return tensor
-        return tensor.pin_memory().to(self.device, non_blocking=True)
+        """``index`` on the device, through pinned memory kept for it (``uploads.py``; a
+        pageable source would make the copy wait for the stream's earlier work)."""
+        return self.uploads.put(index)
 
 
 def _host_copies(copies: np.ndarray, host: torch.Tensor, stage: torch.Tensor, store: bool) -> None:

@@ -75,6 +75,8 @@ def test_a_quick_cpu_run_measures_every_figure_with_the_gpu_machines_modules(
     assert set(planned) == {"dma", "kernel"} and all(p["min"] > 0 for p in planned.values())
     disk = shape["details"]["disk"]  # cold reads were cold, warm reads warm, for both sides
     assert disk["resident_after_drop"] < 0.05 and disk["resident_before_warm"] > 0.95, disk
+    for figure in ("checksum_ceiling", "checked_ratio", "reads_ratio"):  # where the time goes
+        assert all(disk[figure][t]["min"] > 0 for t in ("warm", "cold")), disk[figure]
     pulled = shape["details"]["pull"]["pull_profile"]  # and a pull's
     assert any("recv" in row["function"] for row in pulled), pulled  # the socket's receive
     assert shape["why_null"] == {}
@@ -171,7 +173,8 @@ def test_the_disk_bound_reads_the_same_bytes_by_one_thread_or_several(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Where the engine's disk tier reads files side by side (4 readers on a 16-core GPU host),
-    its bound reads side by side too: the same bytes land either way."""
+    its bound reads side by side too, and the read that hashes as kvtier does: the same bytes
+    land every way."""
     import numpy as np
     import torch
 
@@ -182,7 +185,7 @@ def test_the_disk_bound_reads_the_same_bytes_by_one_thread_or_several(
     records = [rng.integers(0, 256, n, dtype=np.uint8) for n in (5000, 12345, 7)]
     raw = disk_load._RawFile(tmp_path / "raw.bin", records, torch.device("cpu"), 3)
     try:
-        for read in (raw.read, raw.read_parallel):
+        for read in (raw.read, raw.read_parallel, raw.read_checked):
             raw.host.zero_()
             raw.engine.zero_()
             read()
@@ -199,7 +202,13 @@ def test_the_markdown_names_the_device_the_tests_and_every_figure() -> None:
                                                        "kernel": summary([0.85])},
                                   "why_null": {},
                                   "details": {"disk": {"readers": 4, "one_reader_ratio": {
-                                      "warm": summary([0.71]), "cold": summary([0.52])}}}}},
+                                      "warm": summary([0.71]), "cold": summary([0.52])},
+                                      "checksum_ceiling": {"warm": summary([0.8]),
+                                                           "cold": summary([0.97])},
+                                      "checked_ratio": {"warm": summary([0.6]),
+                                                        "cold": summary([1.01])},
+                                      "reads_ratio": {"warm": summary([0.7]),
+                                                      "cold": summary([0.9])}}}}},
                 "why_null": {"pinning_rate_bytes_s": "not measured"}, "errors": []}  # fmt: skip
     text = render(document, tests="40 passed, 2 skipped in 30.1s")
     assert "- device: NVIDIA H100 80GB HBM3" in text and "40 passed, 2 skipped" in text
@@ -210,6 +219,9 @@ def test_the_markdown_names_the_device_the_tests_and_every_figure() -> None:
     assert (
         "- 8b disk: 4 files read at once; one at a time, median ratio warm 0.71, cold 0.52" in text
     )
+    assert ("- 8b disk: reads that hash every piece reach, median, warm 0.8, cold 0.97 of the "
+            "bound; kvtier's loads 0.6, 1.01 of those") in text  # fmt: skip
+    assert "- 8b disk: kvtier's reads alone, nothing moved, median ratio warm 0.7, cold 0.9" in text
 
 
 @pytest.mark.parametrize(

@@ -78,6 +78,8 @@ class TierLoadHandler(ThreadedHandler):
         self._mover = PageMover(layout.views) if gpu and layout.views else None
         self._stream = torch.cuda.Stream(self.device) if gpu else None  # type: ignore[no-untyped-call]
         self._moved: list[torch.cuda.Event | None] = [None, None]  # each half's last move
+        # made once: a half's event is recorded again only after its last move was waited for
+        self._events = [_event() for _ in range(halves)] if gpu else []
         self.bad_chunks = 0
 
     def transfer_async(self, job_id: int, src: TransferSpec, dst: TransferSpec) -> bool:
@@ -199,9 +201,12 @@ class TierLoadHandler(ThreadedHandler):
         assert self._stream is not None
         with torch.cuda.stream(self._stream):
             self._mover.load(grids, self._stage[half].view(-1))
-            moved = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            moved.record(self._stream)
-        self._moved[half] = moved
+            self._events[half].record(self._stream)
+        self._moved[half] = self._events[half]
+
+
+def _event() -> torch.cuda.Event:
+    return torch.cuda.Event()  # type: ignore[no-untyped-call]
 
 
 class Reading(NamedTuple):

@@ -16,7 +16,13 @@ it worked) right before it reads them; warm: read again from the page cache
 order turning; each drops only its own files, so that no side's warm read follows another's drop
 (the two bounds read one file: each drops it before its own cold read). Where the engine reads
 several files at once, a loader that reads one at a time is timed beside them
-(``one_reader_ratio``).
+(``one_reader_ratio``). And the bound's reads with kvtier's checksum (``raw_checked``: the
+same threads, each range read ``READ_PIECE`` at a time and each piece hashed once read, as a
+chunk file is): ``checksum_ceiling`` is the bound over it, the most a load that checks every byte
+can reach here, and ``checked_ratio`` is it over kvtier's load, what kvtier costs besides.
+``reads_ratio``: the bound over kvtier's reads alone (``kvtier_reads``: every chunk file read
+and checked by the loader's readers into pinned memory, nothing moved to the device), which
+splits what kvtier costs besides between its reads and its moves.
 """
 
 from __future__ import annotations
@@ -27,9 +33,11 @@ import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+import xxhash
 
 from kvtier.addresses import TierChunks
 from kvtier.apps.bench.common import page_cache
@@ -38,8 +46,10 @@ from kvtier.apps.bench.gpu.clock import Clock
 from kvtier.apps.bench.gpu.figures import Measured, ratios, summary
 from kvtier.apps.bench.gpu.host_copy import HostRig, mechanisms
 from kvtier.apps.bench.gpu.shapes import Shape
-from kvtier.keys import LayoutFingerprint
+from kvtier.keys import ChunkKey, LayoutFingerprint
+from kvtier.tiers.base.chunk_format import READ_PIECE
 from kvtier.tiers.base.chunk_io import TierLoadHandler
+from kvtier.tiers.base.chunk_reads import ChunkReader
 from kvtier.tiers.disk.files import DiskTier, default_readers
 
 RAW_IO = 4 << 20  # bytes per raw read call
@@ -81,9 +91,13 @@ def _measure(rig: HostRig, work: Path, reps: int, clock: Clock) -> Measured:
         return lambda: run_job(loader, next(jobs), source, rig.target)
 
     bounds = {"raw": raw.read} | ({"raw_readers": raw.read_parallel} if readers > 1 else {})
-    sides = bounds | {name: loading(loader) for name, loader in loaders.items()}
-    files = dict.fromkeys(bounds, [raw.path]) | {
-        name: page_cache.files(tier.root) for name in loaders
+    checked = {"raw_checked": raw.read_checked}  # not a bound: what the checksum costs
+    reads = ChunkReader(tier, "bench", readers)
+    staged = np.split(raw.host.numpy(), np.cumsum([len(r) for r in records])[:-1])
+    sides = bounds | checked | {name: loading(loader) for name, loader in loaders.items()}
+    sides["kvtier_reads"] = lambda: _all_read(reads, keys, staged)
+    files = dict.fromkeys([*bounds, *checked], [raw.path]) | {
+        name: page_cache.files(tier.root) for name in [*loaders, "kvtier_reads"]
     }
     seconds: dict[str, list[float]] = {}
     resident: dict[str, list[float]] = {"cold": [], "warm": []}  # before each timed read
@@ -102,6 +116,7 @@ def _measure(rig: HostRig, work: Path, reps: int, clock: Clock) -> Measured:
                         clock.seconds(sides[side]))  # fmt: skip
     finally:
         raw.close()
+        reads.shutdown()
         for loader in loaders.values():
             loader.shutdown()
     if not rig.loaded_intact():
@@ -117,11 +132,22 @@ def _measure(rig: HostRig, work: Path, reps: int, clock: Clock) -> Measured:
         "seconds": {name: summary(values) for name, values in seconds.items()},
         "gb_s": {name: round(nbytes / min(values) / 1e9, 2) for name, values in seconds.items()},
     }  # fmt: skip
+    details["checksum_ceiling"] = {t: ratios(bound[t], seconds[f"raw_checked_{t}"])
+                                   for t in ("warm", "cold")}  # fmt: skip
+    details["reads_ratio"] = {t: ratios(bound[t], seconds[f"kvtier_reads_{t}"])
+                              for t in ("warm", "cold")}  # fmt: skip
+    details["checked_ratio"] = {t: ratios(seconds[f"raw_checked_{t}"], seconds[f"kvtier_{t}"])
+                                for t in ("warm", "cold")}  # fmt: skip
     if "one_reader" in loaders:
         details["one_reader_ratio"] = {
             t: ratios(seconds[f"raw_{t}"], seconds[f"one_reader_{t}"]) for t in ("warm", "cold")
         }
     return Measured(figures, {}, details)
+
+
+def _all_read(reader: ChunkReader, keys: Sequence[ChunkKey], into: Sequence[np.ndarray]) -> None:
+    if not all(reader.read(keys, into)):
+        raise RuntimeError("a chunk file the bench wrote failed its checks")
 
 
 def _faster(sides: Sequence[Sequence[float]]) -> list[float]:
@@ -163,12 +189,30 @@ class _RawFile:
                 done.result()
         self.engine.copy_(self.host, non_blocking=True)
 
-    def _read_range(self, fd: int, start: int, end: int) -> None:
+    def read_checked(self) -> None:
+        """``read_parallel``, each range read ``READ_PIECE`` at a time and each piece hashed
+        once read, as ``chunk_format.read_chunk`` checks a chunk file."""
+        size, n = len(self.view), self.readers
+        ends = [size * k // n for k in range(n + 1)]
+        with open(self.path, "rb", buffering=0) as file:
+            fd = file.fileno()
+            reads = [self._pool.submit(self._read_range, fd, a, b, READ_PIECE, xxhash.xxh3_64())
+                     for a, b in zip(ends, ends[1:])]  # fmt: skip
+            for done in reads:
+                done.result()
+        self.engine.copy_(self.host, non_blocking=True)
+
+    def _read_range(
+        self, fd: int, start: int, end: int, piece: int = RAW_IO, hasher: Any = None
+    ) -> None:
         at = start
         while at < end:
-            got = os.preadv(fd, [self.view[at : min(at + RAW_IO, end)]], at)
+            view = self.view[at : min(at + piece, end)]
+            got = os.preadv(fd, [view], at)
             if not got:
                 raise OSError(f"{self.path} ended {end - at} bytes early")
+            if hasher is not None:
+                hasher.update(view[:got])
             at += got
 
     def close(self) -> None:

@@ -8,6 +8,9 @@
                                      registered as the worker connector registers them
     .submit(mechanism, store)        queue one job of the request (returns its id)
     .finish(mechanism, ids)          wait for those jobs; RuntimeError unless all succeeded
+    .run(mechanism, store)           ``submit`` one job and wait for its copies (not for its
+                                     report: ``collect``)
+    .collect(mechanism)              ``finish`` the jobs ``run`` left
     .records()                       each chunk's record in the host tier, in key order
     .loaded_intact()                 whether the target blocks hold the request's pages
     measure(rig, reps, clock)        host_store_ratio and host_load_ratio per mechanism
@@ -18,6 +21,9 @@ not run), each through ``engine_host_handlers`` as the connector builds them; on
 ``cpu`` (the copy lanes). The bound is one contiguous copy of the same bytes between pinned host
 memory and device memory (``Bound``), timed back to back with each job, the order alternating
 per rep; a figure is ``bound seconds / job seconds`` per rep (1.0: as fast as the one copy).
+A job's seconds are its submit and its copies, until its event is done, as a forward fenced on a
+load waits for it; its report (``get_finished``, which the connector polls once a step) comes
+after the clock stops.
 Stores copy the request's blocks into its slots; loads copy the slots into other blocks, which
 are checked against the originals once after the reps.
 """
@@ -76,6 +82,7 @@ class HostRig:
         self.submit_s: dict[str, list[float]] = {m: [] for m in self.mechanisms}
         self.device_s: dict[str, list[float]] = {m: [] for m in self.mechanisms}  # per job
         self._ids = itertools.count()
+        self._ran: dict[str, list[int]] = {m: [] for m in self.mechanisms}  # not yet finished
 
     def submit(self, mechanism: str, store: bool) -> int:
         """Queue a store (the request's blocks -> its slots) or a load (the slots -> the
@@ -108,6 +115,15 @@ class HostRig:
 
     def move(self, mechanism: str, store: bool) -> None:
         self.finish(mechanism, [self.submit(mechanism, store)])
+
+    def run(self, mechanism: str, store: bool) -> None:
+        job_id = self.submit(mechanism, store)
+        self.workers[mechanism].wait([job_id])
+        self._ran[mechanism].append(job_id)
+
+    def collect(self, mechanism: str) -> None:
+        self.finish(mechanism, self._ran[mechanism])
+        self._ran[mechanism].clear()
 
     @property
     def bound(self) -> Bound:
@@ -169,13 +185,14 @@ def measure(rig: HostRig, reps: int, clock: Clock) -> Measured:
         for mechanism in rig.mechanisms:
             for side, store in (("store", True), ("load", False)):
                 bound = rig.bound.store if store else rig.bound.load
-                job = partial(rig.move, mechanism, store)
+                job = partial(rig.run, mechanism, store)
                 pair: list[tuple[str, Callable[[], object]]] = [
                     (f"bound_{side}_{mechanism}", bound),
                     (f"{side}_{mechanism}", job),
                 ]
                 for name, fn in pair if rep % 2 == 0 else pair[::-1]:
                     seconds.setdefault(name, []).append(clock.seconds(fn))
+                rig.collect(mechanism)
                 on_device.setdefault(f"{side}_{mechanism}", []).append(rig.device_s[mechanism][-1])
     if not rig.loaded_intact():
         raise RuntimeError("a host load brought back other bytes than the store copied")

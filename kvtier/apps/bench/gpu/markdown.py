@@ -107,6 +107,18 @@ def _disk_readers(document: Mapping[str, Any]) -> list[str]:
             lines.append(f"- {name} disk: {disk.get('readers')} files read at once; one at a "
                          f"time, median ratio warm {_cell(one['warm']['median'])}, cold "
                          f"{_cell(one['cold']['median'])}")  # fmt: skip
+        ceiling, checked = disk.get("checksum_ceiling"), disk.get("checked_ratio")
+        if ceiling and checked:
+            lines.append(f"- {name} disk: reads that hash every piece reach, median, warm "
+                         f"{_cell(ceiling['warm']['median'])}, cold "
+                         f"{_cell(ceiling['cold']['median'])} of the bound; kvtier's loads "
+                         f"{_cell(checked['warm']['median'])}, {_cell(checked['cold']['median'])}"
+                         " of those")  # fmt: skip
+        reads = disk.get("reads_ratio")
+        if reads:
+            lines.append(f"- {name} disk: kvtier's reads alone, nothing moved, median ratio warm "
+                         f"{_cell(reads['warm']['median'])}, cold "
+                         f"{_cell(reads['cold']['median'])}")  # fmt: skip
     return lines
 
 

@@ -53,10 +53,17 @@ class _Lane(NamedTuple):
     mover: PageMover
 
 
+class _Events(NamedTuple):
+    """A job's events, made once and reused by later jobs once it is reported."""
+
+    ready: torch.cuda.Event  # on the engine's stream, at submission
+    started: torch.cuda.Event  # on the job's stream, once the engine's work before it is done
+    done: torch.cuda.Event
+
+
 class _Job(NamedTuple):
     job_id: int
-    started: torch.cuda.Event  # on the stream, once the engine's work before it is done
-    done: torch.cuda.Event
+    events: _Events
     nbytes: int
     queued: Future[None] | None  # the pageable lane's: its events are recorded once it is done
 
@@ -81,32 +88,23 @@ class CudaCopyHandler(EngineHostHandler):
         self._queuer = ThreadPoolExecutor(1, "kvtier-pageable", bind_thread, (self.device,))
         self._memory = host.memory.view(-1)  # (num_chunks * record_bytes,) bytes
         self._jobs: list[_Job] = []  # in submission order
+        self._spare: list[_Events] = []  # reported jobs' events
 
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
         pages = self.page_grids(plan)
-        ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        ready.record(torch.cuda.current_stream(self.device))  # the engine's work so far
-        started = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        done = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        events = (ready, started, done)
+        events = self._spare.pop() if self._spare else _new_events()
+        events.ready.record(torch.cuda.current_stream(self.device))  # the engine's work so far
         queued = None
         if self.host.pinned_below(_slot_end(plan, self.host.block_size_factor)):
-            self._queue(self._lane, pages, True, *events)
+            self._queue(self._lane, pages, True, events)
         else:  # the kernel reads host memory only where it is pinned: the copy engine, queued
-            queued = self._queuer.submit(self._queue, self._pageable, pages, False, *events)
-        self._jobs.append(_Job(job_id, started, done, nbytes, queued))
+            queued = self._queuer.submit(self._queue, self._pageable, pages, False, events)
+        self._jobs.append(_Job(job_id, events, nbytes, queued))
 
-    def _queue(
-        self,
-        lane: _Lane,
-        pages: list[PageGrid],
-        pinned: bool,
-        ready: torch.cuda.Event,
-        started: torch.cuda.Event,
-        done: torch.cuda.Event,
-    ) -> None:
+    def _queue(self, lane: _Lane, pages: list[PageGrid], pinned: bool, events: _Events) -> None:
+        _, started, done = events
         with torch.cuda.stream(lane.stream):
-            lane.stream.wait_event(ready)
+            lane.stream.wait_event(events.ready)
             started.record(lane.stream)
             try:
                 if self.store:
@@ -120,18 +118,20 @@ class CudaCopyHandler(EngineHostHandler):
 
     def get_finished(self) -> list[TransferResult]:
         finished, self._jobs = _split(self._jobs)
-        return [_result(job) for job in finished]
+        results = [_result(job) for job in finished]
+        self._spare += [job.events for job in finished]  # nothing waits for them any more
+        return results
 
     def fence(self, job_ids: Collection[int]) -> None:
         engine = torch.cuda.current_stream(self.device)
         for job in self._jobs:
             if job.job_id in job_ids and _queued(job):
-                engine.wait_event(job.done)
+                engine.wait_event(job.events.done)
 
     def wait(self, job_ids: Collection[int]) -> None:
         for job in list(self._jobs):
             if job.job_id in job_ids and _queued(job):
-                job.done.synchronize()
+                job.events.done.synchronize()
 
     def wait_any(self, timeout: float) -> None:
         """Until a job finished, at most ``timeout`` (polled: an event has no timed wait, and
@@ -144,6 +144,11 @@ class CudaCopyHandler(EngineHostHandler):
         self._queuer.shutdown(wait=True)
         self._lane.stream.synchronize()
         self._pageable.stream.synchronize()
+
+
+def _new_events() -> _Events:
+    timed = [torch.cuda.Event(enable_timing=True) for _ in range(2)]  # type: ignore[no-untyped-call]
+    return _Events(torch.cuda.Event(), *timed)  # type: ignore[no-untyped-call]
 
 
 def _slot_end(plan: list[GroupCopy], factor: int) -> int:
@@ -163,7 +168,7 @@ def _queued(job: _Job) -> bool:
 def _done(job: _Job) -> bool:
     if job.queued is not None and not job.queued.done():
         return False  # its events not recorded yet (an event never recorded reads as done)
-    return bool(job.done.query())  # type: ignore[no-untyped-call]
+    return bool(job.events.done.query())  # type: ignore[no-untyped-call]
 
 
 def _split(jobs: list[_Job]) -> tuple[list[_Job], list[_Job]]:
@@ -178,5 +183,5 @@ def _result(job: _Job) -> TransferResult:
     if error is not None:
         logger.error("kvtier: transfer job %d failed", job.job_id, exc_info=error)
         return TransferResult(job.job_id, False, 0, 0.0)
-    seconds = job.started.elapsed_time(job.done) / 1e3
+    seconds = job.events.started.elapsed_time(job.events.done) / 1e3
     return TransferResult(job.job_id, True, job.nbytes, seconds)
