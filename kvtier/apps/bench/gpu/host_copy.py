@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from kvtier.addresses import TransferSpec
-from kvtier.apps.bench.gpu import plan_cost, submit_profile
+from kvtier.apps.bench.gpu import call_costs, plan_cost, submit_profile
 from kvtier.apps.bench.gpu.clock import Clock
 from kvtier.apps.bench.gpu.figures import Measured, ratios, summary
 from kvtier.apps.bench.gpu.request import Request, engine_blocks_for, same_pages
@@ -219,6 +219,7 @@ def measure(rig: HostRig, reps: int, clock: Clock) -> Measured:
     details["plan_ms"] = plan_cost.measure(  # a store's planning on the engine's thread
         rig.engine.layout, rig.host, (rig.request.engine, rig.request.slots), reps
     )
+    details["call_us"] = call_costs.measure(rig.engine.layout.device)  # CUDA's calls, each
     details["submit_profile"] = {
         f"{side}_{m}": submit_profile.top(partial(rig.move, m, side == "store"))
         for m in rig.mechanisms
