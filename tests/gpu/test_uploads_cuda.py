@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 
 def test_a_slot_is_taken_again_only_once_the_work_queued_after_it_is_done() -> None:
     uploads = Uploads(torch.device("cuda"))
-    torch.cuda._sleep(200_000_000)  # type: ignore[no-untyped-call]  # the stream, busy
+    torch.cuda._sleep(1 << 30)  # type: ignore[no-untyped-call]  # the stream, busy: ~0.5 s
     first = uploads.put(np.arange(100))
     uploads.queued()
     second = uploads.put(np.arange(100) + 1)  # the first's copy has not run yet
@@ -35,7 +35,7 @@ def test_jobs_queued_behind_busy_work_each_move_their_own_pages() -> None:
     mover = PageMover(views, mechanism=Mechanism.KERNEL)
     host = torch.zeros(16 * 4096, dtype=torch.uint8).pin_memory()
     blocks = [5, 9, 17, 40, 2, 63, 30, 11]
-    torch.cuda._sleep(200_000_000)  # type: ignore[no-untyped-call]
+    torch.cuda._sleep(1 << 30)  # type: ignore[no-untyped-call]
     for job, block in enumerate(blocks):
         at = np.array([2 * job, 2 * job + 1]) * 4096
         mover.store(Pages(np.array([0, 1]), np.array([block, block]), at), host)
