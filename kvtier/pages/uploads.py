@@ -10,11 +10,12 @@
 A job's tables (``grid.Tables``; the copy kernel's descriptors) are a few KiB, uploaded on the
 engine's thread before the job's kernel can start. Uploaded the plain way (``pin_memory()``, then
 ``.to(device)``) each costs a pinned and a device allocation and two tensors: on the H200's
-host, 0.2 ms of the 1 ms a host job's submit took (``kvtier bench gpu``'s ``submit_profile``),
-and the copy starts that much later. Here an upload takes a slot, pinned host memory and device
-memory kept from job to job (grown when a table outgrows it). A slot is taken again once an
-event recorded after the work that read it is done: checked, never waited for. A slot still in
-use means another one; with ``MOST_SLOTS`` in use, the plain way.
+host, about 0.2 ms under cProfile of the 1 ms a host job's submit took (``kvtier bench gpu``'s
+``submit_profile``; ``call_us`` times it alone), and the copy starts that much later. Here an
+upload takes a slot, pinned host memory and device memory kept from job to job (grown when a
+table outgrows it). A slot is taken again once an event recorded after the work that read it
+is done: checked, never waited for. A slot still in use means another one; with ``MOST_SLOTS``
+in use, the plain way.
 """
 
 from __future__ import annotations
