@@ -56,6 +56,9 @@ class Uploads:
         self.device = device
         self.slots: list[_Slot] = []
         self._taken: list[_Slot] = []
+        self._index: int | None = None  # on CUDA: the device's, for the quickest stream lookup
+        if device.type == "cuda":
+            self._index = torch.cuda.current_device() if device.index is None else device.index
 
     def put(self, table: np.ndarray) -> torch.Tensor:
         n = len(table)
@@ -73,7 +76,7 @@ class Uploads:
     def queued(self) -> None:
         for slot in self._taken:
             if slot.event is not None:
-                slot.event.record()
+                slot.event.record(torch.cuda.current_stream(self._index))
                 slot.recorded = True
             slot.taken = False
         self._taken.clear()

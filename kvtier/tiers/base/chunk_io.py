@@ -42,6 +42,7 @@ from kvtier.keys import ChunkKey, key_group
 from kvtier.layout import KVLayout
 from kvtier.pages import PageMover
 from kvtier.pages.grid import PageGrid, record_grid
+from kvtier.pages.streams import on_stream
 from kvtier.tiers.base.chunk_format import Buffer
 from kvtier.tiers.base.chunk_plan import GroupCopy, check_range, join_by_group, plan_copy
 from kvtier.tiers.base.chunk_reads import ChunkRead, ChunkReader, plan_reads
@@ -199,7 +200,7 @@ class TierLoadHandler(ThreadedHandler):
             return
         grids = staged_grids(self.records, staged, self._stage_np.shape[2])
         assert self._stream is not None
-        with torch.cuda.stream(self._stream):
+        with on_stream(self._stream):
             self._mover.load(grids, self._stage[half].view(-1))
             self._events[half].record(self._stream)
         self._moved[half] = self._events[half]

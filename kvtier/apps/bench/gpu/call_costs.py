@@ -12,8 +12,8 @@ functions, this times each call alone, so that a run shows which are worth avoid
     event_made        an event made and recorded (what a job paid per event before they were reused)
     current_stream    ``torch.cuda.current_stream(device)``
     stream_context    ``with torch.cuda.stream(side)``, entered and left
-    set_stream        the same by hand: the current stream asked for by index, ``side`` set,
-                      then the former set again
+    on_stream         the same as kvtier enters it (``pages/streams.py``: the current stream
+                      asked for by index, ``side`` set, then the former set again)
     wait_event        a stream made to wait for an event
     pin_and_upload    a 1,024-entry table to the device the plain way (``pin_memory().to()``)
     uploads_put       the same through ``pages/uploads.py``, and its event
@@ -31,6 +31,7 @@ import torch
 
 from kvtier.pages import PageMover, grid, kernel
 from kvtier.pages.grid import record_grid
+from kvtier.pages.streams import on_stream
 from kvtier.pages.uploads import Uploads
 
 CALLS = 200  # per call timed
@@ -59,10 +60,9 @@ def measure(device: torch.device) -> dict[str, float]:
         with torch.cuda.stream(side):
             pass
 
-    def set_stream() -> None:
-        former = torch.cuda.current_stream(side.device_index)
-        torch.cuda.set_stream(side)
-        torch.cuda.set_stream(former)
+    def switched() -> None:
+        with on_stream(side):
+            pass
 
     def uploads_put() -> None:
         uploads.put(table)
@@ -73,7 +73,7 @@ def measure(device: torch.device) -> dict[str, float]:
         "event_made": lambda: torch.cuda.Event().record(),  # type: ignore[no-untyped-call]
         "current_stream": lambda: torch.cuda.current_stream(device),
         "stream_context": stream_context,
-        "set_stream": set_stream,
+        "on_stream": switched,
         "wait_event": lambda: side.wait_event(event),
         "pin_and_upload": lambda: plain(table).pin_memory().to(device, non_blocking=True),
         "uploads_put": uploads_put,

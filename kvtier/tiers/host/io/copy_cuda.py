@@ -37,6 +37,7 @@ from kvtier.pages import PageMover
 from kvtier.pages.grid import PageGrid
 from kvtier.pages.mechanism import Mechanism, Mechanisms
 from kvtier.pages.mover import STAGE_BYTES
+from kvtier.pages.streams import on_stream
 from kvtier.tiers.base.chunk_plan import GroupCopy
 from kvtier.tiers.base.handler import TransferResult
 from kvtier.tiers.base.job_thread import bind_thread
@@ -84,6 +85,7 @@ class CudaCopyHandler(EngineHostHandler):
             return _Lane(torch.cuda.Stream(device=self.device), mover)  # type: ignore[no-untyped-call]
 
         self._lane = lane()
+        self._index = self._lane.stream.device_index  # the engine's device, the quickest lookup
         self._pageable = lane()  # jobs touching slots not pinned yet, queued by _queuer
         self._queuer = ThreadPoolExecutor(1, "kvtier-pageable", bind_thread, (self.device,))
         self._memory = host.memory.view(-1)  # (num_chunks * record_bytes,) bytes
@@ -93,7 +95,7 @@ class CudaCopyHandler(EngineHostHandler):
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
         pages = self.page_grids(plan)
         events = self._spare.pop() if self._spare else _new_events()
-        events.ready.record(torch.cuda.current_stream(self.device))  # the engine's work so far
+        events.ready.record(torch.cuda.current_stream(self._index))  # the engine's work so far
         queued = None
         if self.host.pinned_below(_slot_end(plan, self.host.block_size_factor)):
             self._queue(self._lane, pages, True, events)
@@ -103,7 +105,7 @@ class CudaCopyHandler(EngineHostHandler):
 
     def _queue(self, lane: _Lane, pages: list[PageGrid], pinned: bool, events: _Events) -> None:
         _, started, done = events
-        with torch.cuda.stream(lane.stream):
+        with on_stream(lane.stream):
             lane.stream.wait_event(events.ready)
             started.record(lane.stream)
             try:
@@ -123,7 +125,7 @@ class CudaCopyHandler(EngineHostHandler):
         return results
 
     def fence(self, job_ids: Collection[int]) -> None:
-        engine = torch.cuda.current_stream(self.device)
+        engine = torch.cuda.current_stream(self._index)
         for job in self._jobs:
             if job.job_id in job_ids and _queued(job):
                 engine.wait_event(job.events.done)
