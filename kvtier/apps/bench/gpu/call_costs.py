@@ -8,9 +8,11 @@ CUDA through torch and Triton, and the device waits for the launch at its end. O
 host the calls took most of the submit, each tens of microseconds; ``submit_profile`` names the
 functions, this times each call alone, so that a run shows which are worth avoiding:
 
-    event_record      an event, made once, recorded on the current stream
+    event_record      an event, made once, recorded on a stream given
     event_made        an event made and recorded (what a job paid per event before they were reused)
-    current_stream    ``torch.cuda.current_stream(device)``
+    current_stream    ``torch.cuda.current_stream()``: the general device lookup (torch's stream
+                      context makes two, and an event recorded with no stream given one)
+    stream_by_index   ``torch.cuda.current_stream(index)``, as kvtier asks for it
     stream_context    ``with torch.cuda.stream(side)``, entered and left
     on_stream         the same as kvtier enters it (``pages/streams.py``: the current stream
                       asked for by index, ``side`` set, then the former set again)
@@ -54,7 +56,7 @@ def measure(device: torch.device) -> dict[str, float]:
     assert found is not None
     flat, span = torch.from_numpy(found.flat).to(device), found.grids[0]
 
-    plain = torch.from_numpy
+    stream, index = torch.cuda.current_stream(device), side.device_index
 
     def stream_context() -> None:
         with torch.cuda.stream(side):
@@ -64,18 +66,22 @@ def measure(device: torch.device) -> dict[str, float]:
         with on_stream(side):
             pass
 
+    def pin_and_upload() -> None:
+        torch.from_numpy(table).pin_memory().to(device, non_blocking=True)
+
     def uploads_put() -> None:
         uploads.put(table)
         uploads.queued()
 
     calls: dict[str, Callable[[], object]] = {
-        "event_record": lambda: event.record(),
-        "event_made": lambda: torch.cuda.Event().record(),  # type: ignore[no-untyped-call]
-        "current_stream": lambda: torch.cuda.current_stream(device),
+        "event_record": lambda: event.record(stream),
+        "event_made": lambda: torch.cuda.Event().record(stream),  # type: ignore[no-untyped-call]
+        "current_stream": torch.cuda.current_stream,
+        "stream_by_index": lambda: torch.cuda.current_stream(index),
         "stream_context": stream_context,
         "on_stream": switched,
         "wait_event": lambda: side.wait_event(event),
-        "pin_and_upload": lambda: plain(table).pin_memory().to(device, non_blocking=True),
+        "pin_and_upload": pin_and_upload,
         "uploads_put": uploads_put,
         "grid_launch": lambda: kernel.grid_copy(flat, span, host.data_ptr(), True, mover.launch),
         "mover_store": lambda: mover.store(one, host),
