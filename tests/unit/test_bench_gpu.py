@@ -72,6 +72,8 @@ def test_a_quick_cpu_run_measures_every_figure_with_the_gpu_machines_modules(
     assert set(profiled) == {"store_cpu", "load_cpu"}
     assert all(row["ms_per_job"] >= 0 and row["function"] for row in profiled["store_cpu"])
     assert shape["details"]["host"]["call_us"] == {}  # CUDA's calls, timed on CUDA only
+    queued = shape["details"]["host"]["submit_ms_queued"]  # submits back to back, beside
+    assert set(queued) == {"cpu"} and queued["cpu"]["min"] > 0 and len(queued["cpu"]["values"]) == 3
     planned = shape["details"]["host"]["plan_ms"]  # the engine thread's planning, per mechanism
     assert set(planned) == {"dma", "kernel"} and all(p["min"] > 0 for p in planned.values())
     disk = shape["details"]["disk"]  # cold reads were cold, warm reads warm, for both sides

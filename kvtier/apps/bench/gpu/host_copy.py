@@ -14,6 +14,8 @@
     .records()                       each chunk's record in the host tier, in key order
     .loaded_intact()                 whether the target blocks hold the request's pages
     measure(rig, reps, clock)        host_store_ratio and host_load_ratio per mechanism
+    queued_submits(rig, mechanism, jobs)
+                                     each store's submit, submitted back to back
 
 Mechanisms: on CUDA ``dma`` (a gather on the device, large copies on the copy engine) and
 ``kernel`` (the default: one Triton kernel straight to pinned host memory; DMA where Triton does
@@ -216,6 +218,8 @@ def measure(rig: HostRig, reps: int, clock: Clock) -> Measured:
         "device_ratio": {name: ratios(seconds[f"bound_{name}"], values)
                          for name, values in on_device.items()},
     }  # fmt: skip
+    details["submit_ms_queued"] = {m: summary(queued_submits(rig, m, max(reps, 3)))
+                                   for m in rig.mechanisms}  # fmt: skip
     details["plan_ms"] = plan_cost.measure(  # a store's planning on the engine's thread
         rig.engine.layout, rig.host, (rig.request.engine, rig.request.slots), reps
     )
@@ -228,6 +232,14 @@ def measure(rig: HostRig, reps: int, clock: Clock) -> Measured:
     if rig.engine.layout.device.type == "cuda" and not kernel.available():
         details["note"] = "Triton does not run here: the kernel mechanism moved pages by DMA"
     return Measured(figures, {}, details)
+
+
+def queued_submits(rig: HostRig, mechanism: str, jobs: int) -> list[float]:
+    """Milliseconds each of ``jobs`` stores took to submit, submitted back to back, each while
+    the copies of the one before run (``submit_ms``: each after the device was idle)."""
+    start = len(rig.submit_s[mechanism])
+    rig.finish(mechanism, [rig.submit(mechanism, store=True) for _ in range(jobs)])
+    return [s * 1e3 for s in rig.submit_s[mechanism][start:]]
 
 
 def load_seconds(measured: Measured) -> dict[str, list[float]]:
