@@ -179,12 +179,16 @@ class _RawFile:
             self._read_range(file.fileno(), 0, len(self.view))
         self.engine.copy_(self.host, non_blocking=True)
 
-    def read_parallel(self) -> None:
+    def read_parallel(self, piece: int = RAW_IO, hashed: bool = False) -> None:
+        """The file read by ``readers`` threads over equal ranges, ``piece`` bytes a call, each
+        piece hashed once read where ``hashed``; then one copy to the device."""
         size, n = len(self.view), self.readers
         ends = [size * k // n for k in range(n + 1)]
         with open(self.path, "rb", buffering=0) as file:
             fd = file.fileno()
-            reads = [self._pool.submit(self._read_range, fd, a, b) for a, b in zip(ends, ends[1:])]
+            reads = [self._pool.submit(self._read_range, fd, a, b, piece,
+                                       xxhash.xxh3_64() if hashed else None)
+                     for a, b in zip(ends, ends[1:])]  # fmt: skip
             for done in reads:
                 done.result()
         self.engine.copy_(self.host, non_blocking=True)
@@ -192,15 +196,7 @@ class _RawFile:
     def read_checked(self) -> None:
         """``read_parallel``, each range read ``READ_PIECE`` at a time and each piece hashed
         once read, as ``chunk_format.read_chunk`` checks a chunk file."""
-        size, n = len(self.view), self.readers
-        ends = [size * k // n for k in range(n + 1)]
-        with open(self.path, "rb", buffering=0) as file:
-            fd = file.fileno()
-            reads = [self._pool.submit(self._read_range, fd, a, b, READ_PIECE, xxhash.xxh3_64())
-                     for a, b in zip(ends, ends[1:])]  # fmt: skip
-            for done in reads:
-                done.result()
-        self.engine.copy_(self.host, non_blocking=True)
+        self.read_parallel(READ_PIECE, hashed=True)
 
     def _read_range(
         self, fd: int, start: int, end: int, piece: int = RAW_IO, hasher: Any = None
