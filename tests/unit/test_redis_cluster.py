@@ -17,12 +17,14 @@ from redis.cluster import key_slot as redis_py_key_slot
 from kvtier.apps.bench.common.redis_server import RedisClusterServers, RedisServer
 from kvtier.keys import ChunkKey, make_key
 from kvtier.layout import build_layout
-from kvtier.tiers.redis.cluster import key_slot
+from kvtier.tiers.redis.cluster import SlotMap, key_slot
 from kvtier.tiers.redis.config import RedisConfig
+from kvtier.tiers.redis.errors import AskError, MovedError
 from kvtier.tiers.redis.keys import redis_key
 from kvtier.tiers.redis.pieces import Reader, read_commands
 from kvtier.tiers.redis.store import RedisStore
 from kvtier.tiers.redis.tier import RedisTier
+from kvtier.tiers.redis.url import parse_url
 
 FP = bytes(range(16))
 
@@ -55,6 +57,18 @@ def test_key_slot_matches_redis_py_on_many_keys() -> None:
 
 def test_every_rank_of_a_chunk_is_on_one_node() -> None:
     assert len({key_slot(redis_key("kv", _key(5), rank)) for rank in range(8)}) == 1
+
+
+def test_a_moved_reply_outranks_a_seed_that_lags_behind_a_resharding() -> None:
+    seed = parse_url("redis://:secret@127.0.0.1:7000")
+    lagging = [[0, 99, [b"127.0.0.1", 7000]], [100, 16383, [b"127.0.0.1", 7001]]]
+    slots = SlotMap()
+    slots.update(lagging, seed, [MovedError("MOVED 42 127.0.0.1:7002"),
+                                 AskError("ASK 7 127.0.0.1:7002")])  # fmt: skip
+    nodes = [slots.node(n) for n in (42, 7, 41, 43, 100)]
+    assert [(n.port, n.password) if n else None for n in nodes] == [
+        (7002, "secret"), (7000, "secret"), (7000, "secret"), (7000, "secret"), (7001, "secret")
+    ]  # fmt: skip
 
 
 def test_chunks_spread_over_the_nodes_and_read_back(redis_cluster: RedisClusterServers) -> None:
@@ -168,3 +182,21 @@ def _finish_moving(
     target_id = _command(target.client(), "CLUSTER", "MYID")
     for server in [target, *(s for s in cluster.servers if s is not target)]:
         _command(server.client(), "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    _settled(cluster, slot, target_id)
+
+
+def _settled(cluster: RedisClusterServers, slot: int, owner: str, wait_s: float = 10.0) -> None:
+    """Wait until every node says ``owner`` serves ``slot``, as ``redis-cli --cluster`` waits
+    for the nodes to agree after a resharding."""
+    deadline = time.monotonic() + wait_s
+    while not all(_serves(s, slot) == owner for s in cluster.servers):
+        assert time.monotonic() < deadline, f"the nodes did not agree on slot {slot} in {wait_s} s"
+        time.sleep(0.02)
+
+
+def _serves(server: RedisServer, slot: int) -> Any:
+    """The ID (as ``CLUSTER MYID`` answers it) of the master ``server`` says serves ``slot``."""
+    for first, last, master, *_ in _command(server.client(), "CLUSTER", "SLOTS"):
+        if first <= slot <= last:
+            return master[2]
+    return None

@@ -1,17 +1,20 @@
 """Redis Cluster routing: which node serves a key.
 
     key_slot(name) -> int          CRC16 (XMODEM) of the key, or of its ``{hash tag}``, mod 16384
-    SlotMap().update(reply, seed)  the map from a ``CLUSTER SLOTS`` reply (asked of any seed)
+    SlotMap().update(reply, seed, moved)  the map from a ``CLUSTER SLOTS`` reply (asked of any
+                                   seed), each slot a ``MOVED`` reply names on its node
     SlotMap.node(slot)             the master serving ``slot`` (None: unknown, ask again)
     redirect(moved, address)       where a command answered ``MOVED``/``ASK`` goes again
 
 A Redis key of kvtier carries the chunk key as its hash tag (``redis/keys.py``), so every
 rank's share of a chunk is on one node. The map is replaced whole, never edited in place, so a
-thread reading it needs no lock; a ``MOVED`` reply tells the store to ask for a fresh one.
+thread reading it needs no lock; a ``MOVED`` reply tells the store to ask for a fresh one, and
+the node it names serves its slot whatever that seed says: a seed may lag behind a resharding.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kvtier.tiers.redis.errors import AskError, MovedError
@@ -68,15 +71,20 @@ class SlotMap:
     def masters(self) -> list[RedisAddress]:
         return list({node.node: node for node in self._nodes if node is not None}.values())
 
-    def update(self, reply: Any, seed: RedisAddress) -> None:
+    def update(self, reply: Any, seed: RedisAddress, moved: Sequence[MovedError] = ()) -> None:
         """Take the ``CLUSTER SLOTS`` ``reply`` of ``seed`` (a node that reports no host, or
-        ``?``, is on the seed's host); other nodes share the seed's credentials and TLS."""
+        ``?``, is on the seed's host), then the node each ``MOVED`` reply in ``moved`` names
+        for its slot (``ASK`` ones are not about the map); other nodes share the seed's
+        credentials and TLS."""
         nodes: list[RedisAddress | None] = [None] * SLOTS
         for first, last, master, *_replicas in reply:
             host = master[0].decode() if isinstance(master[0], bytes) else str(master[0])
             address = seed.at(host if host not in ("", "?") else seed.host, int(master[1]))
             for slot in range(int(first), int(last) + 1):
                 nodes[slot] = address
+        for reply in moved:
+            if not isinstance(reply, AskError):
+                nodes[reply.slot] = seed.at(reply.host, reply.port)
         self._nodes = nodes
 
 

@@ -103,7 +103,7 @@ class RedisStore:
         again = [i for i, reply in enumerate(replies) if isinstance(reply, MovedError)]
         if again:
             if any(not isinstance(replies[i], AskError) for i in again):
-                self.refresh_slots()
+                self.refresh_slots([replies[i] for i in again])
             retry = [redirect(replies[i], self._address(names[i])) for i in again]
             for i, reply in zip(again, self._pipelines(retry, [commands[i] for i in again])):
                 if isinstance(reply, MovedError):
@@ -195,7 +195,7 @@ class RedisStore:
             if not redirects:
                 raise ConnectionError(f"Redis Cluster keeps redirecting: {moved}") from None
             if not isinstance(moved, AskError):
-                self.refresh_slots()
+                self.refresh_slots([moved])
             node, asking = redirect(moved, self._address(ticket.name))
             retry = self._send_redirected(ticket.name, ticket.lane, node, asking, ticket.size)
             return self._read_get(retry, into, redirects - 1)
@@ -282,8 +282,9 @@ class RedisStore:
                 raise ConnectionError(f"no Redis Cluster node serves slot {slot}")
         return node
 
-    def refresh_slots(self) -> None:
-        """The slot map from the first seed that answers ``CLUSTER SLOTS``."""
+    def refresh_slots(self, moved: Sequence[MovedError] = ()) -> None:
+        """The slot map from the first seed that answers ``CLUSTER SLOTS``, with each slot a
+        ``MOVED`` reply in ``moved`` names on that node (``SlotMap.update``)."""
         error: BaseException | None = None
         for seed in self.addresses:
             try:
@@ -291,7 +292,7 @@ class RedisStore:
             except (OSError, RespError) as failure:
                 error = failure
                 continue
-            self.slots.update(reply, seed)
+            self.slots.update(reply, seed, moved)
             return
         raise ConnectionError(f"no Redis Cluster seed answered CLUSTER SLOTS: {error}")
 

@@ -242,6 +242,7 @@ class RedisClusterServers:
         for i, client in enumerate(clients):
             last = 16383 if i == len(clients) - 1 else (i + 1) * step - 1
             _command(client, "CLUSTER", "ADDSLOTSRANGE", i * step, last)
+            _command(client, "CLUSTER", "SET-CONFIG-EPOCH", i + 1)  # distinct, as redis-cli sets
         for server in self.servers[1:]:
             bus = server.options["cluster-port"]
             _command(clients[0], "CLUSTER", "MEET", "127.0.0.1", server.port, bus)
