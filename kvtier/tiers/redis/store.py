@@ -283,8 +283,7 @@ class RedisStore:
         return node
 
     def refresh_slots(self, moved: Sequence[MovedError] = ()) -> None:
-        """The slot map from the first seed that answers ``CLUSTER SLOTS``, with each slot a
-        ``MOVED`` reply in ``moved`` names on that node (``SlotMap.update``)."""
+        """The slot map from the first seed that answers ``CLUSTER SLOTS``, and ``moved``'s."""
         error: BaseException | None = None
         for seed in self.addresses:
             try:
