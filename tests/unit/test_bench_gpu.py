@@ -249,3 +249,41 @@ def test_bad_arguments_are_refused_with_the_valid_names(capsys: pytest.CaptureFi
     assert "valid: host, prefill, beside" in capsys.readouterr().out
     assert main(["bench", "gpu", "--budget-s", "0"]) == 2
     assert "--budget-s must be positive, got 0.0" in capsys.readouterr().out
+
+
+def test_the_loader_that_reads_ahead_has_files_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the engine reads several files at once, the loader timed beside it that reads one
+    at a time asks the kernel to read files ahead, which leaves them in the page cache in small
+    pages that every later read copies slower: it reads a copy of the files, so that kvtier's
+    warm reads find the pages its own reads brought."""
+    import threading
+
+    import torch
+
+    from kvtier.apps.bench.gpu import disk_load
+    from kvtier.apps.bench.gpu.clock import Clock
+    from kvtier.apps.bench.gpu.shapes import SHAPES
+    from kvtier.tiers.disk.files import DiskTier
+
+    monkeypatch.setattr(disk_load, "default_readers", lambda device: 2)
+    ahead: set[Path] = set()  # the roots of the files asked to be read ahead
+    beside: set[Path] = set()  # and of those read by readers beside each other
+    prefetch, read = DiskTier.prefetch, DiskTier.read
+
+    def asked(tier: DiskTier, key: bytes) -> None:
+        ahead.add(tier.root)
+        prefetch(tier, key)
+
+    def reading(tier: DiskTier, key: bytes, out: Any) -> None:
+        if "-read" in threading.current_thread().name:
+            beside.add(tier.root)
+        read(tier, key, out)
+
+    monkeypatch.setattr(DiskTier, "prefetch", asked)
+    monkeypatch.setattr(DiskTier, "read", reading)
+    cpu = torch.device("cpu")
+    measured = disk_load.measure(SHAPES["tiny"], 1024, cpu, 1, Clock(cpu), tmp_path)
+    assert ahead and beside and not ahead & beside, (ahead, beside)
+    assert {"warm", "cold"} <= set(measured.details["one_reader_ratio"])

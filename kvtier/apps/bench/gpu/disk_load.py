@@ -16,7 +16,10 @@ it worked) right before it reads them; warm: read again from the page cache
 order turning; each drops only its own files, so that no side's warm read follows another's drop
 (the two bounds read one file: each drops it before its own cold read). Where the engine reads
 several files at once, a loader that reads one at a time is timed beside them
-(``one_reader_ratio``). And the bound's reads with kvtier's checksum (``raw_checked``: the
+(``one_reader_ratio``), from a copy of the files: it asks the kernel to read a file ahead, which
+leaves the file in the page cache in small pages, and kvtier's warm reads must find the pages
+its own reads brought (read from small pages, 512 MiB took 1.3-1.4 x as long, one thread, Linux
+6.18, ext4). And the bound's reads with kvtier's checksum (``raw_checked``: the
 same threads, each range read ``READ_PIECE`` at a time and each piece hashed once read, as a
 chunk file is): ``checksum_ceiling`` is the bound over it, the most a load that checks every byte
 can reach here, and ``checked_ratio`` is it over kvtier's load, what kvtier costs besides.
@@ -73,17 +76,26 @@ def _measure(rig: HostRig, work: Path, reps: int, clock: Clock) -> Measured:
     fingerprint = LayoutFingerprint(f"bench-gpu-{rig.shape.name}", "bfloat16", layout.describe(),
                                     0, 1, 0, rig.shape.chunk_tokens)  # fmt: skip
     digest = fingerprint.digest()
-    tier = DiskTier(work / "tier", 0, digest, fingerprint.describe(), layout, rig.shape.factor)
     keys = rig.request.keys(digest)
     records = rig.records()
-    for key, record in zip(keys, records, strict=True):
-        tier.write(key, [record])
+
+    def written(name: str) -> DiskTier:
+        tier = DiskTier(work / name, 0, digest, fingerprint.describe(), layout, rig.shape.factor)
+        for key, record in zip(keys, records, strict=True):
+            tier.write(key, [record])
+        return tier
+
+    tier = written("tier")
+    tiers = {"kvtier": tier}
     readers = default_readers(layout.device.type)  # as the engine's disk tier, by default
+    if readers > 1:  # and one at a time, to show what the readers beside each other bring:
+        # from files of its own, as it asks the kernel to read them ahead (a file read ahead
+        # lands in the page cache in small pages, which every later read copies slower)
+        tiers["one_reader"] = written("one-reader")
+    loaders = {name: TierLoadHandler(layout, t, "disk", readers if t is tier else 1)
+               for name, t in tiers.items()}  # fmt: skip
     raw = _RawFile(work / "raw.bin", records, layout.device, readers)
     os.sync()
-    loaders = {"kvtier": TierLoadHandler(layout, tier, "disk", readers)}
-    if readers > 1:  # and one at a time, to show what the readers beside each other bring
-        loaders["one_reader"] = TierLoadHandler(layout, tier, "disk", 1)
     jobs = itertools.count()
     source = TierChunks("disk", keys)
 
@@ -97,8 +109,9 @@ def _measure(rig: HostRig, work: Path, reps: int, clock: Clock) -> Measured:
     sides = bounds | checked | {name: loading(loader) for name, loader in loaders.items()}
     sides["kvtier_reads"] = lambda: _all_read(reads, keys, staged)
     files = dict.fromkeys([*bounds, *checked], [raw.path]) | {
-        name: page_cache.files(tier.root) for name in [*loaders, "kvtier_reads"]
+        name: page_cache.files(t.root) for name, t in tiers.items()
     }
+    files["kvtier_reads"] = files["kvtier"]
     seconds: dict[str, list[float]] = {}
     resident: dict[str, list[float]] = {"cold": [], "warm": []}  # before each timed read
     try:
