@@ -82,9 +82,9 @@ class SlotMap:
             address = seed.at(host if host not in ("", "?") else seed.host, int(master[1]))
             for slot in range(int(first), int(last) + 1):
                 nodes[slot] = address
-        for reply in moved:
-            if not isinstance(reply, AskError):
-                nodes[reply.slot] = seed.at(reply.host, reply.port)
+        for redirected in moved:
+            if not isinstance(redirected, AskError):
+                nodes[redirected.slot] = seed.at(redirected.host, redirected.port)
         self._nodes = nodes
 
 
