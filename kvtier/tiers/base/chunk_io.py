@@ -78,9 +78,9 @@ class TierLoadHandler(ThreadedHandler):
         self._scatter = RecordScatter(layout, self.records) if layout.views and not gpu else None
         self._mover = PageMover(layout.views) if gpu and layout.views else None
         self._stream = torch.cuda.Stream(self.device) if gpu else None  # type: ignore[no-untyped-call]
-        self._moved: list[torch.cuda.Event | None] = [None, None]  # each half's last move
-        # made once: a half's event is recorded again only after its last move was waited for
-        self._events = [_event() for _ in range(halves)] if gpu else []
+        # each half's last move, made once: recorded again only after that move was waited for
+        self._moved = [_event() for _ in range(halves)] if gpu else []
+        self._moving = [False] * halves  # its event recorded, not yet waited for
         self.bad_chunks = 0
 
     def transfer_async(self, job_id: int, src: TransferSpec, dst: TransferSpec) -> bool:
@@ -185,10 +185,9 @@ class TierLoadHandler(ThreadedHandler):
 
     def _reuse(self, half: int) -> None:
         """Wait until the last move out of staging half ``half`` completed."""
-        event = self._moved[half]
-        if event is not None:
-            event.synchronize()
-            self._moved[half] = None
+        if self._moving[half]:
+            self._moved[half].synchronize()
+            self._moving[half] = False
 
     def _move(self, half: int, staged: list[tuple[int, ChunkRead]]) -> None:
         """The records in staging half ``half`` into their engine blocks."""
@@ -202,8 +201,8 @@ class TierLoadHandler(ThreadedHandler):
         assert self._stream is not None
         with on_stream(self._stream):
             self._mover.load(grids, self._stage[half].view(-1))
-            self._events[half].record(self._stream)
-        self._moved[half] = self._events[half]
+            self._moved[half].record(self._stream)
+        self._moving[half] = True
 
 
 def _event() -> torch.cuda.Event:

@@ -104,9 +104,9 @@ class CudaCopyHandler(EngineHostHandler):
         self._jobs.append(_Job(job_id, events, nbytes, queued))
 
     def _queue(self, lane: _Lane, pages: list[PageGrid], pinned: bool, events: _Events) -> None:
-        _, started, done = events
+        ready, started, done = events
         with on_stream(lane.stream):
-            lane.stream.wait_event(events.ready)
+            lane.stream.wait_event(ready)
             started.record(lane.stream)
             try:
                 if self.store:
