@@ -60,8 +60,31 @@ def main() -> None:
                 size = traceback.format_exc()
             results[name][which] = size
     results["vectors"] = _vectors(kernels)
+    results["candidates"] = _candidates(grid)
     results["warmup"] = _warmed()
     json.dump(results, sys.stdout)
+
+
+def _candidates(signature: dict[str, str]) -> dict[str, int | str]:
+    """Each launch ``kvtier bench gpu`` times for the bench's page sizes
+    (``launches.candidates``), the grid kernel compiled both ways for an H100: its cubin's
+    bytes, or the error."""
+    from kvtier.apps.bench.gpu.launches import candidates
+
+    done: dict[str, int | str] = {}
+    for page in (72 << 10, kernel.LARGE_PAGE, 16 << 10, 4 << 10):  # MLA, 8B, the bench's, 70B
+        for launch in candidates(page):
+            for way, store in (("store", True), ("load", False)):
+                which = f"{way} {'-'.join(map(str, launch))}"
+                if which in done:
+                    continue
+                constants = {"STORE": store, "BLOCK": launch.block, "PAGES": launch.pages}
+                try:
+                    done[which] = _compiled(kernel._grid_kernel(), signature, constants,
+                                            ARCHS["H100 H200"], launch.warps)  # fmt: skip
+                except Exception:
+                    done[which] = traceback.format_exc()
+    return done
 
 
 def _vectors(kernels: dict[str, tuple[Any, dict[str, str], dict[str, Any], int]]) -> Any:

@@ -6,7 +6,9 @@ programs one after the other in numpy over the raw addresses it is given (CPU me
 importable, ``TRITON_INTERPRET=1`` set before it is imported) and prints one JSON object: per
 case id, its error (None: byte-exact both ways), its kernel launches and what the plan did.
 Under ``"load"``, each of ``kernel._load``'s launches with nothing to move, which load the
-kernels onto a GPU at its start. ``tests/unit/test_kernels_on_cpu.py`` runs it in a process of
+kernels onto a GPU at its start. Under ``"launches"``, per page size, each launch ``kvtier bench
+gpu`` times (``launches.candidates``): whether it stores and loads a request byte for byte, as
+the bench checks it. ``tests/unit/test_kernels_on_cpu.py`` runs it in a process of
 its own: Triton must not be importable where vLLM runs on the CPU.
 """
 
@@ -99,6 +101,7 @@ def main() -> None:
             done = {"error": traceback.format_exc()}
         results[case.id] = done | {"copy": launches["copy"], "grid": launches["grid"]}
     results["load"] = _loaded()
+    results["launches"] = _launches()
     json.dump(results, sys.stdout)
 
 
@@ -116,6 +119,36 @@ def _loaded() -> dict[str, Any]:
         except Exception:
             done[str(launch.pages)] = traceback.format_exc()
     return done
+
+
+def _launches() -> dict[str, Any]:
+    """Per shape (its pages' bytes), each candidate launch: None where ``Sweep.intact`` held,
+    else why not. MLA's 72 KiB pages (a page is 2.25 of ``launch_for``'s steps) and the tests'
+    2 KiB pages (several a step), both groups of a hybrid included."""
+    from kvtier.apps.bench.gpu.host_copy import HostRig
+    from kvtier.apps.bench.gpu.launches import Sweep, candidates
+    from kvtier.apps.bench.gpu.shapes import SHAPES, Shape
+
+    mla = Shape("mla-2", "two MLA layers", 2, (64, 576), False)
+    done: dict[str, Any] = {}
+    for shape, tokens in ((mla, 192), (SHAPES["tiny"], 1024)):
+        rig = HostRig(shape, tokens, torch.device("cpu"))
+        try:
+            sweep = Sweep(rig)
+            page = max(rig.host.records.page_bytes)
+            done[str(page)] = {
+                "-".join(map(str, launch)): _intact(sweep, launch) for launch in candidates(page)
+            }
+        finally:
+            rig.close()
+    return done
+
+
+def _intact(sweep: Any, launch: Any) -> str | None:
+    try:
+        return None if sweep.intact(launch) else "moved other bytes"
+    except Exception:
+        return traceback.format_exc()
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ import pytest
 from kvtier.apps.bench.common.redis_server import redis_server_binary
 from kvtier.apps.bench.gpu.deadline import deadline
 from kvtier.apps.bench.gpu.figures import FIGURES, Measured, Results, Unavailable, rows, summary
+from kvtier.apps.bench.gpu.launches import candidates
 from kvtier.apps.bench.gpu.markdown import pytest_summary, render
+from kvtier.pages.kernel import MAX_PAGES, Launch, launch_for
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_LOADED = "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm'))"
@@ -80,6 +82,7 @@ def test_a_quick_cpu_run_measures_every_figure_with_the_gpu_machines_modules(
     assert disk["resident_after_drop"] < 0.05 and disk["resident_before_warm"] > 0.95, disk
     for figure in ("checksum_ceiling", "checked_ratio", "reads_ratio"):  # where the time goes
         assert all(disk[figure][t]["min"] > 0 for t in ("warm", "cold")), disk[figure]
+    assert "CUDA" in shape["details"]["launches"]["unavailable"]  # timed on a GPU only
     pulled = shape["details"]["pull"]["pull_profile"]  # and a pull's
     assert any("recv" in row["function"] for row in pulled), pulled  # the socket's receive
     assert shape["why_null"] == {}
@@ -211,7 +214,11 @@ def test_the_markdown_names_the_device_the_tests_and_every_figure() -> None:
                                       "checked_ratio": {"warm": summary([0.6]),
                                                         "cold": summary([1.01])},
                                       "reads_ratio": {"warm": summary([0.7]),
-                                                      "cold": summary([0.9])}}}}},
+                                                      "cold": summary([0.9])},
+                                      "variants": {"kvtier_more_readers": {
+                                          "readers": 8, "stage_bytes": 64 << 20, "ratio": {
+                                              "warm": summary([1.3]), "cold": summary([1.0])}}}},
+                                              "launches": _swept()}}},
                 "why_null": {"pinning_rate_bytes_s": "not measured"}, "errors": []}  # fmt: skip
     text = render(document, tests="40 passed, 2 skipped in 30.1s")
     assert "- device: NVIDIA H100 80GB HBM3" in text and "40 passed, 2 skipped" in text
@@ -225,6 +232,43 @@ def test_the_markdown_names_the_device_the_tests_and_every_figure() -> None:
     assert ("- 8b disk: reads that hash every piece reach, median, warm 0.8, cold 0.97 of the "
             "bound; kvtier's loads 0.6, 1.01 of those") in text  # fmt: skip
     assert "- 8b disk: kvtier's reads alone, nothing moved, median ratio warm 0.7, cold 0.9" in text
+    assert ("- 8b disk: kvtier_more_readers (8 readers, halves of 64 MiB): kvtier's time over its "
+            "own, median, warm 1.3, cold 1") in text  # fmt: skip
+    assert ("- 8b grid kernel, pages of 32768 bytes, on the device alone, median: 1 page(s) a "
+            "step of 4096 words, 8 warps, 32 programs (chosen) store 0.93, load 0.92; fastest: "
+            "store 1 page(s) a step of 8192 words, 16 warps, 32 programs 0.95; load 1 page(s) a "
+            "step of 4096 words, 8 warps, 32 programs 0.92") in text  # fmt: skip
+    assert ("- 8b grid kernel: 1 page(s) a step of 4096 words, 8 warps, 64 programs moved other "
+            "bytes than the request's") in text  # fmt: skip
+
+
+def _swept() -> dict[str, Any]:
+    """``launches.measure``'s details: the chosen launch, a faster store, one that failed."""
+    chosen, wide = Launch(1, 4096, 8, 32), Launch(1, 8192, 16, 32)
+    return {"page_bytes": 32768, "chosen": chosen._asdict(),
+            "launches": [{"launch": chosen._asdict(), "intact": True,
+                          "store": summary([0.93]), "load": summary([0.92])},
+                         {"launch": wide._asdict(), "intact": True,
+                          "store": summary([0.95]), "load": summary([0.9])},
+                         {"launch": chosen._replace(programs=64)._asdict(), "intact": False,
+                          "store": summary([0.99]), "load": summary([0.99])}],
+            "fastest": {"store": wide._asdict(), "load": chosen._asdict()}}  # fmt: skip
+
+
+def test_the_launches_timed_start_with_the_chosen_one_and_reach_one_step_a_page() -> None:
+    """An MLA page (72 KiB) is 2.25 of ``launch_for``'s steps: a step of the whole page is
+    among those timed. Small pages: several a step, each page the same share of a step."""
+    for page in (64 * 576 * 2, 32 << 10, 16 << 10, 4 << 10, 2 << 10, 512):
+        found = candidates(page)
+        assert found[0] == launch_for(page) and len(set(found)) == len(found) >= 4, page
+        for launch in found:
+            assert launch.block & (launch.block - 1) == 0 and launch.block % launch.pages == 0
+            assert 1 <= launch.pages <= MAX_PAGES and launch.programs >= 1
+            if launch.pages > 1:  # each page the share launch_for gives it
+                chosen = launch_for(page)
+                assert launch.block // launch.pages == chosen.block // chosen.pages
+    assert Launch(1, 16384, 16, 32) in candidates(64 * 576 * 2)  # 9,216 words a page, one step
+    assert Launch(1, 8192, 16, 32) in candidates(32 << 10)
 
 
 @pytest.mark.parametrize(
@@ -287,3 +331,7 @@ def test_the_loader_that_reads_ahead_has_files_of_its_own(
     measured = disk_load.measure(SHAPES["tiny"], 1024, cpu, 1, Clock(cpu), tmp_path)
     assert ahead and beside and not ahead & beside, (ahead, beside)
     assert {"warm", "cold"} <= set(measured.details["one_reader_ratio"])
+    # and kvtier's loads with the next defaults to weigh: larger halves, more readers
+    variants = measured.details["variants"]
+    assert [v["readers"] for v in variants.values()] == [2, 4]
+    assert all(v["ratio"]["warm"]["min"] > 0 for v in variants.values())

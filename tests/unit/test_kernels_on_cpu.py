@@ -101,6 +101,26 @@ def test_the_kernels_are_launched_with_nothing_to_move_at_the_start(interpreted:
     assert interpreted["load"] == {"1": None, "4": None, "16": None}
 
 
+def test_every_launch_the_gpu_bench_times_moves_the_request_byte_exact(
+    interpreted: Results,
+) -> None:
+    """``kvtier bench gpu`` times launches of the grid kernel other than ``launch_for``'s
+    (``launches.py``), to find a faster one: each must move the right bytes, both ways, for a
+    page 2.25 steps long and for small pages several a step."""
+    done = interpreted["launches"]
+    assert set(done) == {str(64 * 576 * 2), "2048"}
+    for page, launches in done.items():
+        assert len(launches) >= 4, page
+        assert all(error is None for error in launches.values()), (page, launches)
+
+
+def test_every_launch_the_gpu_bench_times_compiles_for_an_h100(compiled: Results) -> None:
+    candidates = compiled["candidates"]
+    assert {"store 1-16384-16-32", "load 1-16384-16-32"} <= set(candidates)  # MLA: one step
+    for which, size in candidates.items():
+        assert isinstance(size, int) and size > 0, (which, size)
+
+
 def test_several_small_pages_a_step_move_in_16_byte_vectors(compiled: Results) -> None:
     """Small pages go several a step, their addresses multiples of 16 bytes (``grid.tables``
     checks): Triton, told so, moves 16-byte vectors each way (measured on an H200, 4 KiB pages:

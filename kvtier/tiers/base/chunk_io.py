@@ -7,7 +7,7 @@ blocks, on the device of the engine tensors (never a hard-coded one). Records ar
 at a time, ``readers`` of them at once where the tier allows it (``chunk_reads.py``). On the CPU
 a batch is ``readers`` records, each scattered once read, one numpy copy a record
 (``record_scatter.py``), in two halves where there are several readers. On a GPU the staging
-area is pinned, in two halves: a half's records
+area is pinned, in two halves (``stage_bytes`` each, or a record a reader): a half's records
 are moved by one ``PageMover`` load, given as grids (``staged_grids``: one per group, its views
 times the blocks; by default the copy kernel straight from the pinned half,
 ``pages/mover.py``), while the next half is read: with several readers, a batch's reads are
@@ -60,7 +60,10 @@ STAGE_BYTES = 32 << 20  # a GPU load's staging half: records moved to the device
 
 
 class TierLoadHandler(ThreadedHandler):
-    def __init__(self, layout: KVLayout, tier: ChunkTier, name: str, readers: int = 1) -> None:
+    def __init__(
+        self, layout: KVLayout, tier: ChunkTier, name: str, readers: int = 1,
+        stage_bytes: int = STAGE_BYTES,
+    ) -> None:  # fmt: skip
         self.layout = layout
         self.tier = tier
         self.name = name
@@ -70,7 +73,7 @@ class TierLoadHandler(ThreadedHandler):
         self._reader = ChunkReader(tier, name, readers)
         gpu = self.device.type == "cuda"
         record = max(self.records.record_bytes, 1)
-        per_half = max(readers, STAGE_BYTES // record) if gpu else readers
+        per_half = max(readers, stage_bytes // record) if gpu else readers
         halves = 2 if gpu or readers > 1 else 1  # one read while the other is moved
         # (halves, records, record_bytes): a record read into each, then moved to the engine
         self._stage = torch.empty((halves, per_half, record), dtype=torch.uint8, pin_memory=gpu)

@@ -23,8 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=4096, help="tokens of the request")
     parser.add_argument("--device", default=None, help="cuda (default when present) or cpu")
     parser.add_argument("--measures", default=None,
-                        help="comma-separated subset of host, prefill, beside, disk, redis, "
-                        "pull, pinning (default: all)")  # fmt: skip
+                        help="comma-separated subset of host, prefill, beside, launches, disk, "
+                        "redis, pull, pinning (default: all)")  # fmt: skip
     parser.add_argument(
         "--dir",
         type=Path,

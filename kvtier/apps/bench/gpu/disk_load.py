@@ -25,7 +25,10 @@ chunk file is): ``checksum_ceiling`` is the bound over it, the most a load that 
 can reach here, and ``checked_ratio`` is it over kvtier's load, what kvtier costs besides.
 ``reads_ratio``: the bound over kvtier's reads alone (``kvtier_reads``: every chunk file read
 and checked by the loader's readers into pinned memory, nothing moved to the device), which
-splits what kvtier costs besides between its reads and its moves.
+splits what kvtier costs besides between its reads and its moves. ``variants``: where the engine
+reads several files at once, kvtier's load with staging halves twice as large, and with twice
+the readers too (``VARIANTS``), each as kvtier's time over its own (above 1: faster), so that a
+run shows whether the defaults should change.
 """
 
 from __future__ import annotations
@@ -51,11 +54,14 @@ from kvtier.apps.bench.gpu.host_copy import HostRig, mechanisms
 from kvtier.apps.bench.gpu.shapes import Shape
 from kvtier.keys import ChunkKey, LayoutFingerprint
 from kvtier.tiers.base.chunk_format import READ_PIECE
-from kvtier.tiers.base.chunk_io import TierLoadHandler
+from kvtier.tiers.base.chunk_io import STAGE_BYTES, TierLoadHandler
 from kvtier.tiers.base.chunk_reads import ChunkReader
 from kvtier.tiers.disk.files import DiskTier, default_readers
 
 RAW_IO = 4 << 20  # bytes per raw read call
+# kvtier's loads with other settings, where it reads several files at once: (readers, staging
+# half) as multiples of the engine's defaults (``default_readers``, ``chunk_io.STAGE_BYTES``)
+VARIANTS = {"kvtier_wide_halves": (1, 2), "kvtier_more_readers": (2, 2)}
 
 
 def measure(
@@ -94,6 +100,9 @@ def _measure(rig: HostRig, work: Path, reps: int, clock: Clock) -> Measured:
         tiers["one_reader"] = written("one-reader")
     loaders = {name: TierLoadHandler(layout, t, "disk", readers if t is tier else 1)
                for name, t in tiers.items()}  # fmt: skip
+    variants = VARIANTS if readers > 1 else {}  # kvtier's loads, the next defaults to weigh
+    for name, (more, wider) in variants.items():
+        loaders[name] = TierLoadHandler(layout, tier, "disk", readers * more, STAGE_BYTES * wider)
     raw = _RawFile(work / "raw.bin", records, layout.device, readers)
     os.sync()
     jobs = itertools.count()
@@ -111,7 +120,7 @@ def _measure(rig: HostRig, work: Path, reps: int, clock: Clock) -> Measured:
     files = dict.fromkeys([*bounds, *checked], [raw.path]) | {
         name: page_cache.files(t.root) for name, t in tiers.items()
     }
-    files["kvtier_reads"] = files["kvtier"]
+    files |= dict.fromkeys(["kvtier_reads", *variants], files["kvtier"])
     seconds: dict[str, list[float]] = {}
     resident: dict[str, list[float]] = {"cold": [], "warm": []}  # before each timed read
     try:
@@ -151,6 +160,12 @@ def _measure(rig: HostRig, work: Path, reps: int, clock: Clock) -> Measured:
                               for t in ("warm", "cold")}  # fmt: skip
     details["checked_ratio"] = {t: ratios(seconds[f"raw_checked_{t}"], seconds[f"kvtier_{t}"])
                                 for t in ("warm", "cold")}  # fmt: skip
+    details["variants"] = {
+        name: {"readers": readers * more, "stage_bytes": STAGE_BYTES * wider,
+               "ratio": {t: ratios(seconds[f"kvtier_{t}"], seconds[f"{name}_{t}"])
+                         for t in ("warm", "cold")}}
+        for name, (more, wider) in variants.items()
+    }  # fmt: skip
     if "one_reader" in loaders:
         details["one_reader_ratio"] = {
             t: ratios(seconds[f"raw_{t}"], seconds[f"one_reader_{t}"]) for t in ("warm", "cold")

@@ -124,6 +124,8 @@ class Results:
             measured = None
             for figure in figures:
                 section[figure], why[figure] = None, str(reason)
+            if not figures:  # a measure of details only: why they are not there
+                section.setdefault("details", {})[name] = {"unavailable": str(reason)}
         except Exception as error:  # one measure's failure must not end the run
             measured = None
             text = f"error: {type(error).__name__}: {error}"

@@ -52,7 +52,7 @@ def summary(document: Mapping[str, Any], tests: str | None = None) -> Summary:
             nulls.append(f"- {row['shape']} {row['figure']}: {row['why']}")
         table.append((row["shape"], row["figure"], row["mechanism"], _cell(row["median"]),
                       _cell(row["min"]), _cell(row["max"]), goal, met))  # fmt: skip
-    notes = [f"- pinning: {_pinning(document)}", *_disk_readers(document)]
+    notes = [f"- pinning: {_pinning(document)}", *_disk_readers(document), *_launches(document)]
     if advice is not None:
         notes += [f"- {side}s by {c.mechanism.value}: {c.why}" for side, c in
                   zip(("store", "load"), advice, strict=True)]  # fmt: skip
@@ -114,12 +114,46 @@ def _disk_readers(document: Mapping[str, Any]) -> list[str]:
                          f"{_cell(ceiling['cold']['median'])} of the bound; kvtier's loads "
                          f"{_cell(checked['warm']['median'])}, {_cell(checked['cold']['median'])}"
                          " of those")  # fmt: skip
+        for variant, done in (disk.get("variants") or {}).items():
+            ratio = done["ratio"]
+            lines.append(f"- {name} disk: {variant} ({done['readers']} readers, halves of "
+                         f"{done['stage_bytes'] >> 20} MiB): kvtier's time over its own, median, "
+                         f"warm {_cell(ratio['warm']['median'])}, cold "
+                         f"{_cell(ratio['cold']['median'])}")  # fmt: skip
         reads = disk.get("reads_ratio")
         if reads:
             lines.append(f"- {name} disk: kvtier's reads alone, nothing moved, median ratio warm "
                          f"{_cell(reads['warm']['median'])}, cold "
                          f"{_cell(reads['cold']['median'])}")  # fmt: skip
     return lines
+
+
+def _launches(document: Mapping[str, Any]) -> list[str]:
+    """Per shape whose grid kernel launches were timed: the chosen one's ratios (the device
+    alone), the fastest each way, and any launch that moved other bytes."""
+    lines = []
+    for name, shape in document.get("shapes", {}).items():
+        sweep = (shape.get("details") or {}).get("launches") or {}
+        rows = {_launch(row["launch"]): row for row in sweep.get("launches", [])}
+        chosen = rows.get(_launch(sweep.get("chosen") or {}))
+        if chosen is None or "store" not in chosen:
+            continue
+        fastest = [f"{side} {_launch(launch)} {_cell(rows[_launch(launch)][side]['median'])}"
+                   for side, launch in sweep.get("fastest", {}).items()]  # fmt: skip
+        lines.append(f"- {name} grid kernel, pages of {sweep.get('page_bytes')} bytes, on the "
+                     f"device alone, median: {_launch(sweep['chosen'])} (chosen) store "
+                     f"{_cell(chosen['store']['median'])}, load {_cell(chosen['load']['median'])};"
+                     f" fastest: {'; '.join(fastest)}")  # fmt: skip
+        lines += [f"- {name} grid kernel: {text} moved other bytes than the request's"
+                  for text, row in rows.items() if row.get("intact") is False]  # fmt: skip
+    return lines
+
+
+def _launch(launch: Mapping[str, Any]) -> str:
+    return (
+        f"{launch.get('pages')} page(s) a step of {launch.get('block')} words, "
+        f"{launch.get('warps')} warps, {launch.get('programs')} programs"
+    )
 
 
 def pytest_summary(log: str) -> str:

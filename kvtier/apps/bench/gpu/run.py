@@ -5,10 +5,11 @@
                              ``gpu.md``; print the table; return the JSON document
 
 Per shape, in order: ``host`` (host_store_ratio, host_load_ratio), ``prefill``
-(hit_over_prefill), ``beside`` (beside_compute_store, _load; on the host measure's rig), ``disk``,
-``redis``, ``pull``; then ``pinning`` once. A measure that raises records its error in the JSON
-and the rest go on; one past ``limit_s`` is interrupted (``deadline.py``), and none starts once
-``budget_s`` is spent (each is given at most what is left of it).
+(hit_over_prefill), ``beside`` (beside_compute_store, _load; on the host measure's rig),
+``launches`` (no figure: the grid kernel's launches, timed on that rig, ``launches.py``),
+``disk``, ``redis``, ``pull``; then ``pinning`` once. A measure that raises records its error
+in the JSON and the rest go on; one past ``limit_s`` is interrupted (``deadline.py``), and none
+starts once ``budget_s`` is spent (each is given at most what is left of it).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from kvtier.apps.bench.gpu import (
     beside_compute,
     disk_load,
     host_copy,
+    launches,
     markdown,
     peer_pull,
     pinning_rate,
@@ -47,7 +49,7 @@ from kvtier.apps.bench.gpu.figures import GOALS, Measured, Results, Unavailable
 from kvtier.apps.bench.gpu.shapes import SHAPES
 from kvtier.pages.mechanism import gpu_mechanisms
 
-MEASURES = ("host", "prefill", "beside", "disk", "redis", "pull", "pinning")
+MEASURES = ("host", "prefill", "beside", "launches", "disk", "redis", "pull", "pinning")
 
 
 @dataclass(frozen=True)
@@ -163,9 +165,15 @@ class _Bench:
                 self.loop = beside_compute.Loop(device, *self.loop_settings[:2])
             return beside_compute.measure(rigs[0], self.loop, reps, self.loop_settings[2])
 
+        def launched() -> Measured:
+            if not rigs:
+                raise Unavailable("no host rig (see host_store_ratio)")
+            return launches.measure(rigs[0], reps)
+
         try:
             self.attempt(name, "prefill", ("hit_over_prefill",), hit)
             self.attempt(name, "beside", ("beside_compute_store", "beside_compute_load"), beside)
+            self.attempt(name, "launches", (), launched)
         finally:
             for rig in rigs:
                 rig.close()
