@@ -15,6 +15,7 @@ the GPU's NUMA node (``numa.py``) and is pinned after the engine started, a piec
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ import torch
 from kvtier.layout import KVLayout
 from kvtier.pages import Pages
 from kvtier.pages.grid import PageGrid, record_grid
+from kvtier.tiers.base.chunk_plan import GroupCopy, join_by_group
 from kvtier.tiers.base.records import RecordLayout
 from kvtier.tiers.host.commit import commit
 from kvtier.tiers.host.numa import place
@@ -122,6 +124,12 @@ class HostTier:
         records = self.records
         return record_grid(records.groups[group], records.offsets(group), block_ids, rows,
                            self.block_size_factor, self.record_bytes)  # fmt: skip
+
+    def page_grids(self, plan: Sequence[GroupCopy]) -> list[PageGrid]:
+        """A job's pages as grids, one per group however many parts and requests the job has:
+        the group's views times its blocks, the same work whatever the number of views (the
+        ``kernel`` mechanism launches once per grid)."""
+        return [self.page_grid(*copy) for copy in join_by_group(plan)]
 
     def close(self) -> None:
         """Stop pinning and unregister the memory (the engine's copies must be done)."""

@@ -18,11 +18,12 @@ orchestration's check.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
+from kvtier.apps.bench.gpu.clock import Clock
 from kvtier.apps.bench.gpu.figures import Measured, summary
 from kvtier.apps.bench.gpu.host_copy import HostRig
 
@@ -30,7 +31,7 @@ from kvtier.apps.bench.gpu.host_copy import HostRig
 class Loop:
     def __init__(self, device: torch.device, size: int, target_s: float) -> None:
         self.device = device
-        self.cuda = device.type == "cuda"
+        self.clock = Clock(device)
         generator = torch.Generator(device=device).manual_seed(0)
         self.a = torch.randn(size, size, generator=generator, device=device).to(torch.bfloat16)
         self.b = torch.randn(size, size, generator=generator, device=device).to(torch.bfloat16)
@@ -43,18 +44,8 @@ class Loop:
 
     def run(self, iterations: int, beside: Callable[[], None] | None) -> float:
         """Seconds of ``iterations`` iterations, ``beside`` called at the start of each."""
-        if not self.cuda:
-            started = time.perf_counter()
-            self._iterations(iterations, beside)
-            return time.perf_counter() - started
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        torch.cuda.synchronize(self.device)
-        start.record()
-        self._iterations(iterations, beside)
-        end.record()
-        end.synchronize()
-        return float(start.elapsed_time(end)) / 1e3
+        self.clock.sync()
+        return self.clock.device_seconds(partial(self._iterations, iterations, beside))
 
     def _iterations(self, iterations: int, beside: Callable[[], None] | None) -> None:
         for _ in range(iterations):

@@ -30,11 +30,12 @@ from typing import Any
 
 import torch
 
+from kvtier.apps.bench.gpu.clock import Clock
 from kvtier.apps.bench.gpu.figures import Measured, Unavailable, ratios
 from kvtier.apps.bench.gpu.host_copy import HostRig
 from kvtier.pages import grid, kernel
 from kvtier.pages.kernel import Launch
-from kvtier.tiers.base.chunk_plan import join_by_group, plan_copy
+from kvtier.tiers.base.chunk_plan import plan_copy
 
 MOST_WORDS = 16 << 10  # a step's 8-byte words, at most (128 KiB: one MLA page)
 WIDE_WARPS = 16  # warps of a step larger than ``launch_for``'s largest
@@ -69,13 +70,13 @@ class Sweep:
         self.rig = rig
         layout, host = rig.engine.layout, rig.host
         self.device = layout.device
+        self.clock = Clock(self.device)
         self.address = host.memory.data_ptr()
         engine = grid.view_table(layout.views)
         self.word = 16  # what every launch's addresses may need (``Launch.word``)
         self.tables: dict[bool, tuple[torch.Tensor, list[tuple[int, int, int, int]]]] = {}
         for store, blocks in ((True, rig.request.engine), (False, rig.target)):
-            copies = join_by_group(plan_copy(blocks, rig.request.slots, host.block_size_factor))
-            grids = [host.page_grid(*copy) for copy in copies]
+            grids = host.page_grids(plan_copy(blocks, rig.request.slots, host.block_size_factor))
             found = grid.tables(grids, engine, self.address, self.word)
             if found is None:
                 self.word = grid.WORD
@@ -100,7 +101,7 @@ class Sweep:
         rig, host = self.rig, self.rig.host
         host.memory_np[rig.request.slots.slots] = 0
         self.move(launch, store=True)
-        self._sync()
+        self.clock.sync()
         stored = True
         for got, kept in zip(rig.records(), self.want, strict=True):
             stored = stored and bool((got == kept).all())
@@ -109,12 +110,8 @@ class Sweep:
         for view in {v.data_ptr(): v for v in rig.engine.layout.views}.values():
             view.index_fill_(0, ids, 0)
         self.move(launch, store=False)
-        self._sync()
+        self.clock.sync()
         return stored and rig.loaded_intact()
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
 
 def measure(rig: HostRig, reps: int) -> Measured:
@@ -144,7 +141,7 @@ def measure(rig: HostRig, reps: int) -> Measured:
                     (side, partial(sweep.move, launch, store)),
                 ]
                 for name, fn in pair if rep % 2 == 0 else pair[::-1]:
-                    seconds.setdefault(name, []).append(device_seconds(fn))
+                    seconds.setdefault(name, []).append(sweep.clock.device_seconds(fn))
         for side in ("store", "load"):
             row[side] = ratios(seconds[f"bound_{side}"], seconds[side])
     timed = [row for row in rows if row.get("intact")]
@@ -153,14 +150,3 @@ def measure(rig: HostRig, reps: int) -> Measured:
     details = {"page_bytes": page, "chosen": kernel.launch_for(page)._asdict(),
                "launches": rows, "fastest": fastest}  # fmt: skip
     return Measured({}, {}, details)
-
-
-def device_seconds(fn: Callable[[], object]) -> float:
-    """Seconds the device spends on what ``fn`` queues on the current stream (CUDA events)."""
-    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return float(start.elapsed_time(end)) / 1e3

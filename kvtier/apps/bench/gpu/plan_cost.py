@@ -42,7 +42,7 @@ class JobPlanner(EngineHostHandler):
         self.planned: grid.Tables | None = None
 
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
-        grids = self.page_grids(plan)
+        grids = self.host.page_grids(plan)
         if self.mechanism is Mechanism.KERNEL:
             self.planned = grid.tables(grids, self.views, self.host.memory.data_ptr())
             return

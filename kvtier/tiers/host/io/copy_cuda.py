@@ -93,7 +93,7 @@ class CudaCopyHandler(EngineHostHandler):
         self._spare: list[_Events] = []  # reported jobs' events
 
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
-        pages = self.page_grids(plan)
+        pages = self.host.page_grids(plan)
         events = self._spare.pop() if self._spare else _new_events()
         events.ready.record(torch.cuda.current_stream(self._index))  # the engine's work so far
         queued = None

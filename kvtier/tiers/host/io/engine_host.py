@@ -13,12 +13,10 @@ from collections.abc import Sequence
 
 from kvtier.addresses import EngineBlocks, HostChunks, TransferSpec
 from kvtier.layout import KVLayout
-from kvtier.pages.grid import PageGrid
 from kvtier.tiers.base.chunk_plan import (
     GroupCopy,
     check_groups,
     check_range,
-    join_by_group,
     plan_copy,
 )
 from kvtier.tiers.base.handler import Transfer, TransferHandler
@@ -75,12 +73,6 @@ class EngineHostHandler(TransferHandler):
                 f"got {type(src).__name__} -> {type(dst).__name__}"
             )
         return engine, host
-
-    def page_grids(self, plan: list[GroupCopy]) -> list[PageGrid]:
-        """A job's pages as grids, one per group however many parts and requests the job has:
-        the group's views times its blocks (``HostTier.page_grid``), the same work whatever the
-        number of views (the ``kernel`` mechanism launches once per grid)."""
-        return [self.host.page_grid(*copy) for copy in join_by_group(plan)]
 
     @abstractmethod
     def _submit(self, job_id: int, plan: list[GroupCopy], nbytes: int) -> None:
